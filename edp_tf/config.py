@@ -1,0 +1,157 @@
+"""`DPConfig`: the mechanism's parameters, immutable and validated once.
+
+Validation happens on construction so that a wrong value fails before any training (and before any
+privacy budget is spent), with a message naming the field and its allowed range.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Tuple
+
+NOISE_MODES = ("calibrated", "paper")
+DECAYS = ("none", "linear", "exponential")
+SCALINGS = ("uniform", "public", "private", "first_batch")
+
+
+def _finite(name: str, value: float) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"DPConfig.{name} must be a number, got {value!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"DPConfig.{name} must be finite, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+    """Parameters of (efficient) DP-SGD.
+
+    Attributes:
+      l2_norm_clip: C > 0, the clipping norm of each micro-batch gradient in the scaled space.
+      noise_multiplier: z0 >= 0, the noise multiplier of epoch 0 (relative to the sensitivity S in
+        `calibrated` mode).
+      microbatch_size: None: one micro-batch per replica (eDP-SGD as in the paper); 1: per-example
+        DP-SGD; k: micro-batches of k examples.
+      noise_mode: "calibrated" (summed noise is exactly z_t * S) or "paper" (Algorithm 1 literally,
+        weaker by sqrt(N) * S / C: accounted with its effective multiplier).
+      decay: "none", "linear" (z0 / (1 + tau t)) or "exponential" (z0 exp(-tau t)), t the 0-based epoch.
+      decay_rate: tau >= 0.
+      scaling: how the per-variable scales alpha are chosen: "uniform" (flat clipping), "public"
+        (norms of a public batch, or `layer_scales`), "private" (a noisy norm query, charged to the
+        ledger), "first_batch" (the paper's choice on private data: NOT covered by epsilon).
+      layer_scales: explicit alpha, one positive value per trainable variable (normalised so that
+        sum alpha_k^2 = K). Implies "public" scaling or is checked against it.
+      seed: None draws noise seeds from OS entropy. A fixed seed makes the noise predictable: the
+        run is then reported as not private.
+      expected_batch_size: with Poisson sampling, the expected global batch q * n; the step
+        normalises by it instead of the realised (padded) batch. None: fixed-size batches.
+      scaling_noise_multiplier: noise multiplier of the "private" scaling query (sensitivity 1).
+      scaling_examples: how many examples of the first batch the "private" query uses.
+    """
+
+    l2_norm_clip: float = 1.0
+    noise_multiplier: float = 1.0
+    microbatch_size: Optional[int] = None
+    noise_mode: str = "calibrated"
+    decay: str = "none"
+    decay_rate: float = 0.0
+    scaling: str = "uniform"
+    layer_scales: Optional[Tuple[float, ...]] = None
+    seed: Optional[int] = None
+    expected_batch_size: Optional[float] = None
+    scaling_noise_multiplier: float = 5.0
+    scaling_examples: int = 64
+
+    def __post_init__(self) -> None:
+        clip = _finite("l2_norm_clip", self.l2_norm_clip)
+        if clip <= 0:
+            raise ValueError(f"DPConfig.l2_norm_clip must be > 0, got {self.l2_norm_clip!r}")
+        z = _finite("noise_multiplier", self.noise_multiplier)
+        if z < 0:
+            raise ValueError(
+                f"DPConfig.noise_multiplier must be >= 0, got {self.noise_multiplier!r}"
+            )
+        if self.microbatch_size is not None:
+            if isinstance(self.microbatch_size, bool) or not isinstance(self.microbatch_size, int):
+                raise ValueError(
+                    "DPConfig.microbatch_size must be None (one micro-batch per replica) or an "
+                    f"integer >= 1, got {self.microbatch_size!r}"
+                )
+            if self.microbatch_size < 1:
+                raise ValueError(
+                    f"DPConfig.microbatch_size must be >= 1 or None, got {self.microbatch_size!r}"
+                )
+        if self.noise_mode not in NOISE_MODES:
+            raise ValueError(
+                f"DPConfig.noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}"
+            )
+        if self.noise_mode == "paper" and self.microbatch_size is not None:
+            raise ValueError(
+                "DPConfig.noise_mode='paper' reproduces Algorithm 1, which has one micro-batch per "
+                f"replica: microbatch_size must be None, got {self.microbatch_size!r}"
+            )
+        if self.decay not in DECAYS:
+            raise ValueError(f"DPConfig.decay must be one of {DECAYS}, got {self.decay!r}")
+        tau = _finite("decay_rate", self.decay_rate)
+        if tau < 0:
+            raise ValueError(f"DPConfig.decay_rate must be >= 0, got {self.decay_rate!r}")
+        if self.scaling not in SCALINGS:
+            raise ValueError(f"DPConfig.scaling must be one of {SCALINGS}, got {self.scaling!r}")
+        if self.layer_scales is not None:
+            scales = tuple(self.layer_scales)
+            if not scales:
+                raise ValueError("DPConfig.layer_scales must be non-empty when given")
+            for i, a in enumerate(scales):
+                a = _finite(f"layer_scales[{i}]", a)
+                if a <= 0:
+                    raise ValueError(f"DPConfig.layer_scales[{i}] must be > 0, got {a!r}")
+            if self.scaling not in ("public", "uniform"):
+                raise ValueError(
+                    "DPConfig.layer_scales are public scales: use scaling='public' with them, "
+                    f"not {self.scaling!r}"
+                )
+            object.__setattr__(self, "layer_scales", tuple(float(a) for a in scales))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"DPConfig.seed must be None or an integer, got {self.seed!r}")
+        if self.expected_batch_size is not None:
+            e = _finite("expected_batch_size", self.expected_batch_size)
+            if e <= 0:
+                raise ValueError(
+                    f"DPConfig.expected_batch_size must be > 0, got {self.expected_batch_size!r}"
+                )
+        zq = _finite("scaling_noise_multiplier", self.scaling_noise_multiplier)
+        if zq <= 0:
+            raise ValueError(
+                "DPConfig.scaling_noise_multiplier must be > 0, got "
+                f"{self.scaling_noise_multiplier!r}"
+            )
+        if not isinstance(self.scaling_examples, int) or self.scaling_examples < 1:
+            raise ValueError(
+                f"DPConfig.scaling_examples must be an integer >= 1, got {self.scaling_examples!r}"
+            )
+
+    def noise_multiplier_at(self, epoch: int) -> float:
+        """z_t for the 0-based epoch t of the decay schedule."""
+        return noise_multiplier_at(epoch, self.noise_multiplier, self.decay, self.decay_rate)
+
+    def replace(self, **changes) -> "DPConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def seed_fixed(self) -> bool:
+        return self.seed is not None
+
+
+def noise_multiplier_at(epoch: int, z0: float, decay: str, decay_rate: float) -> float:
+    """The decayed noise multiplier: z0, z0 / (1 + tau t) or z0 exp(-tau t)."""
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch!r}")
+    if decay == "none":
+        return float(z0)
+    if decay == "linear":
+        return float(z0) / (1.0 + float(decay_rate) * epoch)
+    if decay == "exponential":
+        return float(z0) * math.exp(-float(decay_rate) * epoch)
+    raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")

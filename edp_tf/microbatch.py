@@ -1,0 +1,101 @@
+"""Gradients of micro-batch losses: one per replica (eDP) or many, vectorised.
+
+The micro-batch loss is `sum_i w_i L_i / k_e`: w is the 0/1 mask of real rows (Poisson sampling
+pads), L_i the per-example loss and k_e the expected number of real examples in a micro-batch, so
+that padding never changes the normalisation (DESIGN.md 2.4: normalise by the expected batch).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple
+
+import keras
+import tensorflow as tf
+
+PerExampleLoss = Callable[[object, object], tf.Tensor]
+
+
+def as_per_example_loss(loss) -> PerExampleLoss:
+    """Turns a compiled loss into `(y_true, y_pred) -> [batch]` per-example values.
+
+    A `keras.losses.Loss` is called through `.call` (no reduction and, importantly, none of the
+    division by the replica count that Keras applies to reduced losses under a strategy).
+    """
+    if loss is None:
+        raise ValueError("PrivateModel.compile needs a `loss` (per-example losses are clipped).")
+    if isinstance(loss, (list, tuple, dict)):
+        raise ValueError(
+            "PrivateModel.compile takes one loss: a keras.losses.Loss or a callable "
+            "(y_true, y_pred) -> per-example vector that handles nested outputs itself."
+        )
+    if isinstance(loss, str):
+        loss = keras.losses.get(loss)
+    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
+    if not callable(fn):
+        raise ValueError(f"PrivateModel.compile: loss {loss!r} is not callable")
+
+    def per_example(y_true, y_pred):
+        values = tf.convert_to_tensor(fn(y_true, y_pred))
+        if values.shape.rank == 0:
+            raise ValueError(
+                "The loss returned a scalar; PrivateModel needs per-example values "
+                "(shape [batch]): pass a keras.losses.Loss or a function without reduction."
+            )
+        if values.shape.rank > 1:
+            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
+        return values
+
+    return per_example
+
+
+def _weighted_loss(model, loss_fn, x, y, w, k_e):
+    y_pred = model(x, training=True)
+    per_example = tf.cast(loss_fn(y, y_pred), tf.float32)
+    return tf.reduce_sum(per_example * w) / k_e, y_pred
+
+
+def _dense(grads: Sequence) -> list:
+    # Noise is dense anyway, so sparse embedding gradients are densified once here.
+    return [tf.convert_to_tensor(g) for g in grads]
+
+
+def single_microbatch_gradient(
+    model, loss_fn, variables, x, y, w, k_e: float
+) -> Tuple[list, tf.Tensor, object]:
+    """The replica's whole batch as one micro-batch (eDP-SGD): an ordinary backward pass."""
+    with tf.GradientTape() as tape:
+        loss, y_pred = _weighted_loss(model, loss_fn, x, y, w, k_e)
+    grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return _dense(grads), loss[None], y_pred
+
+
+def _split(t: tf.Tensor, k: int) -> tf.Tensor:
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.concat([[shape[0] // k, k], shape[1:]], 0))
+
+
+def _merge(t: tf.Tensor) -> tf.Tensor:
+    shape = tf.shape(t)
+    return tf.reshape(t, tf.concat([[shape[0] * shape[1]], shape[2:]], 0))
+
+
+def stacked_microbatch_gradients(
+    model, loss_fn, variables, x, y, w, k: int, k_e: float
+) -> Tuple[list, tf.Tensor, object]:
+    """Gradients of m = b/k micro-batches of k examples, stacked on a leading axis [m, ...].
+
+    `tf.vectorized_map` runs the forward and backward pass of all micro-batches as one batched
+    computation (1.7x a plain step for BERT on CPU, vs 2.9x for a while_loop: STACK-FACTS.md).
+    """
+    xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
+
+    def one(args):
+        xj, yj, wj = args
+        with tf.GradientTape() as tape:
+            loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
+        grads = tape.gradient(
+            loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
+        )
+        return _dense(grads), loss, y_pred
+
+    grads, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
+    return grads, losses, tf.nest.map_structure(_merge, y_pred)

@@ -1,0 +1,360 @@
+"""`PrivateModel`: any Keras model, trained by `fit` with the replica-local (e)DP-SGD step.
+
+On each replica (DESIGN.md 2):
+    g_j  = grad(sum_{i in M_j} w_i L_i / k_e)          micro-batch gradients (one, or m vectorised)
+    s_j  = g_j / alpha                                   per-variable scaling
+    c_j  = s_j * min(1, C / ||s_j||)                     clipping (NaN/Inf -> 0, counted)
+    u_r  = alpha * (sum_j c_j + eta_r) / D               eta_r ~ N(0, sigma_r^2), independent per replica
+and the optimizer's all-reduce SUMs u_r over replicas, giving alpha * (sum of clipped + summed
+noise) / D, with D the expected number of micro-batches in the global batch (N * m for fixed
+batches). The wrapped model stays an ordinary Keras model: save or export `wrapped_model`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from edp_tf import clipping, microbatch, noise, scaling
+from edp_tf.config import DPConfig
+
+_DECAY_IDS = {"none": 0, "linear": 1, "exponential": 2}
+
+
+class _EpochSetter(keras.callbacks.Callback):
+    """Feeds the 0-based epoch to the step, for the noise decay schedule."""
+
+    def __init__(self, private_model: "PrivateModel"):
+        super().__init__()
+        self._private_model = private_model
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._private_model.dp_epoch.assign(float(epoch))
+
+
+class PrivateModel(keras.Model):
+    """Wraps `model`; `fit` runs the private step of `config`.
+
+    Create it (and compile it) inside `strategy.scope()`: the noise generator must be created
+    there to give each replica its own stream.
+    """
+
+    def __init__(self, model: keras.Model, config: DPConfig, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(config, DPConfig):
+            raise ValueError(f"PrivateModel needs an edp_tf.DPConfig, got {type(config).__name__}")
+        if not isinstance(model, keras.layers.Layer):
+            raise ValueError(f"PrivateModel wraps a keras.Model, got {type(model).__name__}")
+        self.wrapped_model = model
+        self._dp_config = config
+        self.dp_epoch = tf.Variable(0.0, trainable=False, name="dp_epoch")
+        self._noise_generator = noise.make_generator(config.seed)
+        self._rng = np.random.default_rng(config.seed)  # the private-scaling query (host side)
+        self._layer_scales: Optional[tuple] = None
+        self._global_batch: Optional[int] = None
+        self._extra_events: list = []
+        self._per_example_loss = None
+        self._metric_trackers = {
+            name: keras.metrics.Mean(name=name)
+            for name in ("noise_multiplier", "clipped_fraction", "preclip_norm")
+        }
+        self._nonfinite_tracker = keras.metrics.Sum(name="nonfinite_microbatches")
+
+    # ----------------------------------------------------------------- public surface
+    @property
+    def dp_config(self) -> DPConfig:
+        return self._dp_config
+
+    @property
+    def num_replicas(self) -> int:
+        return self.distribute_strategy.num_replicas_in_sync
+
+    @property
+    def layer_scales(self) -> Optional[tuple]:
+        """alpha per trainable variable (None until the first `fit` decides them)."""
+        return self._layer_scales
+
+    def call(self, inputs, training=None):
+        return self.wrapped_model(inputs, training=training)
+
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
+        self._per_example_loss = microbatch.as_per_example_loss(loss)
+        optimizer = keras.optimizers.get(optimizer)
+        for name in ("clipnorm", "global_clipnorm", "clipvalue"):
+            if getattr(optimizer, name, None):
+                raise ValueError(
+                    f"optimizer.{name} would clip the noisy update after the privacy step; "
+                    "clipping belongs to DPConfig.l2_norm_clip"
+                )
+        # The loss is not handed to Keras: its reduction divides by the replica count.
+        super().compile(optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+
+    @property
+    def metrics(self):
+        return super().metrics + list(self._metric_trackers.values()) + [self._nonfinite_tracker]
+
+    def privacy_facts(self) -> dict:
+        """What the accountant needs to know about the mechanism (after the first `fit` starts)."""
+        if self._global_batch is None:
+            raise RuntimeError("privacy_facts() is known once fit() has seen the first batch")
+        cfg = self._dp_config
+        not_covered = []
+        if cfg.scaling == "first_batch":
+            not_covered.append(
+                "Per-layer scales were measured on the first private batch (the paper's choice): "
+                "that information is not covered by epsilon."
+            )
+        if cfg.seed_fixed:
+            not_covered.append(
+                f"The noise seed was fixed (seed={cfg.seed}): the noise is predictable, so the run "
+                "is not private."
+            )
+        return {
+            "replicas": self.num_replicas,
+            "global_batch_size": self._global_batch,
+            "microbatch_size": self._k,
+            "microbatches_per_replica": self._per_replica_batch // self._k,
+            "sensitivity": self._sensitivity,
+            "noise_mode": cfg.noise_mode,
+            "l2_norm_clip": cfg.l2_norm_clip,
+            "scaling": cfg.scaling,
+            "layer_scales": list(self._layer_scales),
+            "expected_batch_size": self._expected_batch,
+            "seed_fixed": cfg.seed_fixed,
+            "not_covered": not_covered,
+            "extra_events": [dict(e) for e in self._extra_events],
+        }
+
+    def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
+        """Measures alpha on a batch of public (or synthetic) data; `scaling='public'` uses it."""
+        self._ensure_built(x)
+        grads = self._eager_gradients(x, y, sample_weight)
+        self._layer_scales = scaling.normalize(scaling.per_variable_norms(grads))
+        return self._layer_scales
+
+    # ----------------------------------------------------------------- fit
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
+        first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
+        self._prepare(first)
+        callbacks = [_EpochSetter(self)] + list(callbacks or [])
+        return super().fit(
+            x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
+        )
+
+    def _ensure_built(self, x):
+        if not self.wrapped_model.built or not self.wrapped_model.trainable_variables:
+            self.wrapped_model(_take(x, 1), training=False)
+
+    def _prepare(self, first) -> None:
+        """Decides the static facts of the step (batch geometry, S, alpha) before tracing it."""
+        fx, fy, fw = first
+        self._ensure_built(fx)
+        cfg, n = self._dp_config, self.num_replicas
+        batch = int(tf.nest.flatten(fx)[0].shape[0])
+        k = cfg.microbatch_size
+        if batch % n or (k is not None and batch % (n * k)):
+            raise ValueError(
+                f"The global batch of {batch} examples must be divisible by replicas x "
+                f"microbatch_size = {n} x {k if k else 'one micro-batch'}"
+                f" = {n * (k or 1)}: choose batch_size accordingly"
+            )
+        changed = self._global_batch not in (None, batch)
+        self._global_batch = batch
+        self._per_replica_batch = batch // n
+        self._k = k or self._per_replica_batch
+        self._sensitivity = clipping.sensitivity_factor(self._k)
+        self._expected_batch = float(cfg.expected_batch_size or batch)
+        # k_e: expected real examples per micro-batch; D: expected micro-batches per global batch.
+        self._k_e = 1.0 if self._k == 1 else self._k * self._expected_batch / batch
+        self._denominator = self._expected_batch / self._k_e
+        if self._layer_scales is None or changed:
+            self._layer_scales = self._decide_layer_scales(fx, fy, fw)
+        self.train_function = None  # constants changed: retrace
+
+    def _decide_layer_scales(self, fx, fy, fw) -> tuple:
+        cfg = self._dp_config
+        count = len(self.wrapped_model.trainable_variables)
+        if cfg.layer_scales is not None:
+            if len(cfg.layer_scales) != count:
+                raise ValueError(
+                    f"DPConfig.layer_scales has {len(cfg.layer_scales)} values but the model has "
+                    f"{count} trainable variables"
+                )
+            return scaling.normalize(cfg.layer_scales)
+        if cfg.scaling == "uniform":
+            return tuple([1.0] * count)
+        if cfg.scaling == "public":
+            if self._layer_scales is None:
+                raise ValueError(
+                    "DPConfig.scaling='public' needs public scales: call "
+                    "set_public_layer_scales(x, y) with public data, or pass layer_scales"
+                )
+            return self._layer_scales
+        if cfg.scaling == "first_batch":
+            return scaling.normalize(scaling.per_variable_norms(self._eager_gradients(fx, fy, fw)))
+        # private: a Gaussian query on per-example norm shares of the first examples.
+        used = min(cfg.scaling_examples, int(tf.nest.flatten(fx)[0].shape[0]))
+        sub = tf.nest.map_structure(lambda t: t[:used], (fx, fy, fw))
+        norms = self._per_example_variable_norms(*sub)
+        shares = scaling.private_norm_shares(norms, cfg.scaling_noise_multiplier, self._rng)
+        self._extra_events = [{
+            "name": "private_layer_scales",
+            "noise_multiplier": cfg.scaling_noise_multiplier,
+            "sampling_rate": None,  # no amplification claimed: the examples are fixed
+            "steps": 1,
+            "sensitivity": 1,
+            "examples": used,
+        }]
+        return scaling.normalize(shares)
+
+    def _eager_gradients(self, x, y, w):
+        loss_fn = self._require_loss()
+        variables = self.wrapped_model.trainable_variables
+        w = _mask(x, w)
+
+        def grads_fn(x, y, w):
+            g, _, _ = microbatch.single_microbatch_gradient(
+                self.wrapped_model, loss_fn, variables, x, y, w, tf.reduce_sum(w))
+            return g
+
+        return [g.numpy() for g in self._on_one_replica(grads_fn, x, y, w)]
+
+    def _per_example_variable_norms(self, x, y, w) -> np.ndarray:
+        loss_fn = self._require_loss()
+        variables = self.wrapped_model.trainable_variables
+        w = _mask(x, w)
+
+        def norms_fn(x, y, w):
+            g, _, _ = microbatch.stacked_microbatch_gradients(
+                self.wrapped_model, loss_fn, variables, x, y, w, 1, 1.0)
+            return tf.stack([tf.norm(tf.reshape(t, [tf.shape(t)[0], -1]), axis=1) for t in g], 1)
+
+        return self._on_one_replica(norms_fn, x, y, w).numpy()
+
+    def _on_one_replica(self, fn, *args):
+        """Runs `fn` once, on the first replica's device only (no all-reduce involved)."""
+        strategy = self.distribute_strategy
+        device = strategy.extended.worker_devices[0] if hasattr(strategy, "extended") else None
+        with tf.device(device):
+            return tf.function(fn)(*args)
+
+    def _require_loss(self):
+        if self._per_example_loss is None:
+            raise ValueError("Call PrivateModel.compile(optimizer, loss=...) before fit")
+        return self._per_example_loss
+
+    # ----------------------------------------------------------------- the step
+    def _noise_multiplier_now(self) -> tf.Tensor:
+        cfg = self._dp_config
+        t = self.dp_epoch
+        if cfg.decay == "linear":
+            return cfg.noise_multiplier / (1.0 + cfg.decay_rate * t)
+        if cfg.decay == "exponential":
+            return cfg.noise_multiplier * tf.exp(-cfg.decay_rate * t)
+        return tf.constant(float(cfg.noise_multiplier))
+
+    def train_step(self, data):
+        x, y, w = keras.utils.unpack_x_y_sample_weight(data)
+        w = _mask(x, w)
+        cfg = self._dp_config
+        variables = self.wrapped_model.trainable_variables
+        loss_fn = self._require_loss()
+        if cfg.microbatch_size is None:
+            grads, losses, y_pred = microbatch.single_microbatch_gradient(
+                self.wrapped_model, loss_fn, variables, x, y, w, self._k_e)
+            grads = clipping.scale(grads, self._layer_scales)
+            clip = clipping.clip_single(grads, cfg.l2_norm_clip)
+        else:
+            k = cfg.microbatch_size
+            rows = tf.shape(tf.nest.flatten(x)[0])[0]
+            with tf.control_dependencies([tf.debugging.assert_equal(
+                    rows % k, 0, message=f"per-replica batch not divisible by microbatch_size={k}")]):
+                grads, losses, y_pred = microbatch.stacked_microbatch_gradients(
+                    self.wrapped_model, loss_fn, variables, x, y, w, k, self._k_e)
+            grads = clipping.scale(grads, self._layer_scales)
+            clip = clipping.clip_and_sum(grads, cfg.l2_norm_clip)
+
+        z_t = self._noise_multiplier_now()
+        stddev = noise.per_replica_stddev(
+            z_t, cfg.l2_norm_clip, self._sensitivity, self.num_replicas, cfg.noise_mode)
+        noisy = noise.add_noise(clip.clipped_sum, stddev, self._noise_generator)
+        updates = clipping.unscale(noisy, self._layer_scales)
+        updates = [u * tf.cast(1.0 / self._denominator, u.dtype) for u in updates]
+        self.optimizer.apply_gradients(zip(updates, variables))
+
+        self._record_metrics(losses, clip, z_t)
+        if self._compile_metrics is not None:
+            self._compile_metrics.update_state(y, y_pred, w)
+        return self._step_logs()
+
+    def _record_metrics(self, losses, clip: clipping.ClipResult, z_t) -> None:
+        finite = tf.cast(clip.finite, tf.float32)
+        count = tf.maximum(tf.reduce_sum(finite), 1.0)
+        safe_norms = tf.where(clip.finite, clip.norms, tf.zeros_like(clip.norms))
+        clipped = tf.cast(safe_norms > self._dp_config.l2_norm_clip, tf.float32)
+        # mean loss per replica batch: sum of micro-batch losses over the replica's share of D
+        replica_share = self._denominator / self.num_replicas
+        safe_losses = tf.where(tf.math.is_finite(losses), losses, tf.zeros_like(losses))
+        self._loss_tracker.update_state(tf.reduce_sum(safe_losses) / replica_share)
+        self._metric_trackers["noise_multiplier"].update_state(z_t)
+        self._metric_trackers["clipped_fraction"].update_state(tf.reduce_sum(clipped) / count)
+        self._metric_trackers["preclip_norm"].update_state(tf.reduce_sum(safe_norms) / count)
+        self._nonfinite_tracker.update_state(tf.reduce_sum(1.0 - finite))
+
+    def _step_logs(self) -> dict:
+        logs = self.get_metrics_result()
+        # Keras averages per-replica results; a count must be summed, hence the factor N.
+        logs["nonfinite_microbatches"] = self._nonfinite_tracker.result() * float(self.num_replicas)
+        return logs
+
+    def test_step(self, data):
+        x, y, w = keras.utils.unpack_x_y_sample_weight(data)
+        w = _mask(x, w)
+        y_pred = self.wrapped_model(x, training=False)
+        per_example = tf.cast(self._require_loss()(y, y_pred), tf.float32)
+        self._loss_tracker.update_state(
+            tf.reduce_sum(per_example * w) / tf.maximum(tf.reduce_sum(w), 1.0))
+        if self._compile_metrics is not None:
+            self._compile_metrics.update_state(y, y_pred, w)
+        return {m.name: m.result() for m in [self._loss_tracker]} | (
+            self._compile_metrics.result() if self._compile_metrics is not None else {})
+
+
+def _mask(x, w) -> tf.Tensor:
+    rows = tf.shape(tf.nest.flatten(x)[0])[0]
+    if w is None:
+        return tf.ones([rows], tf.float32)
+    w = tf.cast(w, tf.float32)
+    return tf.reshape(w, [rows, -1])[:, 0] if w.shape.rank != 1 else w
+
+
+def _take(x, n: int):
+    return tf.nest.map_structure(lambda t: t[:n], x)
+
+
+def _first_batch(x, y, sample_weight, batch_size):
+    """The first (x, y, w) batch `fit` will see, to fix the step's static geometry."""
+    if isinstance(x, tf.data.Dataset):
+        element = next(iter(x.take(1)))
+        return keras.utils.unpack_x_y_sample_weight(element)
+    if x is None or isinstance(x, (tf.distribute.DistributedDataset,)):
+        raise ValueError("PrivateModel.fit takes arrays or a batched tf.data.Dataset")
+    if hasattr(x, "__next__") or isinstance(x, keras.utils.PyDataset):
+        raise ValueError(
+            "PrivateModel.fit takes arrays or a batched tf.data.Dataset (generators and "
+            "PyDatasets cannot be inspected before training)"
+        )
+    batch_size = batch_size or 32
+    rows = len(tf.nest.flatten(x)[0])
+    size = min(batch_size, rows)
+    take = lambda t: None if t is None else tf.nest.map_structure(  # noqa: E731
+        lambda a: tf.convert_to_tensor(a[:size]), t)
+    first = (take(x), take(y), take(sample_weight))
+    if size < batch_size:
+        raise ValueError(
+            f"fit got {rows} examples but batch_size={batch_size}: there is no full batch"
+        )
+    return first
