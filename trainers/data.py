@@ -1,0 +1,385 @@
+"""Joint IC/NER data: common types, the standard joint-format loader, label vocabularies.
+
+The joint format (SNIPS, ATIS as in Goo et al. 2018 / JointBERT) is a directory holding
+`train/`, `dev/` (or `valid/`) and `test/`, each with three line-aligned files:
+`seq.in` (tokens), `seq.out` (one BIO tag per token) and `label` (the intent).
+
+Loaders are strict on purpose: a malformed file raises `DataFormatError` (a `ValueError`)
+naming the file and the line, and nothing is silently dropped, because a quietly misaligned
+corpus trains a model that looks fine and is wrong. Error messages name files, line numbers,
+positions and label names, never utterance text (it may be private).
+
+Pure Python: no TensorFlow, so loading and testing stay fast.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import os
+from typing import Iterable, Mapping, Sequence
+
+_log = logging.getLogger(__name__)
+
+OUTSIDE = "O"
+UNKNOWN_INTENT = "<unknown_intent>"
+DEV_DIR_NAMES = ("dev", "valid")  # JointBERT says `dev`, SlotGated-SLU says `valid`.
+JOINT_FILES = ("seq.in", "seq.out", "label")
+
+
+@dataclasses.dataclass(frozen=True)
+class Utterance:
+    """One annotated utterance: tokens, one BIO tag per token, and an intent."""
+
+    tokens: tuple[str, ...]
+    tags: tuple[str, ...]
+    intent: str
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.tags):
+            raise ValueError(
+                f"Utterance has {len(self.tokens)} tokens but {len(self.tags)} tags")
+
+
+@dataclasses.dataclass(frozen=True)
+class Splits:
+    """A corpus split three ways.
+
+    `source` describes where the data came from (a path or a generator and its seed; never
+    utterance text). `canaries` are utterances planted (repeated) in `train` for membership
+    tests, and `canary_controls` utterances drawn from the same distribution but placed in no
+    split: the attack's non-member reference. Both are empty for real corpora.
+    """
+
+    train: tuple[Utterance, ...]
+    dev: tuple[Utterance, ...]
+    test: tuple[Utterance, ...]
+    source: str = ""
+    canaries: tuple[Utterance, ...] = ()
+    canary_controls: tuple[Utterance, ...] = ()
+
+
+class DataFormatError(ValueError):
+    """A data file is malformed; `path` and `line` (1-based, or None) say where."""
+
+    def __init__(self, path: str | os.PathLike, line: int | None, message: str):
+        self.path = os.fspath(path)
+        self.line = line
+        where = self.path if line is None else f"{self.path}, line {line}"
+        super().__init__(f"{where}: {message}")
+
+
+def bio_error(tags: Sequence[str]) -> str | None:
+    """Why `tags` is not well-formed BIO, or None when it is.
+
+    Well-formed: every tag is `O`, `B-<type>` or `I-<type>`, and `I-<type>` only follows
+    `B-<type>` or `I-<type>` of the same type (the strict reading; CoNLL's lenient reading,
+    used for *predictions* in metrics, would start a new chunk instead).
+    """
+    previous = OUTSIDE
+    for position, tag in enumerate(tags):
+        if tag != OUTSIDE:
+            prefix, _, slot_type = tag.partition("-")
+            if prefix not in ("B", "I") or not slot_type:
+                return f"token {position + 1}: tag {tag!r} is not O, B-<type> or I-<type>"
+            if prefix == "I" and previous not in (f"B-{slot_type}", f"I-{slot_type}"):
+                return f"token {position + 1}: {tag!r} follows {previous!r}"
+        previous = tag
+    return None
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """The lines of a UTF-8 text file, without line ends; errors name the file and line.
+
+    A missing file, undecodable bytes, an empty file and blank lines are errors: a blank line
+    would otherwise shift or drop an utterance silently.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataFormatError(path, None, "file is missing")
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise DataFormatError(path, line, f"bytes are not valid UTF-8 ({error.reason})") from None
+    lines = text.splitlines()
+    if not lines:
+        raise DataFormatError(path, None, "file is empty")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            raise DataFormatError(path, number, "line is blank")
+    return lines
+
+
+def load_joint_split(split_dir: str | os.PathLike) -> tuple[Utterance, ...]:
+    """Reads one split directory (`seq.in`, `seq.out`, `label`) of the joint format."""
+    split_dir = os.fspath(split_dir)
+    if not os.path.isdir(split_dir):
+        raise DataFormatError(split_dir, None, "split directory is missing")
+    paths = {name: os.path.join(split_dir, name) for name in JOINT_FILES}
+    columns = {name: read_lines(path) for name, path in paths.items()}
+    counts = {name: len(lines) for name, lines in columns.items()}
+    if len(set(counts.values())) != 1:
+        # Blame the file that disagrees with the other two (the longest if all differ), at the
+        # first line that has no partner.
+        tally = collections.Counter(counts.values())
+        odd = [name for name, count in counts.items() if tally[count] == 1]
+        culprit = odd[0] if len(odd) == 1 else max(counts, key=counts.get)
+        raise DataFormatError(
+            paths[culprit], min(counts.values()) + 1,
+            f"line counts differ: {counts}; seq.in, seq.out and label must be line-aligned")
+    utterances = []
+    for number, (text, tag_line, label) in enumerate(
+            zip(columns["seq.in"], columns["seq.out"], columns["label"]), start=1):
+        tokens, tags = tuple(text.split()), tuple(tag_line.split())
+        if len(tokens) != len(tags):
+            raise DataFormatError(
+                paths["seq.out"], number,
+                f"{len(tags)} tags for {len(tokens)} tokens in seq.in line {number}")
+        problem = bio_error(tags)
+        if problem:
+            raise DataFormatError(paths["seq.out"], number, f"bad BIO: {problem}")
+        intent = label.strip()
+        if len(intent.split()) != 1:
+            raise DataFormatError(paths["label"], number, "intent label contains whitespace")
+        utterances.append(Utterance(tokens, tags, intent))
+    return tuple(utterances)
+
+
+def _dev_dir(path: str) -> str:
+    for name in DEV_DIR_NAMES:
+        if os.path.isdir(os.path.join(path, name)):
+            return os.path.join(path, name)
+    raise DataFormatError(path, None, f"no dev split: expected one of {DEV_DIR_NAMES}/")
+
+
+def load_joint_dir(path: str | os.PathLike) -> Splits:
+    """Loads `path/{train,dev,test}/{seq.in,seq.out,label}` (`valid/` accepted for `dev/`).
+
+    Multi-intent labels such as ATIS's `atis_flight#atis_airfare` are kept as one label string,
+    as in JointBERT and the published ATIS results.
+    """
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise DataFormatError(path, None, "data directory is missing")
+    return Splits(
+        train=load_joint_split(os.path.join(path, "train")),
+        dev=load_joint_split(_dev_dir(path)),
+        test=load_joint_split(os.path.join(path, "test")),
+        source=f"joint format: {os.path.abspath(path)}",
+    )
+
+
+def is_joint_dir(path: str | os.PathLike) -> bool:
+    """True when `path/train/seq.in` exists (the joint-format signature)."""
+    return os.path.isfile(os.path.join(os.fspath(path), "train", "seq.in"))
+
+
+def load_data(data_dir: str | os.PathLike | None, seed: int = 0) -> Splits:
+    """Loads a corpus, detecting its format.
+
+    * None or "": the built-in synthetic smart-home corpus (`trainers.synthetic`, `seed`);
+    * a directory with `train/seq.in`: the joint format;
+    * a `.csv` file, or a directory holding `.csv` files: NLU-Evaluation-Data
+      (`trainers.nlu_csv`; `seed` fixes the train/dev/test split when none is given).
+    """
+    if data_dir is None or os.fspath(data_dir) == "":
+        from trainers import synthetic  # Lazy: synthetic imports this module.
+        return synthetic.synthetic_corpus(seed=seed)
+    data_dir = os.fspath(data_dir)
+    if is_joint_dir(data_dir):
+        return load_joint_dir(data_dir)
+    from trainers import nlu_csv  # Lazy: nlu_csv imports this module.
+    if nlu_csv.is_nlu_csv(data_dir):
+        return nlu_csv.load_nlu_eval_csv(data_dir, seed=seed)
+    if not os.path.exists(data_dir):
+        raise DataFormatError(data_dir, None, "data path does not exist")
+    raise DataFormatError(
+        data_dir, None,
+        "unrecognised data: expected a joint-format directory (train/seq.in, seq.out, label), "
+        "an NLU-Evaluation-Data .csv file or a directory of them")
+
+
+@dataclasses.dataclass(frozen=True)
+class UnseenCounts:
+    """What `LabelVocab.conform` changed in one split (label names only, no text)."""
+
+    split: str
+    utterances: int
+    tokens: int
+    remapped_tag_tokens: int  # Tokens whose tag changed: unseen, or an I-X repaired after it.
+    unknown_intent_utterances: int
+    unseen_tags: tuple[str, ...]  # Distinct tags absent from train.
+    unseen_intents: tuple[str, ...]  # Distinct intents absent from train.
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class LabelVocab:
+    """Tag and intent ids, fixed by the training split.
+
+    Tag id 0 is `O` and intent id 0 is `UNKNOWN_INTENT` (a class no training example has).
+    Dev/test labels the training split never had are mapped by `conform`: unseen tags to `O`
+    (repairing any `I-X` left without its `B-X`) and unseen intents to `UNKNOWN_INTENT`; the
+    counts are logged and returned. Score models against the *original* references, so that
+    unseen labels still count as errors.
+    """
+
+    def __init__(self, tags: Sequence[str], intents: Sequence[str]):
+        tags, intents = tuple(tags), tuple(intents)
+        if not tags or tags[0] != OUTSIDE:
+            raise ValueError(f"tags must start with {OUTSIDE!r}")
+        if not intents or intents[0] != UNKNOWN_INTENT:
+            raise ValueError(f"intents must start with {UNKNOWN_INTENT!r}")
+        for name, labels in (("tags", tags), ("intents", intents)):
+            if len(set(labels)) != len(labels):
+                raise ValueError(f"{name} contain duplicates")
+        malformed = [t for t in tags[1:] if t[:2] not in ("B-", "I-") or len(t) < 3]
+        if malformed:
+            raise ValueError(f"tags must be O, B-<type> or I-<type>, got {malformed[:3]}")
+        self.tags = tags
+        self.intents = intents
+        self._tag_ids = {tag: i for i, tag in enumerate(tags)}
+        self._intent_ids = {intent: i for i, intent in enumerate(intents)}
+
+    @classmethod
+    def from_train(cls, train: Iterable[Utterance]) -> "LabelVocab":
+        """The labels of the training split, in a deterministic order."""
+        tags, intents = set(), set()
+        for utterance in train:
+            tags.update(utterance.tags)
+            intents.add(utterance.intent)
+        if not intents:
+            raise ValueError("train split is empty")
+        tags.discard(OUTSIDE)
+        intents.discard(UNKNOWN_INTENT)
+        ordered_tags = sorted(tags, key=lambda tag: (tag[2:], tag[0]))  # B-x before I-x
+        return cls((OUTSIDE, *ordered_tags), (UNKNOWN_INTENT, *sorted(intents)))
+
+    @property
+    def num_tags(self) -> int:
+        return len(self.tags)
+
+    @property
+    def num_intents(self) -> int:
+        return len(self.intents)
+
+    @property
+    def slot_types(self) -> tuple[str, ...]:
+        """The slot types (tag names without B-/I-), sorted."""
+        return tuple(sorted({tag[2:] for tag in self.tags if tag != OUTSIDE}))
+
+    def tag_ids(self, tags: Sequence[str]) -> list[int]:
+        """Ids of already conformed tags; an unknown tag is a KeyError (call `conform` first)."""
+        return [self._tag_ids[tag] for tag in tags]
+
+    def intent_id(self, intent: str) -> int:
+        """The intent's id; unseen intents get the unknown class (id 0)."""
+        return self._intent_ids.get(intent, 0)
+
+    def decode_tags(self, ids: Iterable[int]) -> list[str]:
+        return [self.tags[int(i)] for i in ids]
+
+    def decode_intent(self, intent_id: int) -> str:
+        return self.intents[int(intent_id)]
+
+    def _conform_tags(self, tags: Sequence[str]) -> tuple[tuple[str, ...], int]:
+        conformed = []
+        changed = 0
+        for tag in tags:
+            new = tag if tag in self._tag_ids else OUTSIDE
+            previous = conformed[-1] if conformed else OUTSIDE
+            if new.startswith("I-") and previous not in ("B-" + new[2:], new):
+                begin = "B-" + new[2:]  # Its predecessor was unseen: start the chunk here.
+                new = begin if begin in self._tag_ids else OUTSIDE
+            changed += new != tag
+            conformed.append(new)
+        return tuple(conformed), changed
+
+    def conform(self, utterances: Sequence[Utterance],
+                split: str) -> tuple[tuple[Utterance, ...], UnseenCounts]:
+        """Maps labels unseen in training (see the class docstring) and logs the counts."""
+        conformed, changed_tokens, changed_intents = [], 0, 0
+        unseen_tags, unseen_intents = collections.Counter(), collections.Counter()
+        for utterance in utterances:
+            tags, changed = self._conform_tags(utterance.tags)
+            changed_tokens += changed
+            unseen_tags.update(t for t in utterance.tags if t not in self._tag_ids)
+            intent = utterance.intent
+            if intent not in self._intent_ids or intent == UNKNOWN_INTENT:
+                unseen_intents[intent] += 1
+                changed_intents += 1
+                intent = UNKNOWN_INTENT
+            conformed.append(Utterance(utterance.tokens, tags, intent))
+        counts = UnseenCounts(
+            split=split, utterances=len(conformed),
+            tokens=sum(len(u.tokens) for u in conformed),
+            remapped_tag_tokens=changed_tokens, unknown_intent_utterances=changed_intents,
+            unseen_tags=tuple(sorted(unseen_tags)), unseen_intents=tuple(sorted(unseen_intents)))
+        if changed_tokens or changed_intents:
+            _log.warning(
+                "%s: %d of %d tokens had tags unseen in train (mapped to O: %s); "
+                "%d of %d utterances had intents unseen in train (mapped to %s: %s)",
+                split, changed_tokens, counts.tokens, ", ".join(counts.unseen_tags) or "-",
+                changed_intents, counts.utterances, UNKNOWN_INTENT,
+                ", ".join(counts.unseen_intents) or "-")
+        return tuple(conformed), counts
+
+    def to_dict(self) -> dict:
+        return {"tags": list(self.tags), "intents": list(self.intents)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "LabelVocab":
+        return cls(data["tags"], data["intents"])
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the vocabulary as JSON (the run directory keeps it beside the model)."""
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(self.to_dict(), handle, indent=1)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "LabelVocab":
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_dict(json.load(handle))
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, LabelVocab) and self.tags == other.tags
+                and self.intents == other.intents)
+
+    def __hash__(self) -> int:
+        return hash((self.tags, self.intents))
+
+    def __repr__(self) -> str:
+        return f"LabelVocab({self.num_tags} tags, {self.num_intents} intents)"
+
+
+def slot_types_of(utterances: Iterable[Utterance]) -> set[str]:
+    return {tag[2:] for u in utterances for tag in u.tags if tag != OUTSIDE}
+
+
+def describe(splits: Splits) -> dict:
+    """Corpus statistics without any utterance text (for logs, reports and `config.json`)."""
+    parts = {"train": splits.train, "dev": splits.dev, "test": splits.test}
+    stats = {"source": splits.source}
+    for name, utterances in parts.items():
+        stats[name] = {
+            "utterances": len(utterances),
+            "distinct_utterances": len({u.tokens for u in utterances}),
+            "tokens": sum(len(u.tokens) for u in utterances),
+            "max_tokens": max((len(u.tokens) for u in utterances), default=0),
+            "intents": len({u.intent for u in utterances}),
+            "slot_types": len(slot_types_of(utterances)),
+            "tags": len({t for u in utterances for t in u.tags}),
+        }
+    everything = [u for utterances in parts.values() for u in utterances]
+    stats["all"] = {
+        "intents": len({u.intent for u in everything}),
+        "slot_types": len(slot_types_of(everything)),
+        "tags": len({t for u in everything for t in u.tags}),
+    }
+    stats["canaries"] = len(splits.canaries)
+    return stats
