@@ -152,6 +152,7 @@ class PrivateModel(keras.Model):
         """Decides the static facts of the step (batch geometry, S, alpha) before tracing it."""
         fx, fy, fw = first
         self._ensure_built(fx)
+        fw = _mask(fx, fw)
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])
         k = cfg.microbatch_size

@@ -1,0 +1,55 @@
+"""DPConfig validation and the decay schedule."""
+import math
+
+import pytest
+
+from edp_tf import DPConfig
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"l2_norm_clip": 0.0}, "l2_norm_clip"),
+        ({"l2_norm_clip": -1.0}, "l2_norm_clip"),
+        ({"l2_norm_clip": float("nan")}, "l2_norm_clip"),
+        ({"noise_multiplier": -0.1}, "noise_multiplier"),
+        ({"noise_multiplier": float("inf")}, "noise_multiplier"),
+        ({"microbatch_size": 0}, "microbatch_size"),
+        ({"microbatch_size": 2.5}, "microbatch_size"),
+        ({"noise_mode": "strong"}, "noise_mode"),
+        ({"noise_mode": "paper", "microbatch_size": 1}, "noise_mode"),
+        ({"decay": "cosine"}, "decay"),
+        ({"decay_rate": -1.0}, "decay_rate"),
+        ({"scaling": "magic"}, "scaling"),
+        ({"scaling": "public", "layer_scales": (1.0, 0.0)}, "layer_scales"),
+        ({"scaling": "first_batch", "layer_scales": (1.0,)}, "layer_scales"),
+        ({"seed": "abc"}, "seed"),
+        ({"expected_batch_size": 0}, "expected_batch_size"),
+        ({"scaling_noise_multiplier": 0}, "scaling_noise_multiplier"),
+    ],
+)
+def test_invalid_values_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        DPConfig(**changes)
+
+
+def test_config_is_immutable():
+    cfg = DPConfig()
+    with pytest.raises(Exception):
+        cfg.noise_multiplier = 3.0  # type: ignore[misc]
+    assert cfg.replace(noise_multiplier=3.0).noise_multiplier == 3.0
+    assert cfg.noise_multiplier == 1.0
+
+
+def test_decay_schedules_per_epoch():
+    z0, tau = 2.0, 0.5
+    none = DPConfig(noise_multiplier=z0)
+    lin = DPConfig(noise_multiplier=z0, decay="linear", decay_rate=tau)
+    exp = DPConfig(noise_multiplier=z0, decay="exponential", decay_rate=tau)
+    for t in range(5):
+        assert none.noise_multiplier_at(t) == z0
+        assert lin.noise_multiplier_at(t) == pytest.approx(z0 / (1 + tau * t))
+        assert exp.noise_multiplier_at(t) == pytest.approx(z0 * math.exp(-tau * t))
+    assert lin.noise_multiplier_at(0) == exp.noise_multiplier_at(0) == z0
+    with pytest.raises(ValueError, match="epoch"):
+        lin.noise_multiplier_at(-1)
