@@ -11,6 +11,8 @@ from typing import Callable, Sequence, Tuple
 import keras
 import tensorflow as tf
 
+from edp_tf import clipping
+
 PerExampleLoss = Callable[[object, object], tf.Tensor]
 
 
@@ -99,3 +101,24 @@ def stacked_microbatch_gradients(
 
     grads, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
     return grads, losses, tf.nest.map_structure(_merge, y_pred)
+
+
+def clipped_gradient_sum(
+    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float
+) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
+    """sum_j clip_C(g_j / alpha) over the replica's micro-batches, with norms and losses.
+
+    `microbatch_size=None`: the replica's batch is one micro-batch (eDP), else micro-batches of
+    `microbatch_size` examples. Returns (ClipResult in the scaled space, micro-batch losses, y_pred).
+    """
+    if microbatch_size is None:
+        grads, losses, y_pred = single_microbatch_gradient(model, loss_fn, variables, x, y, w, k_e)
+        return clipping.clip_single(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred
+    rows = tf.shape(tf.nest.flatten(x)[0])[0]
+    check = tf.debugging.assert_equal(
+        rows % microbatch_size, 0,
+        message=f"per-replica batch not divisible by microbatch_size={microbatch_size}")
+    with tf.control_dependencies([check]):
+        grads, losses, y_pred = stacked_microbatch_gradients(
+            model, loss_fn, variables, x, y, w, microbatch_size, k_e)
+    return clipping.clip_and_sum(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred

@@ -263,27 +263,16 @@ class PrivateModel(keras.Model):
         cfg = self._dp_config
         variables = self.wrapped_model.trainable_variables
         loss_fn = self._require_loss()
-        if cfg.microbatch_size is None:
-            grads, losses, y_pred = microbatch.single_microbatch_gradient(
-                self.wrapped_model, loss_fn, variables, x, y, w, self._k_e)
-            grads = clipping.scale(grads, self._layer_scales)
-            clip = clipping.clip_single(grads, cfg.l2_norm_clip)
-        else:
-            k = cfg.microbatch_size
-            rows = tf.shape(tf.nest.flatten(x)[0])[0]
-            with tf.control_dependencies([tf.debugging.assert_equal(
-                    rows % k, 0, message=f"per-replica batch not divisible by microbatch_size={k}")]):
-                grads, losses, y_pred = microbatch.stacked_microbatch_gradients(
-                    self.wrapped_model, loss_fn, variables, x, y, w, k, self._k_e)
-            grads = clipping.scale(grads, self._layer_scales)
-            clip = clipping.clip_and_sum(grads, cfg.l2_norm_clip)
+        clip, losses, y_pred = microbatch.clipped_gradient_sum(
+            self.wrapped_model, loss_fn, variables, x, y, w, cfg.microbatch_size, self._k_e,
+            self._layer_scales, cfg.l2_norm_clip)
 
         z_t = self._noise_multiplier_now()
         stddev = noise.per_replica_stddev(
             z_t, cfg.l2_norm_clip, self._sensitivity, self.num_replicas, cfg.noise_mode)
         noisy = noise.add_noise(clip.clipped_sum, stddev, self._noise_generator)
-        updates = clipping.unscale(noisy, self._layer_scales)
-        updates = [u * tf.cast(1.0 / self._denominator, u.dtype) for u in updates]
+        # unscale and normalise in one multiply: alpha_k / D
+        updates = clipping.unscale(noisy, [a / self._denominator for a in self._layer_scales])
         self.optimizer.apply_gradients(zip(updates, variables))
 
         self._record_metrics(losses, clip, z_t)
