@@ -1,0 +1,244 @@
+"""Accounting: effective multipliers, composition per epoch, tf-privacy agreement, calibration."""
+import math
+import re
+import sys
+
+import dp_accounting
+import pytest
+
+from edp_tf import DPConfig
+from edp_tf import accounting as acc
+
+# n = 4096, batch 64: q = 1/64 exactly, so tf-privacy's ceil(epochs / q) is exactly 64 * epochs.
+N_EX, BATCH, EPOCHS, DELTA = 4096, 64, 3, 1e-5
+Q = BATCH / N_EX
+STEPS = N_EX // BATCH
+
+
+def tf_privacy_lib():
+    sys.skip_tf_privacy_import = True  # its package __init__ fails on TF 2.21; the analysis works
+    from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib
+
+    return compute_dp_sgd_privacy_lib
+
+
+def statement_epsilon(statement: str) -> float:
+    match = re.search(r"Epsilon assuming Poisson sampling \(\*\):\s+([0-9.]+)", statement)
+    assert match, statement
+    return float(match.group(1))
+
+
+# ------------------------------------------------------------------ the mechanism
+@pytest.mark.parametrize("replicas, sensitivity", [(1, 1), (4, 2), (8, 2), (3, 1)])
+def test_effective_multiplier_paper_formula(replicas, sensitivity):
+    z = 1.7
+    assert acc.effective_noise_multiplier(z, "calibrated", replicas, sensitivity) == z
+    want = z / (math.sqrt(replicas) * sensitivity)  # z * C / (sqrt(N) * S), S = sensitivity * C
+    assert acc.effective_noise_multiplier(z, "paper", replicas, sensitivity) == pytest.approx(want)
+
+
+def test_sensitivity_for_microbatch_size():
+    assert acc.sensitivity_for(1) == 1
+    assert acc.sensitivity_for(2) == acc.sensitivity_for(8) == 2
+
+
+@pytest.mark.parametrize("decay, rate", [("none", 0.0), ("linear", 0.3), ("exponential", 0.2)])
+def test_schedule_matches_dpconfig_and_explicit_formula(decay, rate):
+    z0 = 2.0
+    cfg = DPConfig(noise_multiplier=z0, decay=decay, decay_rate=rate)
+    records = acc.plan_schedule(z0, 6, 5, decay, rate, "paper", replicas=4, sensitivity=2)
+    explicit = {"none": lambda t: z0, "linear": lambda t: z0 / (1 + rate * t),
+                "exponential": lambda t: z0 * math.exp(-rate * t)}[decay]
+    for t, r in enumerate(records):
+        assert (r.epoch, r.steps) == (t, 5)
+        assert r.noise_multiplier == pytest.approx(cfg.noise_multiplier_at(t), rel=1e-12)
+        assert r.noise_multiplier == pytest.approx(explicit(t), rel=1e-12)
+        assert r.effective_noise_multiplier == pytest.approx(explicit(t) / (2 * 2), rel=1e-12)
+
+
+def test_records_are_immutable_and_round_trip():
+    r = acc.EpochRecord(2, 10, 1.5, 0.75)
+    with pytest.raises(Exception):
+        r.steps = 11  # type: ignore[misc]
+    assert acc.EpochRecord.from_dict(r.to_dict()) == r
+    e = acc.ExtraEvent.from_dict({"name": "private_layer_scales", "noise_multiplier": 5.0,
+                                  "sampling_rate": None, "steps": 1, "examples": 64})
+    assert e.effective_noise_multiplier == 5.0 and e.sampling_rate is None
+
+
+# ------------------------------------------------------------------ agreement with tf-privacy
+def test_rdp_agrees_with_tf_privacy_compute_dp_sgd_privacy():
+    lib = tf_privacy_lib()
+    z = 1.1
+    theirs, _ = lib.compute_dp_sgd_privacy(N_EX, BATCH, z, EPOCHS, DELTA)
+    ours = acc.compute_epsilon(acc.plan_schedule(z, EPOCHS, STEPS), Q, DELTA, accountant="rdp")
+    print(f"RDP epsilon: ours {ours:.5f}, tf-privacy {theirs:.5f}")
+    # Same events; only the RDP order grids differ (dp-accounting's 0.1 steps vs tf-privacy's
+    # list), which moves the optimum by well under 1% (measured: 8e-4 relative).
+    assert ours == pytest.approx(theirs, rel=0.01)
+
+
+@pytest.mark.parametrize("accountant_type", ["RDP", "PLD"])
+def test_microbatching_factor_matches_tf_privacy_statement(accountant_type):
+    """tf-privacy's noise is z*C against sensitivity 2C with micro-batching: z_eff = z / 2.
+
+    That is exactly our paper mode with one replica and S = 2, and our calibrated mode at z / 2.
+    """
+    lib = tf_privacy_lib()
+    z = 1.1
+    statement = lib.compute_dp_sgd_privacy_statement(
+        number_of_examples=N_EX, batch_size=BATCH, num_epochs=EPOCHS, noise_multiplier=z,
+        delta=DELTA, used_microbatching=True,
+        accountant_type=lib.AccountantType[accountant_type])
+    theirs = statement_epsilon(statement)
+    accountant = accountant_type.lower()
+    paper = acc.plan_schedule(z, EPOCHS, STEPS, noise_mode="paper", replicas=1, sensitivity=2)
+    calibrated = acc.plan_schedule(z / 2, EPOCHS, STEPS, sensitivity=2)
+    for records in (paper, calibrated):
+        ours = acc.compute_epsilon(records, Q, DELTA, accountant=accountant)
+        print(f"{accountant_type} with micro-batching: ours {ours:.4f}, tf-privacy {theirs:.3f}")
+        # the statement prints 3 decimals; PLD: our 1e-3 grid vs its 1e-4 adds < 1e-3 relative
+        assert ours == pytest.approx(theirs, rel=1e-3, abs=1.5e-3)
+
+
+# ------------------------------------------------------------------ composition of schedules
+def independent_epsilon(z_effs, steps, q, delta, accountant):
+    """Straight dp-accounting: one self-composed Poisson Gaussian per epoch."""
+    a = (dp_accounting.rdp.RdpAccountant() if accountant == "rdp"
+         else dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4))
+    for z in z_effs:
+        a.compose(dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), steps))
+    return a.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("decay, mode", [("linear", "calibrated"), ("exponential", "paper")])
+def test_decayed_schedule_composes_per_epoch(decay, mode):
+    records = acc.plan_schedule(4.0, 5, 20, decay, 0.4, mode, replicas=4, sensitivity=2)
+    z_effs = [r.effective_noise_multiplier for r in records]
+    assert z_effs == sorted(z_effs, reverse=True) and z_effs[0] > z_effs[-1]
+    for accountant in ("rdp", "pld"):
+        per_epoch = acc.epsilon_per_epoch(records, 0.02, 1e-5, accountant=accountant)
+        assert all(b > a for a, b in zip(per_epoch, per_epoch[1:])), per_epoch
+        want = independent_epsilon(z_effs, 20, 0.02, 1e-5, accountant)
+        total = acc.compute_epsilon(records, 0.02, 1e-5, accountant=accountant)
+        # RDP is exact; our PLD grid is 1e-3 (pessimistic, so never below the 1e-4 answer)
+        # against 1e-4 here: measured differences are a few 1e-4.
+        assert total == pytest.approx(want, rel=2e-3)
+        assert per_epoch[-1] == pytest.approx(want, rel=2e-3)
+        if accountant == "pld":
+            assert total >= want - 1e-9
+    # the decay costs privacy: the same z0 without decay is cheaper
+    flat = acc.plan_schedule(4.0, 5, 20, "none", 0.0, mode, replicas=4, sensitivity=2)
+    assert acc.compute_epsilon(flat, 0.02, 1e-5) < acc.compute_epsilon(records, 0.02, 1e-5)
+
+
+def test_paper_mode_is_much_weaker_at_the_same_z0():
+    kw = dict(replicas=4, sensitivity=2)
+    cal = acc.compute_epsilon(acc.plan_schedule(2.0, 3, 30, **kw), 0.02, 1e-5)
+    pap = acc.compute_epsilon(acc.plan_schedule(2.0, 3, 30, noise_mode="paper", **kw), 0.02, 1e-5)
+    assert pap > 3 * cal
+
+
+def test_extra_events_are_charged():
+    records = acc.plan_schedule(1.0, 2, 20)
+    extra = {"name": "private_layer_scales", "noise_multiplier": 2.0, "sampling_rate": None,
+             "steps": 1, "sensitivity": 1, "examples": 64}
+    base = acc.compute_epsilon(records, 0.02, 1e-5, accountant="rdp")
+    with_extra = acc.compute_epsilon(records, 0.02, 1e-5, [extra], accountant="rdp")
+    a = dp_accounting.rdp.RdpAccountant()
+    a.compose(dp_accounting.GaussianDpEvent(2.0))
+    a.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.02, dp_accounting.GaussianDpEvent(1.0)), 40))
+    assert with_extra > base
+    assert with_extra == pytest.approx(a.get_epsilon(1e-5), rel=1e-9)
+    per_epoch = acc.epsilon_per_epoch(records, 0.02, 1e-5, [extra], accountant="rdp")
+    assert per_epoch[-1] == pytest.approx(with_extra, rel=1e-9)
+
+
+def test_zero_noise_gives_infinite_epsilon():
+    records = (acc.EpochRecord(0, 10, 1.0, 1.0), acc.EpochRecord(1, 10, 0.0, 0.0),
+               acc.EpochRecord(2, 10, 1.0, 1.0))
+    for accountant in ("rdp", "pld"):
+        assert acc.compute_epsilon(records, 0.01, 1e-5, accountant=accountant) == math.inf
+        per_epoch = acc.epsilon_per_epoch(records, 0.01, 1e-5, accountant=accountant)
+        assert math.isfinite(per_epoch[0]) and per_epoch[1:] == [math.inf, math.inf]
+    zero_extra = [acc.ExtraEvent("q", 0.0)]
+    assert acc.compute_epsilon(records[:1], 0.01, 1e-5, zero_extra) == math.inf
+    # an epoch of zero steps spends nothing, whatever its multiplier
+    assert acc.compute_epsilon((acc.EpochRecord(0, 0, 0.0, 0.0),), 0.01, 1e-5) == 0.0
+
+
+def test_tiny_noise_falls_back_to_rdp_instead_of_exhausting_memory():
+    records = acc.plan_schedule(1e-3, 1, 47)  # PLD would ask for ~38 GiB here
+    rdp = acc.compute_epsilon(records, 0.02, 1e-4, accountant="rdp")
+    assert rdp > acc.PLD_SKIP_ABOVE_RDP_EPSILON
+    assert acc.compute_epsilon(records, 0.02, 1e-4) == rdp
+    assert acc.epsilon_per_epoch(records, 0.02, 1e-4) == [rdp]
+
+
+# ------------------------------------------------------------------ calibration
+@pytest.mark.parametrize(
+    "kw",
+    [dict(accountant="rdp"),
+     dict(accountant="rdp", decay="linear", decay_rate=0.5, noise_mode="paper", replicas=4,
+          sensitivity=2),
+     dict(accountant="pld", decay="exponential", decay_rate=0.2, replicas=4, sensitivity=2)],
+)
+def test_calibration_round_trip(kw):
+    target, delta, q, epochs, steps = 3.0, 1e-5, 0.02, 4, 25
+    tol = 1e-3 if kw["accountant"] == "rdp" else 1e-2  # PLD evaluations cost ~0.5 s each
+    z0 = acc.calibrate_noise(target, delta, q, epochs, steps, tolerance=tol, **kw)
+    sched = dict(decay=kw.get("decay", "none"), decay_rate=kw.get("decay_rate", 0.0),
+                 noise_mode=kw.get("noise_mode", "calibrated"), replicas=kw.get("replicas", 1),
+                 sensitivity=kw.get("sensitivity", 1))
+
+    def eps(z):
+        return acc.compute_epsilon(acc.plan_schedule(z, epochs, steps, **sched), q, delta,
+                                   accountant=kw["accountant"])
+
+    print(f"{kw}: z0 = {z0:.5f}, epsilon {eps(z0):.4f}")
+    assert eps(z0) <= target  # meets the target ...
+    assert eps(z0 / (1 + 2 * tol)) > target  # ... and is the smallest that does (to tolerance)
+
+
+def test_calibration_charges_extra_events():
+    args = (3.0, 1e-5, 0.02, 4, 25)
+    plain = acc.calibrate_noise(*args, accountant="rdp")
+    extra = [acc.ExtraEvent("private_layer_scales", 2.0)]
+    assert acc.calibrate_noise(*args, accountant="rdp", extra_events=extra) > plain
+    with pytest.raises(ValueError, match="extra events alone"):
+        acc.calibrate_noise(*args, accountant="rdp", extra_events=[acc.ExtraEvent("x", 0.1)])
+
+
+# ------------------------------------------------------------------ invalid inputs
+RECORDS = (acc.EpochRecord(0, 10, 1.0, 1.0),)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: acc.compute_epsilon(RECORDS, 0.0, 1e-5), "sampling_rate"),
+        (lambda: acc.compute_epsilon(RECORDS, 1.5, 1e-5), "sampling_rate"),
+        (lambda: acc.compute_epsilon(RECORDS, -0.1, 1e-5), "sampling_rate"),
+        (lambda: acc.compute_epsilon(RECORDS, float("nan"), 1e-5), "sampling_rate"),
+        (lambda: acc.compute_epsilon(RECORDS, 0.1, 0.0), "delta"),
+        (lambda: acc.compute_epsilon(RECORDS, 0.1, 1.0), "delta"),
+        (lambda: acc.compute_epsilon(RECORDS, 0.1, 1e-5, accountant="zcdp"), "accountant"),
+        (lambda: acc.EpochRecord(0, -1, 1.0, 1.0), "steps"),
+        (lambda: acc.EpochRecord(-1, 1, 1.0, 1.0), "epoch"),
+        (lambda: acc.EpochRecord(0, 1, -1.0, 1.0), "noise_multiplier"),
+        (lambda: acc.EpochRecord(0, 1.5, 1.0, 1.0), "steps"),
+        (lambda: acc.effective_noise_multiplier(1.0, "strong", 1, 1), "noise_mode"),
+        (lambda: acc.effective_noise_multiplier(1.0, "paper", 0, 1), "replicas"),
+        (lambda: acc.effective_noise_multiplier(1.0, "paper", 2, 0), "sensitivity"),
+        (lambda: acc.plan_schedule(1.0, 2, -3), "steps_per_epoch"),
+        (lambda: acc.plan_schedule(1.0, 2, 3, decay="cosine"), "decay"),
+        (lambda: acc.ExtraEvent("q", 1.0, sampling_rate=2.0), "sampling_rate"),
+        (lambda: acc.calibrate_noise(0.0, 1e-5, 0.1, 1, 1), "target_epsilon"),
+        (lambda: acc.calibrate_noise(1.0, 1e-5, 0.1, 0, 1), "epochs"),
+    ],
+)
+def test_invalid_inputs_name_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
