@@ -1,0 +1,155 @@
+"""Poisson sampling for tf.data: the sampling that the accountants' amplification assumes.
+
+Each step takes every example independently with probability q. The batch is padded to a fixed
+`max_batch_size` with a 0/1 mask (fed to `fit` as sample_weight), so the private step stays one
+compiled graph and every replica gets a full shard; the step normalises by the *expected* batch
+q*n (`DPConfig(expected_batch_size=sampler.expected_batch_size)`), never by the realised one.
+
+Why real rows land in uniformly random slots (not first): adding one example to the data then
+only fills one more random slot and leaves every other row where it was (a uniformly random
+injective placement can be drawn example by example), so exactly one micro-batch changes, whatever
+the replica and micro-batch cut: sensitivity C for one example per micro-batch, 2C otherwise.
+Packing real rows first would shift all later rows and change many micro-batches.
+
+Overflow (more than `max_batch_size` examples drawn) raises instead of dropping: keeping a random
+subset is *truncated* Poisson sampling, where one example's presence can evict another (two
+micro-batches change), which the Poisson-subsampled Gaussian accounting does not cover.
+`max_batch_size` is the binomial quantile at `overflow_probability` per step (default 1e-9:
+a million steps fail with probability 1e-3, loudly, at no privacy cost).
+
+Randomness: a 63-bit key from OS entropy unless `seed` is given. Batches must stay secret for
+the amplification to hold, so a fixed seed is reported (`seed_fixed`) and voids the guarantee.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from typing import Any, Optional
+
+import tensorflow as tf
+from scipy import stats
+
+from edp_tf.accounting import check_sampling_rate
+
+DEFAULT_OVERFLOW_PROBABILITY = 1e-9
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def expected_batch_size(dataset_size: int, sampling_rate: float) -> float:
+    """q * n: what `DPConfig(expected_batch_size=...)` must be given."""
+    return _positive_int("dataset_size", dataset_size) * check_sampling_rate(sampling_rate)
+
+
+def poisson_max_batch_size(
+    dataset_size: int,
+    sampling_rate: float,
+    overflow_probability: float = DEFAULT_OVERFLOW_PROBABILITY,
+    multiple: int = 1,
+) -> int:
+    """Smallest multiple of `multiple` M with P(Binomial(n, q) > M) <= overflow_probability."""
+    n = _positive_int("dataset_size", dataset_size)
+    q = check_sampling_rate(sampling_rate)
+    multiple = _positive_int("multiple", multiple)
+    if not 0.0 < overflow_probability < 1.0:
+        raise ValueError(f"overflow_probability must be in (0, 1), got {overflow_probability!r}")
+    m = int(stats.binom.isf(overflow_probability, n, q))
+    while m < n and stats.binom.sf(m, n, q) > overflow_probability:  # isf is approximate
+        m += 1
+    m = max(m, 1)
+    return int(math.ceil(m / multiple) * multiple)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoissonSampler:
+    """Poisson-sampled, padded and masked batches of an in-memory dataset.
+
+    Usage:
+        sampler = PoissonSampler(dataset_size=n, sampling_rate=q, replicas=4)
+        cfg = DPConfig(..., expected_batch_size=sampler.expected_batch_size)
+        model.fit(sampler.dataset(x, y), epochs=E)   # steps_per_epoch steps, fresh each epoch
+    """
+
+    dataset_size: int
+    sampling_rate: float
+    replicas: int = 1
+    microbatch_size: Optional[int] = None
+    overflow_probability: float = DEFAULT_OVERFLOW_PROBABILITY
+    max_batch_size: Optional[int] = None
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _positive_int("dataset_size", self.dataset_size)
+        object.__setattr__(self, "sampling_rate", check_sampling_rate(self.sampling_rate))
+        _positive_int("replicas", self.replicas)
+        if self.microbatch_size is not None:
+            _positive_int("microbatch_size", self.microbatch_size)
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+        multiple = self.replicas * (self.microbatch_size or 1)
+        if self.max_batch_size is None:
+            object.__setattr__(self, "max_batch_size", poisson_max_batch_size(
+                self.dataset_size, self.sampling_rate, self.overflow_probability, multiple))
+        elif _positive_int("max_batch_size", self.max_batch_size) % multiple:
+            raise ValueError(
+                f"max_batch_size={self.max_batch_size} must be a multiple of replicas x "
+                f"microbatch_size = {multiple}")
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.dataset_size * self.sampling_rate
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """ceil(1/q): steps that see n examples in expectation."""
+        return int(math.ceil(1.0 / self.sampling_rate - 1e-9))
+
+    @property
+    def seed_fixed(self) -> bool:
+        return self.seed is not None
+
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+        """`steps` (default steps_per_epoch) batches of (x, y, mask), fresh at each iteration.
+
+        x and y are nests (arrays, dicts, tuples) of arrays with `dataset_size` rows. Padding rows
+        are zeros (empty strings) with mask 0. Infinite stream: `.repeat()` the result.
+        """
+        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
+        n, size, q = self.dataset_size, self.max_batch_size, self.sampling_rate
+        data = tf.nest.map_structure(lambda a: _with_zero_row(a, n), (x, y))
+        key = self.seed if self.seed is not None else secrets.randbits(63)
+
+        def sample(step_seed: tf.Tensor):
+            seeds = tf.random.experimental.stateless_split(
+                tf.stack([step_seed, tf.constant(key, tf.int64)]), num=2)
+            # float64: a float32 uniform would round q up to a multiple of 2**-24 and sample
+            # slightly more often than accounted for small q.
+            taken = tf.where(tf.random.stateless_uniform([n], seeds[0], dtype=tf.float64) < q)
+            taken = tf.cast(taken[:, 0], tf.int32)
+            count = tf.size(taken)
+            check = tf.debugging.assert_less_equal(count, size, message=(
+                f"Poisson sample larger than max_batch_size={size} (q={q}, n={n}): refusing to "
+                "truncate, which the accounting does not cover; raise max_batch_size"))
+            with tf.control_dependencies([check]):
+                slots = tf.argsort(tf.random.stateless_uniform([size], seeds[1]))[:count]
+            rows = tf.tensor_scatter_nd_update(tf.fill([size], n), slots[:, None], taken)
+            mask = tf.cast(rows < n, tf.float32)
+            bx, by = tf.nest.map_structure(lambda t: tf.gather(t, rows), data)
+            return bx, by, mask
+
+        seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
+        return seeds.take(steps).map(sample, num_parallel_calls=tf.data.AUTOTUNE,
+                                     deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _with_zero_row(array, n: int) -> tf.Tensor:
+    t = tf.convert_to_tensor(array)
+    if t.shape.rank == 0 or t.shape[0] != n:
+        raise ValueError(
+            f"every array of x and y must have dataset_size={n} rows, got shape {t.shape}")
+    return tf.concat([t, tf.zeros_like(t[:1])], axis=0)
