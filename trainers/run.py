@@ -1,0 +1,274 @@
+"""One training run: data -> model -> (private) fit -> metrics, ledger, checkpoints, export.
+
+Resuming: after every epoch the ledger (privacy.json) is written *before* the checkpoint, so an
+interruption can only make the ledger count an epoch whose weights were lost (an over-estimate of
+epsilon), never the reverse.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+
+import keras
+import ml_collections
+import numpy as np
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import accounting, sampling
+from trainers import data as data_lib
+from trainers import metrics as metrics_lib
+from trainers import pipeline
+
+_log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+STATE_FILE = "state.json"
+METRICS_FILE = "metrics.json"
+
+
+def default_run_dir(config) -> str:
+    return os.path.join("runs", f"{config.name}-{config.mechanism}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
+    path = os.path.join(run_dir, CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ValueError(f"--resume: no {CONFIG_FILE} in run directory {run_dir}")
+    with open(path) as f:
+        return ml_collections.ConfigDict(json.load(f)["config"])
+
+
+def write_json(path: str, payload) -> None:
+    """Atomic: a reader (or a crash) never sees half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def read_json(path: str, default=None):
+    if not os.path.isfile(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- evaluation
+def predict(model, preprocessor, x: dict, batch_size: int = 256):
+    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs."""
+    step = tf.function(model.predict_labels, reduce_retracing=True)
+    intents, tags = [], []
+    intent_names = preprocessor.intent_vocabulary.labels
+    tag_names = preprocessor.tag_vocabulary.labels
+    n = pipeline.rows(x)
+    for start in range(0, n, batch_size):
+        batch = {k: tf.constant(v[start:start + batch_size]) for k, v in x.items()}
+        out = step(batch)
+        ids = out["tag_ids"].numpy()
+        kept = out["tag_mask"].numpy().sum(axis=1)
+        intents.extend(intent_names[i] for i in out["intent_ids"].numpy())
+        tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
+    return intents, tags
+
+
+def score(references, intents, tags) -> dict:
+    """Metrics against the original references; words past the model's length count as 'O'."""
+    full_tags = [list(t) + ["O"] * (len(r.tokens) - len(t)) for r, t in zip(references, tags)]
+    return metrics_lib.evaluate_utterances(references, intents, full_tags)
+
+
+class EpochEnd(keras.callbacks.Callback):
+    """Dev metrics into metrics.json, then the checkpoint and state (after the ledger)."""
+
+    def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private):
+        super().__init__()
+        self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
+        self.dev, self.dev_x = dev, dev_x
+        self.checkpoint, self.state, self.private = checkpoint, state, private
+        self._start = time.time()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        seconds = time.time() - self._start
+        dev = score(self.dev, *predict(self.joint, self.preprocessor, self.dev_x)) if self.dev else {}
+        path = os.path.join(self.run_dir, METRICS_FILE)
+        record = read_json(path, {"epochs": []})
+        record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
+        record["epochs"].append({
+            "epoch": epoch, "seconds": round(seconds, 3),
+            "train": {k: float(v) for k, v in logs.items()},
+            "dev": dev,
+        })
+        write_json(path, record)
+        self.checkpoint.save()
+        self.state["epochs_done"] = epoch + 1
+        if self.private is not None:
+            self.state["layer_scales"] = list(self.private.layer_scales)
+        write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+        if dev:
+            _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%.1f s)",
+                      epoch, dev["ser"], dev["intent_accuracy"], dev["slot_f1"], seconds)
+
+
+# --------------------------------------------------------------------------- training
+def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
+    """(dataset, steps_per_epoch, sampling_rate, expected batch) for the config's sampling."""
+    replicas = strategy.num_replicas_in_sync
+    batch = int(config.batch_size)
+    if batch > n:
+        raise ValueError(f"--config.batch_size={batch} exceeds the {n} training examples")
+    q = batch / n
+    if config.mechanism != "sgd" and config.sampling == "poisson":
+        sampler = sampling.PoissonSampler(
+            dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
+            seed=fixed_seed)
+        ds = sampler.dataset(x, y).repeat()
+        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size
+    multiple = replicas * (private_cfg_k or 1)
+    if batch % multiple:
+        raise ValueError(
+            f"--config.batch_size={batch} must be a multiple of replicas x microbatch_size = "
+            f"{multiple} with fixed-size batches")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shuffle(n, seed=fixed_seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+    return ds, n // batch, q, None
+
+
+def _optimizer(config):
+    if config.optimizer == "adam":
+        return keras.optimizers.Adam(config.learning_rate)
+    if config.optimizer == "sgd":
+        return keras.optimizers.SGD(config.learning_rate, momentum=0.9)
+    raise ValueError(f"--config.optimizer={config.optimizer!r} is invalid: expected adam or sgd")
+
+
+def train(config, run_dir: str, resume: bool = False, strategy=None) -> dict:
+    """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary."""
+    pipeline.check_config(config)
+    started = time.time()
+    os.makedirs(run_dir, exist_ok=True)
+    config_path = os.path.join(run_dir, CONFIG_FILE)
+    state = read_json(os.path.join(run_dir, STATE_FILE), {}) if resume else {}
+    if resume and not state:
+        raise ValueError(f"--resume: {run_dir} has no {STATE_FILE}: nothing to resume")
+    if not resume and os.path.exists(config_path):
+        raise ValueError(f"{run_dir} already holds a run: pass --resume or another --run_dir")
+    strategy = strategy or edp_tf.make_strategy(int(config.replicas))
+    if strategy.num_replicas_in_sync != config.replicas:
+        raise ValueError(f"strategy has {strategy.num_replicas_in_sync} replicas, config "
+                         f"asks for {config.replicas}")
+    fixed_seed = int(config.seed) if config.seed >= 0 else None
+    if fixed_seed is not None:
+        keras.utils.set_random_seed(fixed_seed)
+
+    splits = pipeline.load_splits(config)
+    vocab = data_lib.LabelVocab.from_train(splits.train)
+    unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
+              for name in ("dev", "test")}
+    preprocessor, vectors = pipeline.build_preprocessor(config, splits.train)
+    train_enc = pipeline.encode(preprocessor, splits.train, "train")
+    dev_x = preprocessor.encode([u.tokens for u in splits.dev])[0] if splits.dev else None
+    test_x = preprocessor.encode([u.tokens for u in splits.test])[0] if splits.test else None
+    n = len(splits.train)
+    delta = config.delta or 1.0 / n
+    k = pipeline.microbatch_size(config)
+    private = config.mechanism != "sgd"
+
+    ds, steps, q, expected_batch = _datasets(
+        config, train_enc.x, train_enc.y, n, k, strategy, fixed_seed)
+    z0 = float(config.noise_multiplier)
+    if private and config.target_epsilon > 0:
+        z0 = state.get("noise_multiplier") or accounting.calibrate_noise(
+            config.target_epsilon, delta, q, int(config.epochs), steps, config.decay,
+            config.decay_rate, config.noise_mode, int(config.replicas),
+            accounting.sensitivity_for(k or max(1, int(round(expected_batch or config.batch_size))
+                                               // int(config.replicas))))
+        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", z0, config.target_epsilon,
+                  delta)
+    with strategy.scope():
+        model = pipeline.build_model(config, preprocessor, vectors)
+        optimizer = _optimizer(config)
+        if private:
+            dp = edp_tf.DPConfig(
+                l2_norm_clip=config.l2_norm_clip, noise_multiplier=z0, microbatch_size=k,
+                noise_mode=config.noise_mode, decay=config.decay, decay_rate=config.decay_rate,
+                scaling=config.scaling, seed=fixed_seed, expected_batch_size=expected_batch)
+            trainer = edp_tf.PrivateModel(model, dp)
+            trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
+        else:
+            trainer = model
+            trainer.compile(optimizer=optimizer)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), 2)
+        if resume:
+            optimizer.build(model.trainable_variables)
+            if manager.latest_checkpoint is None:
+                raise ValueError(f"--resume: no checkpoint in {run_dir}/checkpoints")
+            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+            if private and state.get("layer_scales"):
+                trainer.restore_layer_scales(state["layer_scales"])
+
+    state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
+    if not resume:
+        write_json(config_path, {"config": config.to_dict(), "dataset_size": n,
+                                 "data_source": splits.source, "delta": delta})
+        write_json(os.path.join(run_dir, "preprocessor.json"), preprocessor.get_config())
+    callbacks = []
+    if private:
+        from edp_tf import ledger
+
+        for sentence in pipeline.vocabulary_not_covered(preprocessor):
+            trainer.note_not_covered(sentence)
+        privacy_ledger = ledger.PrivacyLedger(
+            run_dir, dataset_size=n, delta=delta, sampling=config.sampling, sampling_rate=q,
+            sampling_seed_fixed=fixed_seed is not None)
+        callbacks.append(privacy_ledger)
+        if config.target_epsilon > 0:
+            callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))
+    callbacks += [
+        EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
+                 trainer if private else None),
+        keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
+                                    profile_batch=0),
+    ]
+    initial_epoch = int(state.get("epochs_done", 0))
+    if initial_epoch < config.epochs:
+        trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
+                    steps_per_epoch=steps, callbacks=callbacks, verbose="auto")
+
+    test = score(splits.test, *predict(model, preprocessor, test_x)) if splits.test else {}
+    record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
+    record.update({"test": test, "unseen_labels": unseen,
+                   "train_encoding": train_enc.report})
+    write_json(os.path.join(run_dir, METRICS_FILE), record)
+    from models.export import export_serving_model
+
+    export_serving_model(model, preprocessor, os.path.join(run_dir, "saved_model"))
+    privacy = read_json(os.path.join(run_dir, "privacy.json"), {})
+    return {
+        "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
+        "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
+        "test": test, "epsilon": privacy.get("epsilon", math.inf if not private else None),
+        "delta": delta, "private": bool(privacy.get("private", False)),
+        "noise_multiplier": z0 if private else 0.0,
+    }
+
+
+def summary_line(summary: dict) -> str:
+    test = summary["test"]
+    eps = summary["epsilon"]
+    privacy = ("not private (sgd)" if summary["mechanism"] == "sgd" else
+               f"epsilon {eps:.3g} at delta {summary['delta']:.2g}"
+               + ("" if summary["private"] else " (NOT private: see privacy.json)"))
+    quality = (f"test SER {test['ser']:.4f}, intent acc {test['intent_accuracy']:.4f}, "
+               f"slot F1 {test['slot_f1']:.4f}" if test else "no test split")
+    return (f"{summary['model']} / {summary['mechanism']}: {quality}; {privacy}; "
+            f"{summary['epochs']} epochs in {summary['seconds']:.0f} s -> {summary['run_dir']}")

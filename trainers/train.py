@@ -1,0 +1,67 @@
+"""`python -m trainers.train`: train a joint intent + slot model, privately by default.
+
+    python -m trainers.train                                  # CLC, eDP-SGD, synthetic corpus
+    python -m trainers.train --config=configs/snips_clc.py --mechanism=sgd --run_dir=runs/snips
+    python -m trainers.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
+    python -m trainers.train --run_dir=runs/x --resume        # continue an interrupted run
+
+The run directory holds config.json, metrics.json, privacy.json (the ledger), tensorboard/,
+checkpoints/ and saved_model/ (the serving export). Logs carry counts and metrics only, never
+utterance text.
+"""
+from __future__ import annotations
+
+import os
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "configs", "default.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+_RUN_DIR = flags.DEFINE_string("run_dir", None, "Run directory (default: runs/<config name>-<time>).")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.")
+# Shortcuts for the most used config fields (a given flag overrides --config.<field>).
+_MECHANISM = flags.DEFINE_enum("mechanism", None, ["sgd", "edp", "dpsgd"], "Training mechanism.")
+_MODEL = flags.DEFINE_enum("model", None, ["clc", "bert"], "Model.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Joint-format dir or NLU-Evaluation CSV(s).")
+_REPLICAS = flags.DEFINE_integer("replicas", None, "Replicas (GPUs, else logical CPUs).")
+_EPOCHS = flags.DEFINE_integer("epochs", None, "Epochs.")
+_TARGET_EPS = flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon.")
+_NOISE = flags.DEFINE_float("noise_multiplier", None, "z0 (when no target epsilon).")
+_DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "Noise decay.")
+_DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
+
+_SHORTCUTS = {
+    "mechanism": _MECHANISM, "model": _MODEL, "data_dir": _DATA_DIR, "replicas": _REPLICAS,
+    "epochs": _EPOCHS, "target_epsilon": _TARGET_EPS, "noise_multiplier": _NOISE,
+    "decay": _DECAY, "decay_rate": _DECAY_RATE,
+}
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    with config.unlocked():
+        for field, flag in _SHORTCUTS.items():
+            if flag.value is not None:
+                config[field] = flag.value
+    # The strategy first: logical CPU devices must exist before TensorFlow initialises.
+    from edp_tf import make_strategy
+
+    from trainers import run as run_lib
+
+    run_dir = _RUN_DIR.value or run_lib.default_run_dir(config)
+    if _RESUME.value:
+        config = run_lib.load_run_config(run_dir)
+    strategy = make_strategy(int(config.replicas))
+    summary = run_lib.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+    print(run_lib.summary_line(summary), flush=True)
+
+
+if __name__ == "__main__":
+    import logging as std_logging
+
+    logging.set_verbosity(logging.INFO)
+    std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)  # per-step device chatter
+    app.run(main)
