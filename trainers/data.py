@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 _log = logging.getLogger(__name__)
 
 OUTSIDE = "O"
-UNKNOWN_INTENT = "<unknown_intent>"
+UNKNOWN_INTENT = "[UNK]"  # The same name as models.labels uses.
 DEV_DIR_NAMES = ("dev", "valid")  # JointBERT says `dev`, SlotGated-SLU says `valid`.
 JOINT_FILES = ("seq.in", "seq.out", "label")
 

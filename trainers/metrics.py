@@ -45,7 +45,8 @@ def slot_spans(tags: Sequence[str]) -> list[Span]:
         else:
             prefix, _, slot_type = tag.partition("-")
             if prefix not in ("B", "I") or not slot_type:
-                raise ValueError(f"tag {tag!r} at position {position} is not O, B-<type> or I-<type>")
+                raise ValueError(
+                    f"tag {tag!r} at position {position} is not O, B-<type> or I-<type>")
         continues = prefix == "I" and current is not None and current[0] == slot_type
         if current is not None and not continues:
             spans.append((current[0], current[1], position))
