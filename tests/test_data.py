@@ -104,6 +104,12 @@ def test_utf8_bom_and_crlf_are_accepted(tmp_path):
     assert [u.intent for u in data.load_joint_dir(tmp_path).train] == ["call", "alarm"]
 
 
+def test_only_line_feeds_end_lines(tmp_path):
+    # U+2028 and U+0085 are whitespace to str.split() but must not start a new line.
+    write_corpus(tmp_path, train={"seq.in": "call\u2028anna smith\nwake me up at 7\x85am\n"})
+    assert [len(u.tokens) for u in data.load_joint_dir(tmp_path).train] == [3, 6]
+
+
 TRAIN = (Utterance(("a", "b", "c"), ("B-x", "I-x", "O"), "one"),
          Utterance(("a", "b"), ("B-y", "I-y"), "two"),
          Utterance(("a",), ("B-z",), "one"))

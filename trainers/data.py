@@ -105,7 +105,11 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     except UnicodeDecodeError as error:
         line = raw.count(b"\n", 0, error.start) + 1
         raise DataFormatError(path, line, f"bytes are not valid UTF-8 ({error.reason})") from None
-    lines = text.splitlines()
+    # Split on LF only (CRLF tolerated): str.splitlines() would also split on U+2028, U+0085
+    # and form feeds inside a line, silently misaligning the line-aligned files.
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
     if not lines:
         raise DataFormatError(path, None, "file is empty")
     for number, line in enumerate(lines, start=1):
