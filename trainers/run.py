@@ -150,8 +150,12 @@ def _optimizer(config):
     raise ValueError(f"--config.optimizer={config.optimizer!r} is invalid: expected adam or sgd")
 
 
-def train(config, run_dir: str, resume: bool = False, strategy=None) -> dict:
-    """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary."""
+def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=()) -> dict:
+    """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary.
+
+    `callbacks` are extra Keras callbacks (appended after the run's own).
+    """
+    extra_callbacks = list(callbacks)
     pipeline.check_config(config)
     started = time.time()
     os.makedirs(run_dir, exist_ok=True)
@@ -238,7 +242,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None) -> dict:
                  trainer if private else None),
         keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
                                     profile_batch=0),
-    ]
+    ] + extra_callbacks
     initial_epoch = int(state.get("epochs_done", 0))
     if initial_epoch < config.epochs:
         trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,

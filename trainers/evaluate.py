@@ -1,0 +1,72 @@
+"""`python -m trainers.evaluate --run_dir=... [--data_dir=...] [--split=test]`: score a saved run.
+
+It scores the exported SavedModel (what would be served: raw utterance strings in, intent and
+tags out), so it checks the export as much as the model. Without --data_dir it uses the data the
+run was trained on (its config). Prints the metrics as JSON (no utterance text).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+from absl import app, flags
+
+_RUN_DIR = flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True)
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
+_SPLIT = flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score.")
+_OUTPUT = flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
+
+
+def load_serving(run_dir: str):
+    import tensorflow as tf
+
+    path = os.path.join(run_dir, "saved_model")
+    if not os.path.isdir(path):
+        raise ValueError(f"{run_dir} has no saved_model/ (did the run finish?)")
+    try:
+        import tensorflow_text  # noqa: F401  (registers the WordPiece ops a BERT export uses)
+    except ImportError:
+        pass
+    return tf.saved_model.load(path).signatures["serving_default"]
+
+
+def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
+                 batch_size: int = 256) -> dict:
+    import tensorflow as tf
+
+    from trainers import metrics as metrics_lib
+    from trainers import pipeline, run
+
+    config = run.load_run_config(run_dir)
+    if data_dir is not None:
+        with config.unlocked():
+            config.data_dir = data_dir
+    utterances = getattr(pipeline.load_splits(config), split)
+    if not utterances:
+        raise ValueError(f"the {split} split of the data is empty")
+    serve = load_serving(run_dir)
+    intents, tags = [], []
+    for start in range(0, len(utterances), batch_size):
+        batch = utterances[start:start + batch_size]
+        out = serve(utterances=tf.constant([" ".join(u.tokens) for u in batch]))
+        intents.extend(s.decode() for s in out["intent"].numpy())
+        for row, u in zip(out["slot_tags"].numpy(), batch):
+            tags.append([t.decode() for t in row[:len(u.tokens)]])
+    result = metrics_lib.evaluate_utterances(utterances, intents, tags)
+    result.update({"run_dir": run_dir, "split": split, "data": config.data_dir or "synthetic"})
+    return result
+
+
+def main(argv):
+    del argv
+    result = evaluate_run(_RUN_DIR.value, _DATA_DIR.value, _SPLIT.value)
+    text = json.dumps(result, indent=2, sort_keys=True)
+    print(text)
+    if _OUTPUT.value:
+        with open(_OUTPUT.value, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    app.run(main)
