@@ -12,10 +12,12 @@ tighter and is the headline. A zero multiplier gives epsilon = inf, never a numb
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Iterable, Mapping, Optional, Sequence
 
 import dp_accounting
+import numpy as np
 
 from edp_tf.config import DECAYS, NOISE_MODES, noise_multiplier_at
 
@@ -237,10 +239,43 @@ def _is_nonprivate(records, extras) -> bool:
         e.steps and e.effective_noise_multiplier == 0 for e in extras)
 
 
+@functools.lru_cache(maxsize=4096)
+def _rdp_of_one_step(z_eff: float, sampling_rate: Optional[float]) -> np.ndarray:
+    """RDP curve of one step at dp-accounting's default orders (the slow part: cached)."""
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(_gaussian(z_eff, sampling_rate))
+    curve = np.array(acc.rdp, dtype=np.float64)
+    curve.flags.writeable = False
+    return curve
+
+
+class _Rdp:
+    """RDP composition is a sum of curves: same numbers as RdpAccountant, with cached steps."""
+
+    def __init__(self):
+        self._orders = np.array(dp_accounting.rdp.RdpAccountant().orders)
+        self._rdp = np.zeros_like(self._orders, dtype=np.float64)
+
+    def add(self, z_eff: float, sampling_rate: Optional[float], count: int) -> None:
+        self._rdp = self._rdp + count * _rdp_of_one_step(z_eff, sampling_rate)
+
+    def get_epsilon(self, delta: float) -> float:
+        return float(dp_accounting.rdp.compute_epsilon(self._orders, self._rdp, delta)[0])
+
+
+class _Pld:
+    def __init__(self, interval: float):
+        self._acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+
+    def add(self, z_eff: float, sampling_rate: Optional[float], count: int) -> None:
+        self._acc.compose(_gaussian(z_eff, sampling_rate), count)
+
+    def get_epsilon(self, delta: float) -> float:
+        return float(self._acc.get_epsilon(delta))
+
+
 def _new_accountant(accountant: str, pld_discretization: float):
-    if accountant == "rdp":
-        return dp_accounting.rdp.RdpAccountant()
-    return dp_accounting.pld.PLDAccountant(value_discretization_interval=pld_discretization)
+    return _Rdp() if accountant == "rdp" else _Pld(pld_discretization)
 
 
 def _pld_interval(rdp_epsilon: float) -> float:
@@ -284,7 +319,7 @@ def epsilon_per_epoch(
     acc = _new_accountant(accountant, interval)
     for e in extras:
         if e.steps:
-            acc.compose(_gaussian(e.effective_noise_multiplier, e.sampling_rate), e.steps)
+            acc.add(e.effective_noise_multiplier, e.sampling_rate, e.steps)
     out = []
     for i, r in enumerate(records):
         if out and math.isinf(out[-1]) or _is_nonprivate((r,), ()):
@@ -294,8 +329,8 @@ def epsilon_per_epoch(
             out.extend(rdp[i:])
             break
         if r.steps:
-            acc.compose(_gaussian(r.effective_noise_multiplier, q), r.steps)
-        out.append(float(acc.get_epsilon(delta)) if rdp is None
+            acc.add(r.effective_noise_multiplier, q, r.steps)
+        out.append(acc.get_epsilon(delta) if rdp is None
                    else _pld_or_rdp(acc, delta, rdp[i]))
     return out
 
@@ -316,14 +351,20 @@ def compute_epsilon(
     records = tuple(records)
     q, delta = check_sampling_rate(sampling_rate), check_delta(delta)
     _check_accountant(accountant)
-    extras = as_extra_events(extra_events)
+    return _compute_epsilon(records, q, delta, as_extra_events(extra_events), accountant,
+                            pld_discretization)
+
+
+@functools.lru_cache(maxsize=1024)  # the ledger and BudgetStop ask the same questions often
+def _compute_epsilon(records: tuple, q: float, delta: float, extras: tuple, accountant: str,
+                     pld_discretization: Optional[float]) -> float:
     if _is_nonprivate(records, extras):
         return math.inf
     if not any(r.steps for r in records) and not any(e.steps for e in extras):
         return 0.0
     rdp = math.inf
     if accountant == "pld":
-        rdp = compute_epsilon(records, q, delta, extras, "rdp")
+        rdp = _compute_epsilon(records, q, delta, extras, "rdp", None)
         if rdp > PLD_SKIP_ABOVE_RDP_EPSILON:
             return rdp
         if pld_discretization is None:
@@ -331,9 +372,9 @@ def compute_epsilon(
     acc = _new_accountant(accountant, pld_discretization or PLD_DISCRETIZATION)
     for e in extras:
         if e.steps:
-            acc.compose(_gaussian(e.effective_noise_multiplier, e.sampling_rate), e.steps)
+            acc.add(e.effective_noise_multiplier, e.sampling_rate, e.steps)
     for z_eff, steps in _merged(records):
-        acc.compose(_gaussian(z_eff, q), steps)
+        acc.add(z_eff, q, steps)
     if accountant == "pld":
         return _pld_or_rdp(acc, delta, rdp)
     return float(acc.get_epsilon(delta))

@@ -242,3 +242,12 @@ RECORDS = (acc.EpochRecord(0, 10, 1.0, 1.0),)
 def test_invalid_inputs_name_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_make_dp_event_is_the_run_as_one_event():
+    records = acc.plan_schedule(1.5, 3, 10, "exponential", 0.3, "paper", replicas=2, sensitivity=2)
+    extra = [acc.ExtraEvent("private_layer_scales", 4.0)]
+    event = acc.make_dp_event(records, 0.05, extra)
+    rdp = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
+    assert acc.compute_epsilon(records, 0.05, 1e-5, extra, accountant="rdp") == pytest.approx(
+        rdp, rel=1e-12)

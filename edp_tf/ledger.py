@@ -1,0 +1,413 @@
+"""Keras callbacks that keep `privacy.json` (the run's privacy ledger) and stop at a budget.
+
+Why a ledger on disk, rewritten after every epoch: a privacy review needs the epsilon of what was
+actually run (steps counted, not planned), and a run resumed from a checkpoint must continue the
+same account. Epsilon is recomputed from the recorded epochs (edp_tf.accounting), so the file is
+self-contained: `python -m trainers.privacy --run_dir=...` re-derives it.
+
+Resuming is conservative: epochs already in the ledger are never dropped (re-running epoch t
+after restoring an older checkpoint is charged again, since it queried the data again), a gap of
+epochs is refused, and an epoch interrupted by a crash (marked `in_progress` at its start) is
+charged in full on the next resume.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from typing import Any, Iterable, Optional
+
+import keras
+from absl import logging
+
+from edp_tf import accounting
+from edp_tf.accounting import EpochRecord
+
+FILENAME = "privacy.json"
+SAMPLINGS = ("poisson", "shuffle")
+# fields that must agree between a ledger on disk and the run that continues it
+MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch_size", "replicas",
+                    "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling")
+SHUFFLE_SENTENCE = (
+    "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
+    "sampling at rate q = batch_size / dataset_size, which shuffling does not provide.")
+SAMPLING_SEED_SENTENCE = (
+    "The Poisson sampling seed was fixed: the batches are predictable, so the amplification by "
+    "sampling that epsilon relies on does not hold.")
+
+
+class BudgetExhaustedError(RuntimeError):
+    """Training would exceed the privacy budget before its first step."""
+
+
+def write_json_atomically(path: str, content: dict) -> None:
+    """Readers see the old or the new file, never a partial one (tmp file + os.replace)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".privacy-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(content, f, indent=2)  # inf is written as Infinity (Python's json reads it)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_ledger(run_dir_or_path: str) -> dict:
+    """The ledger of a run directory (or a privacy.json path), with a clear error if unreadable."""
+    path = run_dir_or_path
+    if os.path.isdir(path):
+        path = os.path.join(path, FILENAME)
+    try:
+        with open(path) as f:
+            ledger = json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"no privacy ledger at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): refusing to guess its epsilon") from None
+    if not isinstance(ledger, dict) or "epochs" not in ledger:
+        raise ValueError(f"{path} is not a privacy ledger (no 'epochs' field)")
+    return ledger
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def _merge_sentences(*lists: Iterable[str]) -> list:
+    out: list = []
+    for sentences in lists:
+        out.extend(s for s in sentences if s not in out)
+    return out
+
+
+class PrivacyLedger(keras.callbacks.Callback):
+    """Keeps `run_dir/privacy.json` for a `PrivateModel.fit`, one entry per epoch actually run.
+
+    Args:
+      run_dir: where privacy.json lives (a resumed run passes the same directory).
+      dataset_size: n, the number of training examples (users, for user-level privacy).
+      delta: the delta of the reported (epsilon, delta).
+      sampling: "poisson" (edp_tf.sampling; the step must be given DPConfig(expected_batch_size))
+        or "shuffle" (fixed-size batches: reported as not covered, epsilon assumes Poisson).
+      sampling_rate: q. Default: expected_batch_size / n (poisson) or batch / n (shuffle).
+      sampling_seed_fixed: the Poisson sampler was given a seed (the batches are predictable).
+    """
+
+    def __init__(self, run_dir: str, dataset_size: int, delta: float, sampling: str = "poisson",
+                 sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False):
+        super().__init__()
+        if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
+            raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        self.run_dir = str(run_dir)
+        self.path = os.path.join(self.run_dir, FILENAME)
+        self.dataset_size = dataset_size
+        self.delta = accounting.check_delta(delta)
+        self.sampling = sampling
+        self.sampling_rate = (None if sampling_rate is None
+                              else accounting.check_sampling_rate(sampling_rate))
+        self.sampling_seed_fixed = bool(sampling_seed_fixed)
+        self._ledger: Optional[dict] = None
+        self._fit_params: Any = None  # Keras' per-fit params dict: identifies the current fit
+        self._continued = False
+        self._open_epoch: Optional[int] = None
+        self._steps = 0
+        self._charged_extra: dict = {}  # id(model) -> extra events already charged for it
+
+    @classmethod
+    def for_sampler(cls, run_dir: str, sampler, delta: float) -> "PrivacyLedger":
+        """A ledger for batches of an `edp_tf.sampling.PoissonSampler`."""
+        return cls(run_dir, sampler.dataset_size, delta, "poisson", sampler.sampling_rate,
+                   sampler.seed_fixed)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def records(self) -> tuple:
+        """The EpochRecords charged so far (the current, unfinished epoch excluded)."""
+        if self._ledger is None:
+            return ()
+        return tuple(EpochRecord.from_dict(e) for e in self._ledger["epochs"])
+
+    @property
+    def ledger(self) -> dict:
+        if self._ledger is None:
+            raise RuntimeError("the ledger is known once fit() has started")
+        return self._ledger
+
+    def record_for(self, epoch: int, steps: int) -> EpochRecord:
+        """The record `steps` steps of `epoch` will have under the model's schedule."""
+        z_t = self.model.dp_config.noise_multiplier_at(epoch)
+        led = self.ledger
+        z_eff = accounting.effective_noise_multiplier(
+            z_t, led["noise_mode"], led["replicas"], led["sensitivity"])
+        return EpochRecord(epoch, steps, z_t, z_eff)
+
+    def epsilon_with(self, extra_records: Iterable[EpochRecord] = (),
+                     accountant: str = "pld") -> float:
+        """Epsilon of the ledger plus `extra_records` (a prediction, for BudgetStop)."""
+        led = self.ledger
+        return accounting.compute_epsilon(self.records + tuple(extra_records),
+                                          led["sampling_rate"], led["delta"],
+                                          led["extra_events"], accountant)
+
+    # ------------------------------------------------------------------ callbacks
+    def on_train_begin(self, logs=None):
+        self.begin_fit()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.begin_epoch(epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        # with steps_per_execution = k Keras reports once per k steps, with the last step's index
+        self._steps = max(self._steps, int(batch) + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.close_epoch(epoch, logs)
+
+    # ------------------------------------------------------------------ the work
+    def begin_fit(self) -> None:
+        """Reads the mechanism from the model, loads or starts the ledger (once per fit)."""
+        if self._ledger is not None and self._fit_params is self.params:
+            return
+        facts = self._facts()
+        mechanism = self._mechanism(facts)
+        if os.path.exists(self.path):
+            led = read_ledger(self.path)
+            diff = [k for k in MECHANISM_FIELDS if not _same(led.get(k), mechanism[k])]
+            if diff:
+                raise ValueError(
+                    f"{self.path} was written for another mechanism: "
+                    + ", ".join(f"{k} {led.get(k)!r} there vs {mechanism[k]!r} now" for k in diff)
+                    + ". Continue it with the same mechanism, or use a new run_dir.")
+        else:
+            led = dict(mechanism, epochs=[], extra_events=[], not_covered=[], private=True,
+                       in_progress=None, fits=[])
+        charged = self._charged_extra.setdefault(id(self.model), [])
+        new_extra = [e for e in facts.get("extra_events", []) if e not in charged]
+        accounting.as_extra_events(new_extra)  # validates them before anything is written
+        charged.extend(new_extra)
+        led["extra_events"] = list(led["extra_events"]) + [dict(e) for e in new_extra]
+        not_covered = list(facts.get("not_covered", []))
+        if self.sampling == "shuffle":
+            not_covered.append(SHUFFLE_SENTENCE)
+        if self.sampling_seed_fixed:
+            not_covered.append(SAMPLING_SEED_SENTENCE)
+        led["not_covered"] = _merge_sentences(led["not_covered"], not_covered)
+        void = (facts.get("seed_fixed") or self.sampling_seed_fixed
+                or facts.get("scaling") == "first_batch")
+        led["private"] = bool(led.get("private", True)) and not void
+        led["global_batch_size"] = facts["global_batch_size"]
+        led["schedule"] = self._schedule()
+        self._ledger, self._fit_params = led, self.params
+        self._continued, self._open_epoch, self._steps = False, None, 0
+        self._refresh_epsilon()
+
+    def continue_at(self, epoch: int) -> None:
+        """First epoch of a fit: charges an interrupted epoch, refuses gaps (once per fit)."""
+        self.begin_fit()
+        if not self._continued:
+            self._continued = True
+            self._continue_from(epoch)
+
+    def begin_epoch(self, epoch: int) -> None:
+        """Marks `epoch` in progress on disk, so a crash inside it is charged on resume."""
+        self.continue_at(epoch)
+        if self._open_epoch == epoch:
+            return
+        self._open_epoch, self._steps = epoch, 0
+        planned = self.record_for(epoch, self._planned_steps() or 0).to_dict()
+        planned["steps"] = self._planned_steps()
+        self.ledger["in_progress"] = planned
+        write_json_atomically(self.path, self.ledger)
+
+    def cancel_epoch(self, epoch: int) -> None:
+        """Withdraws an epoch that has not run a single step (BudgetStop refused it)."""
+        if self._open_epoch == epoch and self._steps == 0:
+            self._open_epoch = None
+            self.ledger["in_progress"] = None
+            write_json_atomically(self.path, self.ledger)
+
+    def close_epoch(self, epoch: int, logs: Optional[dict] = None) -> None:
+        """Charges the finished epoch and rewrites privacy.json (idempotent: BudgetStop calls it)."""
+        if self._open_epoch != epoch:
+            return
+        record = self.record_for(epoch, self._capped_steps())
+        logged = (logs or {}).get("noise_multiplier")
+        if logged is not None and not math.isclose(float(logged), record.noise_multiplier,
+                                                   rel_tol=1e-5, abs_tol=1e-7):
+            raise RuntimeError(
+                f"epoch {epoch}: the step logged noise_multiplier={float(logged)!r} but the "
+                f"schedule says {record.noise_multiplier!r}: refusing to write a wrong epsilon")
+        led = self.ledger
+        led["epochs"] = list(led["epochs"]) + [record.to_dict()]
+        led["in_progress"] = None
+        self._open_epoch = None
+        self._refresh_epsilon()
+        write_json_atomically(self.path, led)
+        logging.info("privacy ledger: epoch %d (%d steps, z=%.4g, z_eff=%.4g): epsilon %.4g "
+                     "(RDP %.4g) at delta %.3g", epoch, record.steps, record.noise_multiplier,
+                     record.effective_noise_multiplier, led["epsilon"], led["epsilon_rdp"],
+                     led["delta"])
+
+    # ------------------------------------------------------------------ helpers
+    def _facts(self) -> dict:
+        model = self.model
+        if not hasattr(model, "privacy_facts") or not hasattr(model, "dp_config"):
+            raise ValueError("PrivacyLedger needs an edp_tf.PrivateModel (privacy_facts, "
+                             f"dp_config), got {type(model).__name__}")
+        return model.privacy_facts()
+
+    def _mechanism(self, facts: dict) -> dict:
+        n, cfg = self.dataset_size, self.model.dp_config
+        batch = facts["global_batch_size"]
+        if self.sampling == "poisson":
+            if cfg.expected_batch_size is None:
+                raise ValueError(
+                    "sampling='poisson' needs DPConfig(expected_batch_size=q*n) so that the step "
+                    "normalises by the expected batch, not the padded one")
+            q = self.sampling_rate or cfg.expected_batch_size / n
+            batch_size = cfg.expected_batch_size
+            if not math.isclose(q * n, batch_size, rel_tol=1e-6):
+                raise ValueError(
+                    f"sampling_rate={q} x dataset_size={n} = {q * n} but "
+                    f"DPConfig.expected_batch_size={batch_size}: they must agree")
+        else:
+            q, batch_size = batch / n, batch
+            if self.sampling_rate is not None and not math.isclose(self.sampling_rate, q,
+                                                                   rel_tol=1e-6):
+                raise ValueError(f"sampling='shuffle' with batches of {batch} out of {n} has "
+                                 f"q = {q}, not sampling_rate={self.sampling_rate}")
+        return {
+            "delta": self.delta, "sampling": self.sampling,
+            "sampling_rate": accounting.check_sampling_rate(q), "dataset_size": n,
+            "batch_size": batch_size, "replicas": facts["replicas"],
+            "microbatch_size": facts["microbatch_size"], "noise_mode": facts["noise_mode"],
+            "l2_norm_clip": facts["l2_norm_clip"], "sensitivity": facts["sensitivity"],
+            "scaling": facts["scaling"],
+        }
+
+    def _schedule(self) -> dict:
+        cfg = self.model.dp_config
+        return {"noise_multiplier": cfg.noise_multiplier, "decay": cfg.decay,
+                "decay_rate": cfg.decay_rate}
+
+    def _planned_steps(self) -> Optional[int]:
+        steps = (self.params or {}).get("steps")
+        return None if steps is None else int(steps)
+
+    def _capped_steps(self) -> int:
+        planned = self._planned_steps()
+        return self._steps if planned is None else min(self._steps, planned)
+
+    def _continue_from(self, epoch: int) -> None:
+        """Charges an interrupted epoch, refuses gaps, records where this fit starts."""
+        led = self._ledger
+        interrupted = led.get("in_progress")
+        if interrupted:
+            if interrupted.get("steps") is None:
+                raise ValueError(
+                    f"{self.path}: epoch {interrupted['epoch']} was interrupted and its step "
+                    "count was unknown (a dataset of unknown length): its cost cannot be bounded")
+            led["epochs"] = list(led["epochs"]) + [
+                EpochRecord.from_dict(interrupted).to_dict()]
+            led["in_progress"] = None
+            logging.warning("privacy ledger: epoch %d was interrupted; charged in full (%d steps)",
+                            interrupted["epoch"], interrupted["steps"])
+        done = [e["epoch"] for e in led["epochs"]]
+        following = max(done) + 1 if done else 0
+        if epoch > following:
+            raise ValueError(
+                f"{self.path} records epochs up to {following - 1} but fit starts at epoch "
+                f"{epoch}: epochs {following}..{epoch - 1} are missing from the ledger, so its "
+                "epsilon would be too small. Resume with the run_dir whose ledger has them.")
+        if epoch < following and done:
+            logging.warning("privacy ledger: fit restarts at epoch %d, which the ledger has "
+                            "already charged: it is charged again (it queries the data again)",
+                            epoch)
+        led["fits"] = list(led.get("fits", [])) + [
+            {"initial_epoch": epoch, "epochs_recorded_before": len(led["epochs"])}]
+        self._refresh_epsilon()
+
+    def _refresh_epsilon(self) -> None:
+        led = self._ledger
+        est = accounting.compute_epsilons(self.records, led["sampling_rate"], led["delta"],
+                                          led["extra_events"])
+        led["epsilon"], led["epsilon_rdp"], led["epsilon_pld"] = (
+            est.epsilon, est.epsilon_rdp, est.epsilon_pld)
+        if math.isinf(est.epsilon):
+            led["private"] = False
+
+
+class BudgetStop(keras.callbacks.Callback):
+    """Stops training before the epoch that would take epsilon above `target_epsilon`.
+
+    After each epoch it predicts the next one's epsilon from the schedule (z_{t+1}) and this
+    epoch's steps, and sets `stop_training` if it would exceed the target. Keras runs at least one
+    step after `stop_training`, so an epoch that starts over budget (the first of a fit, or a
+    resumed one) is refused by raising BudgetExhaustedError before its first step.
+    Pass the ledger to `fit` as well: `callbacks=[ledger, BudgetStop(8.0, ledger)]`.
+    """
+
+    def __init__(self, target_epsilon: float, ledger: PrivacyLedger, accountant: str = "pld"):
+        super().__init__()
+        if not isinstance(ledger, PrivacyLedger):
+            raise ValueError(f"BudgetStop needs the run's PrivacyLedger, got {ledger!r}")
+        self.target_epsilon = accounting._number("target_epsilon", target_epsilon, 0.0, True)
+        self.ledger = ledger
+        self.accountant = accounting._check_accountant(accountant)
+        self.stopped_after_epoch: Optional[int] = None
+        self.reason: Optional[str] = None
+        self._cleared: Any = None  # (epoch, records) whose prediction passed
+
+    def on_train_begin(self, logs=None):
+        if self.ledger.params is not self.params:
+            raise ValueError("BudgetStop's PrivacyLedger must be in fit's callbacks too (it "
+                             "counts the steps)")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.ledger.continue_at(epoch)
+        if self._cleared == (epoch, self.ledger.records):
+            return  # on_epoch_end of the previous epoch already predicted this one
+        records = self.ledger.records
+        steps = self.ledger._planned_steps() or (records[-1].steps if records else None)
+        if steps is None:
+            logging.warning("BudgetStop: steps of epoch %d unknown: not checked", epoch)
+            return
+        predicted = self._predict(epoch, steps)
+        if predicted > self.target_epsilon:
+            self.ledger.cancel_epoch(epoch)
+            raise BudgetExhaustedError(
+                f"epoch {epoch} would bring epsilon from {self._now():.4g} to {predicted:.4g} > "
+                f"target {self.target_epsilon:.4g}: not training it")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.ledger.close_epoch(epoch, logs)
+        records = self.ledger.records
+        if not records:
+            return
+        steps = self.ledger._planned_steps() or records[-1].steps
+        predicted = self._predict(epoch + 1, steps)
+        if predicted <= self.target_epsilon:
+            self._cleared = (epoch + 1, records)
+            return
+        self.model.stop_training = True
+        self.stopped_after_epoch = epoch
+        self.reason = (f"stopping after epoch {epoch}: epsilon is {self._now():.4g}; epoch "
+                       f"{epoch + 1} would bring it to {predicted:.4g} > target "
+                       f"{self.target_epsilon:.4g}")
+        logging.warning("BudgetStop: %s", self.reason)
+
+    def _predict(self, epoch: int, steps: int) -> float:
+        return self.ledger.epsilon_with([self.ledger.record_for(epoch, steps)], self.accountant)
+
+    def _now(self) -> float:
+        return self.ledger.epsilon_with((), self.accountant)
