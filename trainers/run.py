@@ -58,9 +58,12 @@ def read_json(path: str, default=None):
 
 
 # --------------------------------------------------------------------------- evaluation
-def predict(model, preprocessor, x: dict, batch_size: int = 256):
-    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs."""
-    step = tf.function(model.predict_labels, reduce_retracing=True)
+def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
+    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs.
+
+    Pass the same `step` (a tf.function of model.predict_labels) across calls to trace it once.
+    """
+    step = step or tf.function(model.predict_labels, reduce_retracing=True)
     intents, tags = [], []
     intent_names = preprocessor.intent_vocabulary.labels
     tag_names = preprocessor.tag_vocabulary.labels
@@ -90,6 +93,7 @@ class EpochEnd(keras.callbacks.Callback):
         self.dev, self.dev_x = dev, dev_x
         self.checkpoint, self.state, self.private = checkpoint, state, private
         self._start = time.time()
+        self._predict_step = tf.function(model.predict_labels, reduce_retracing=True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.time()
@@ -97,7 +101,8 @@ class EpochEnd(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         seconds = time.time() - self._start
-        dev = score(self.dev, *predict(self.joint, self.preprocessor, self.dev_x)) if self.dev else {}
+        dev = (score(self.dev, *predict(self.joint, self.preprocessor, self.dev_x,
+                                        step=self._predict_step)) if self.dev else {})
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
