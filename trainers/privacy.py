@@ -1,0 +1,203 @@
+"""`python -m trainers.privacy`: the privacy statement of a finished or a planned run.
+
+    python -m trainers.privacy --run_dir=runs/x                  # from runs/x/privacy.json
+    python -m trainers.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
+        --noise_multiplier=0.6 --replicas=4 --noise_mode=both     # a planned run
+    python -m trainers.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
+        --replicas=4 --target_epsilon=8                           # calibrate z0 first
+
+Epsilon is cumulative per epoch, from both accountants (RDP and PLD; PLD is the headline), for
+add/remove-one-example adjacency with every intermediate model released.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+from absl import app, flags, logging
+
+from edp_tf import accounting
+from edp_tf.accounting import EpochRecord
+
+SHUFFLE_NOTE = ("Fixed-size shuffled batches: epsilon assumes Poisson sampling at q = B/n, "
+                "which shuffling does not provide.")
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{x:.4g}"
+
+
+def _table(records: Sequence[EpochRecord], columns: dict) -> list:
+    """Rows: epoch, steps, z_t, then (z_eff, eps RDP, eps PLD) per column set."""
+    head = f"{'epoch':>5} {'steps':>6}"
+    for name in columns:
+        head += f" | {name + ' z_t':>16} {'z_eff':>8} {'eps RDP':>9} {'eps PLD':>9}"
+    lines = [head]
+    for i, r in enumerate(records):
+        line = f"{r.epoch:>5} {r.steps:>6}"
+        for recs, rdp, pld in columns.values():
+            line += (f" | {recs[i].noise_multiplier:>16.4g} {recs[i].effective_noise_multiplier:>8.4g}"
+                     f" {_fmt(rdp[i]):>9} {_fmt(pld[i]):>9}")
+        lines.append(line)
+    return lines
+
+
+def _per_epoch(records, q, delta, extras) -> tuple:
+    return (tuple(records), accounting.epsilon_per_epoch(records, q, delta, extras, "rdp"),
+            accounting.epsilon_per_epoch(records, q, delta, extras, "pld"))
+
+
+def _mechanism_line(mode: str, replicas: int, microbatch: Optional[int], sensitivity) -> str:
+    per = ("one micro-batch per replica (eDP-SGD)" if microbatch in (None, 0)
+           else f"micro-batches of {microbatch} example(s)")
+    return (f"Mechanism: {mode} noise, {replicas} replica(s), {per}; sensitivity S = "
+            f"{sensitivity:g} C")
+
+
+def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
+    """The statement of a finished run (a loaded privacy.json), optionally at another delta."""
+    delta = ledger["delta"] if delta is None else accounting.check_delta(delta)
+    q = ledger["sampling_rate"]
+    records = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
+    extras = accounting.as_extra_events(ledger.get("extra_events", []))
+    lines = ["Privacy statement of a finished run",
+             _mechanism_line(ledger["noise_mode"], ledger["replicas"], ledger["microbatch_size"],
+                             ledger["sensitivity"]) + f", C = {ledger['l2_norm_clip']:g}",
+             f"Data: n = {ledger['dataset_size']}, {ledger['sampling']} sampling, q = {q:.6g} "
+             f"(batch {ledger['batch_size']:g}), {sum(r.steps for r in records)} steps"]
+    recomputed = accounting.compute_epsilon(records, q, delta, extras)
+    if delta == ledger["delta"] and not math.isclose(recomputed, ledger["epsilon"],
+                                                     rel_tol=1e-6, abs_tol=1e-9):
+        lines.append(f"WARNING: privacy.json says epsilon {_fmt(ledger['epsilon'])}, recomputed "
+                     f"{_fmt(recomputed)}: the file was edited or written by another version")
+    lines.append(f"Guarantee: epsilon = {_fmt(recomputed)} (PLD; RDP "
+                 f"{_fmt(accounting.compute_epsilon(records, q, delta, extras, 'rdp'))}) at "
+                 f"delta = {delta:.3g}, add/remove-one-example, all checkpoints released")
+    if records:
+        lines += ["Cumulative epsilon per epoch:"] + _table(
+            records, {ledger["noise_mode"]: _per_epoch(records, q, delta, extras)})
+    if ledger.get("in_progress"):
+        lines.append(f"Epoch {ledger['in_progress']['epoch']} was interrupted: it is charged in "
+                     "full when the run resumes.")
+    lines += _extras_and_caveats(extras, ledger.get("not_covered", []),
+                                 bool(ledger.get("private")) and math.isfinite(recomputed))
+    return "\n".join(lines)
+
+
+def _extras_and_caveats(extras, not_covered, private: bool) -> list:
+    lines = []
+    for e in extras:
+        sampled = "no sampling" if e.sampling_rate is None else f"q = {e.sampling_rate:g}"
+        lines.append(f"Extra event charged: {e.name} (Gaussian, z = {e.noise_multiplier:g}, "
+                     f"{sampled}, {e.steps} time(s))")
+    if not_covered:
+        lines.append("Not covered by epsilon:")
+        lines += [f"  - {s}" for s in not_covered]
+    lines.append("Private: yes" if private else
+                 "Private: NO (see above: the guarantee does not hold as stated)")
+    return lines
+
+
+def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_multiplier: float,
+                   delta: Optional[float] = None, decay: str = "none", decay_rate: float = 0.0,
+                   noise_mode: str = "calibrated", replicas: int = 1, microbatch_size: int = 0,
+                   sampling: str = "poisson", steps_per_epoch: Optional[int] = None,
+                   scaling_noise_multiplier: float = 0.0) -> str:
+    """The statement of a planned run; noise_mode="both" shows calibrated and paper side by side."""
+    if isinstance(dataset_size, bool) or dataset_size < 1:
+        raise ValueError(f"--dataset_size must be >= 1, got {dataset_size!r}")
+    if not 0 < batch_size <= dataset_size:
+        raise ValueError(f"--batch_size must be in (0, dataset_size], got {batch_size!r}")
+    if microbatch_size < 0:
+        raise ValueError(f"--microbatch_size must be >= 0, got {microbatch_size!r}")
+    delta = 1.0 / dataset_size if delta is None else delta
+    q = accounting.check_sampling_rate(batch_size / dataset_size)
+    steps = steps_per_epoch or math.ceil(dataset_size / batch_size - 1e-9)
+    per_microbatch = microbatch_size or max(1, int(batch_size // replicas))
+    sensitivity = accounting.sensitivity_for(per_microbatch)
+    extras = ([accounting.ExtraEvent("private_layer_scales", scaling_noise_multiplier)]
+              if scaling_noise_multiplier > 0 else [])
+    modes = ["calibrated", "paper"] if noise_mode == "both" else [noise_mode]
+    columns = {}
+    for mode in modes:
+        records = accounting.plan_schedule(noise_multiplier, epochs, steps, decay, decay_rate,
+                                           mode, replicas, sensitivity)
+        columns[mode] = _per_epoch(records, q, delta, extras)
+    first = next(iter(columns.values()))[0]
+    lines = ["Privacy statement of a planned run",
+             _mechanism_line(" / ".join(modes), replicas, microbatch_size, sensitivity),
+             f"Data: n = {dataset_size}, {sampling} sampling, q = {q:.6g} (batch {batch_size:g}), "
+             f"{steps} steps per epoch, {epochs} epochs",
+             f"Schedule: z0 = {noise_multiplier:.6g}, decay {decay}"
+             + (f" (tau = {decay_rate:g})" if decay != "none" else "")]
+    for mode, (_, rdp, pld) in columns.items():
+        if epochs:
+            lines.append(f"Guarantee ({mode}): epsilon = {_fmt(pld[-1])} (PLD; RDP "
+                         f"{_fmt(rdp[-1])}) at delta = {delta:.3g}")
+    if epochs:
+        lines += ["Cumulative epsilon per epoch:"] + _table(first, columns)
+    not_covered = [SHUFFLE_NOTE] if sampling == "shuffle" else []
+    lines += _extras_and_caveats(extras, not_covered, True)
+    return "\n".join(lines)
+
+
+def define_flags() -> None:
+    """Flags are defined only when run as a command: trainers.train defines some of the same
+    names, and both modules may be imported by one test process."""
+    flags.DEFINE_string("run_dir", None, "A run directory holding privacy.json.")
+    flags.DEFINE_integer("dataset_size", None, "n, training examples (planned run).")
+    flags.DEFINE_float("batch_size", None, "Expected (Poisson) or fixed global batch.")
+    flags.DEFINE_integer("epochs", None, "Epochs (planned run).")
+    flags.DEFINE_integer("steps_per_epoch", None, "Default: ceil(n / batch_size).")
+    flags.DEFINE_float("noise_multiplier", None, "z0 (planned run).")
+    flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon instead.")
+    flags.DEFINE_float("delta", None, "delta (default 1/n; with --run_dir, recompute at it).")
+    flags.DEFINE_enum("decay", "none", ["none", "linear", "exponential"], "Noise decay.")
+    flags.DEFINE_float("decay_rate", 0.0, "Decay rate tau.")
+    flags.DEFINE_enum("noise_mode", "calibrated", ["calibrated", "paper", "both"],
+                      "Noise mode; 'both' prints the two side by side.")
+    flags.DEFINE_integer("replicas", 1, "Replicas N.")
+    flags.DEFINE_integer("microbatch_size", 0,
+                         "Examples per micro-batch; 0: one micro-batch per replica (eDP-SGD).")
+    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "Batch sampling.")
+    flags.DEFINE_float("scaling_noise_multiplier", 0.0,
+                       "> 0: charge a private per-layer scale query with this z.")
+
+
+def main(argv):
+    del argv
+    f = flags.FLAGS
+    # dp-accounting warns for every RDP order it drops at small sigma (the bound stays valid)
+    logging.set_verbosity(logging.ERROR)
+    if f.run_dir:
+        from edp_tf import ledger
+
+        print(statement_from_ledger(ledger.read_ledger(f.run_dir), f.delta))
+        return
+    missing = [name for name in ("dataset_size", "batch_size", "epochs") if f[name].value is None]
+    if missing or (f.noise_multiplier is None and f.target_epsilon is None):
+        raise app.UsageError(
+            "give --run_dir, or a planned run: --dataset_size --batch_size --epochs and "
+            "--noise_multiplier or --target_epsilon" + (f" (missing: {missing})" if missing else ""))
+    n, batch, replicas = f.dataset_size, f.batch_size, f.replicas
+    delta = f.delta or 1.0 / n
+    z0 = f.noise_multiplier
+    extras = ([accounting.ExtraEvent("private_layer_scales", f.scaling_noise_multiplier)]
+              if f.scaling_noise_multiplier > 0 else [])
+    if f.target_epsilon is not None:
+        mode = "calibrated" if f.noise_mode == "both" else f.noise_mode
+        sensitivity = accounting.sensitivity_for(f.microbatch_size or max(1, int(batch // replicas)))
+        steps = f.steps_per_epoch or math.ceil(n / batch - 1e-9)
+        z0 = accounting.calibrate_noise(f.target_epsilon, delta, batch / n, f.epochs, steps,
+                                        f.decay, f.decay_rate, mode, replicas, sensitivity,
+                                        extra_events=extras)
+        print(f"Calibrated z0 = {z0:.6g} ({mode} mode) for epsilon {f.target_epsilon:g} at "
+              f"delta {delta:.3g} (PLD, relative tolerance 1e-3)\n")
+    print(plan_statement(n, batch, f.epochs, z0, delta, f.decay, f.decay_rate, f.noise_mode,
+                         replicas, f.microbatch_size, f.sampling, f.steps_per_epoch,
+                         f.scaling_noise_multiplier))
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
