@@ -1,6 +1,14 @@
 """edp-tf: efficient DP-SGD for Keras models, with honest privacy accounting."""
+from edp_tf import accounting, ledger, sampling
+from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.config import DPConfig
+from edp_tf.ledger import BudgetExhaustedError, BudgetStop, PrivacyLedger
 from edp_tf.private_model import PrivateModel
+from edp_tf.sampling import PoissonSampler
 from edp_tf.strategy import make_strategy
 
-__all__ = ["DPConfig", "PrivateModel", "make_strategy"]
+__all__ = [
+    "DPConfig", "PrivateModel", "make_strategy", "PoissonSampler", "PrivacyLedger", "BudgetStop",
+    "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
+    "accounting", "ledger", "sampling",
+]

@@ -12,6 +12,7 @@ batches). The wrapped model stays an ordinary Keras model: save or export `wrapp
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Optional
 
 import keras
@@ -219,6 +220,7 @@ class PrivateModel(keras.Model):
         shares = scaling.private_norm_shares(norms, cfg.scaling_noise_multiplier, self._rng)
         self._extra_events = [{
             "name": "private_layer_scales",
+            "id": secrets.token_hex(8),  # lets a ledger charge this query once, across processes
             "noise_multiplier": cfg.scaling_noise_multiplier,
             "sampling_rate": None,  # no amplification claimed: the examples are fixed
             "steps": 1,

@@ -199,7 +199,10 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             config.target_epsilon, delta, q, int(config.epochs), steps, config.decay,
             config.decay_rate, config.noise_mode, int(config.replicas),
             accounting.sensitivity_for(k or max(1, int(round(expected_batch or config.batch_size))
-                                               // int(config.replicas))))
+                                               // int(config.replicas))),
+            extra_events=([accounting.ExtraEvent("private_layer_scales",
+                                                 edp_tf.DPConfig().scaling_noise_multiplier)]
+                          if config.scaling == "private" else ()))
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", z0, config.target_epsilon,
                   delta)
     with strategy.scope():
@@ -250,8 +253,11 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     ] + extra_callbacks
     initial_epoch = int(state.get("epochs_done", 0))
     if initial_epoch < config.epochs:
-        trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
-                    steps_per_epoch=steps, callbacks=callbacks, verbose="auto")
+        try:
+            trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
+                        steps_per_epoch=steps, callbacks=callbacks, verbose="auto")
+        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
+            _log.warning("no further epoch fits the budget: %s", error)
 
     test = score(splits.test, *predict(model, preprocessor, test_x)) if splits.test else {}
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
