@@ -1,0 +1,163 @@
+"""CLC backbone (Ma & Hovy 2016): word embeddings + character CNN -> two BiLSTM layers.
+
+Per token: a word embedding (pretrained or trained) concatenated with a char-CNN feature
+(char embedding, convolution over the characters, max-pool over the word's characters), then
+`num_lstm_layers` bidirectional LSTMs. The pooled state (for the intent head) is a masked max-pool
+over the words.
+
+The LSTMs are unrolled (`unroll=True`, the default): the private per-example step runs the model
+inside `tf.vectorized_map`, and pfor cannot vectorise the gradient of Keras' `tf.while_loop`
+LSTM (measured: TypeError on a variant ZerosLike). Unrolling needs the static `max_words`.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+from keras import ops
+
+
+@keras.saving.register_keras_serializable(package="edp_models")
+class CLCBackbone(keras.Model):
+    """Inputs {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]} (0 = pad);
+    outputs {"sequence_output": [batch, max_words, 2*lstm_units], "pooled_output": [batch, 2*lstm_units],
+    "word_mask": bool [batch, max_words]}."""
+
+    def __init__(
+        self,
+        word_vocabulary_size: int,
+        char_vocabulary_size: int,
+        max_words: int = 32,
+        max_word_length: int = 20,
+        word_embedding_dim: int = 100,
+        char_embedding_dim: int = 30,
+        char_filters: int = 30,
+        char_kernel_size: int = 3,
+        lstm_units: int = 384,
+        num_lstm_layers: int = 2,
+        dropout: float = 0.25,
+        word_embeddings: np.ndarray | None = None,
+        word_embeddings_trainable: bool = True,
+        unroll: bool = True,
+        **kwargs,
+    ):
+        if word_embeddings is not None:
+            word_embeddings = np.asarray(word_embeddings, dtype=np.float32)
+            if word_embeddings.shape[0] != word_vocabulary_size:
+                raise ValueError(
+                    f"word_embeddings has {word_embeddings.shape[0]} rows, "
+                    f"word_vocabulary_size is {word_vocabulary_size}"
+                )
+            word_embedding_dim = int(word_embeddings.shape[1])
+        for name, value in [
+            ("word_vocabulary_size", word_vocabulary_size),
+            ("char_vocabulary_size", char_vocabulary_size),
+            ("max_words", max_words),
+            ("max_word_length", max_word_length),
+            ("lstm_units", lstm_units),
+            ("num_lstm_layers", num_lstm_layers),
+        ]:
+            if value < 1:
+                raise ValueError(f"CLCBackbone {name} must be >= 1, got {value}")
+
+        # === Layers ===
+        initializer = (
+            keras.initializers.Constant(word_embeddings) if word_embeddings is not None else "uniform"
+        )
+        self.word_embedding = keras.layers.Embedding(
+            word_vocabulary_size,
+            word_embedding_dim,
+            embeddings_initializer=initializer,
+            trainable=word_embeddings_trainable,
+            name="word_embedding",
+        )
+        self.char_embedding = keras.layers.Embedding(
+            char_vocabulary_size, char_embedding_dim, name="char_embedding"
+        )
+        self.char_dropout = keras.layers.Dropout(dropout, name="char_dropout")
+        # The 1-D convolution over each word's characters is a Dense layer on stacked windows
+        # (im2col): pfor has no vectorised Conv2DBackpropFilter and would fall back to a
+        # while_loop over the examples of the per-example step (measured: "uses a while_loop").
+        self.char_conv = keras.layers.Dense(char_filters, activation="tanh", name="char_conv")
+        self.input_dropout = keras.layers.Dropout(dropout, name="input_dropout")
+        self.lstm_layers = []
+        self.lstm_dropouts = []
+        for i in range(num_lstm_layers):
+            self.lstm_layers.append(
+                keras.layers.Bidirectional(
+                    keras.layers.LSTM(lstm_units, return_sequences=True, unroll=unroll),
+                    name=f"bilstm_{i}",
+                )
+            )
+            self.lstm_dropouts.append(keras.layers.Dropout(dropout, name=f"bilstm_{i}_dropout"))
+
+        # === Functional model ===
+        word_ids = keras.Input(shape=(max_words,), dtype="int32", name="word_ids")
+        char_ids = keras.Input(shape=(max_words, max_word_length), dtype="int32", name="char_ids")
+        word_mask = ops.not_equal(word_ids, 0)
+        char_mask = ops.expand_dims(ops.not_equal(char_ids, 0), -1)
+
+        words = self.word_embedding(word_ids)
+        chars = self.char_dropout(self.char_embedding(char_ids))
+        chars = self.char_conv(_char_windows(chars, char_kernel_size))  # [batch, words, chars, filters]
+        chars = ops.max(ops.where(char_mask, chars, -1e9), axis=2)
+        has_chars = ops.any(char_mask, axis=2)
+        chars = ops.where(has_chars, chars, 0.0)
+        x = self.input_dropout(ops.concatenate([words, chars], axis=-1))
+        for lstm, drop in zip(self.lstm_layers, self.lstm_dropouts):
+            x = drop(lstm(x, mask=word_mask))
+        pooled = ops.max(ops.where(ops.expand_dims(word_mask, -1), x, -1e9), axis=1)
+        pooled = ops.where(ops.any(word_mask, axis=1, keepdims=True), pooled, 0.0)
+        super().__init__(
+            inputs={"word_ids": word_ids, "char_ids": char_ids},
+            outputs={"sequence_output": x, "pooled_output": pooled, "word_mask": word_mask},
+            **kwargs,
+        )
+
+        # === Config ===
+        self.word_vocabulary_size = word_vocabulary_size
+        self.char_vocabulary_size = char_vocabulary_size
+        self.max_words = max_words
+        self.max_word_length = max_word_length
+        self.word_embedding_dim = word_embedding_dim
+        self.char_embedding_dim = char_embedding_dim
+        self.char_filters = char_filters
+        self.char_kernel_size = char_kernel_size
+        self.lstm_units = lstm_units
+        self.num_lstm_layers = num_lstm_layers
+        self.dropout = dropout
+        self.word_embeddings_trainable = word_embeddings_trainable
+        self.unroll = unroll
+
+    def get_config(self):
+        # Pretrained vectors are weights, not config: restore them with load_weights.
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "word_vocabulary_size": self.word_vocabulary_size,
+            "char_vocabulary_size": self.char_vocabulary_size,
+            "max_words": self.max_words,
+            "max_word_length": self.max_word_length,
+            "word_embedding_dim": self.word_embedding_dim,
+            "char_embedding_dim": self.char_embedding_dim,
+            "char_filters": self.char_filters,
+            "char_kernel_size": self.char_kernel_size,
+            "lstm_units": self.lstm_units,
+            "num_lstm_layers": self.num_lstm_layers,
+            "dropout": self.dropout,
+            "word_embeddings_trainable": self.word_embeddings_trainable,
+            "unroll": self.unroll,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
+def _char_windows(chars, kernel_size: int):
+    """[batch, words, chars, dim] -> [batch, words, chars, kernel_size * dim]: each character's
+    zero-padded window ('same' padding), so that a Dense layer on it is a 1-D convolution."""
+    length = chars.shape[2]
+    left = (kernel_size - 1) // 2
+    padded = ops.pad(chars, [[0, 0], [0, 0], [left, kernel_size - 1 - left], [0, 0]])
+    return ops.concatenate([padded[:, :, i : i + length, :] for i in range(kernel_size)], axis=-1)

@@ -1,0 +1,34 @@
+"""The joint intent + slot loss, per example, as the private step needs it.
+
+The private step clips per micro-batch, so it needs one loss value per example (a [batch] vector),
+not Keras' batch mean. Inputs are the dicts the joint models use:
+
+  y_true: {"intent": int [batch], "tags": int [batch, words]}
+  y_pred: {"intent_logits": [batch, intents], "tag_potentials": [batch, words, tags],
+           "tag_mask": bool [batch, words]}
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from models.crf import CRF
+
+
+def joint_per_example_loss(
+    crf: CRF,
+    y_true: dict,
+    y_pred: dict,
+    intent_weight: float = 1.0,
+    tag_weight: float = 1.0,
+) -> tf.Tensor:
+    """intent cross-entropy + CRF negative log-likelihood of the tag path, shape [batch].
+
+    The CRF term is a sum over the words of the utterance (the sequence's NLL), as in Ma & Hovy;
+    an utterance with no words contributes only its intent term.
+    """
+    logits = tf.cast(y_pred["intent_logits"], tf.float32)
+    intent = tf.cast(tf.reshape(y_true["intent"], [-1]), tf.int32)
+    intent_loss = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=intent, logits=logits)
+    tag_nll = -crf.log_likelihood(y_pred["tag_potentials"], y_true["tags"], y_pred["tag_mask"])
+    return intent_weight * intent_loss + tag_weight * tag_nll

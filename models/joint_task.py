@@ -1,0 +1,111 @@
+"""Joint intent classification + slot tagging on top of any word-level encoder (CLC or BERT).
+
+The encoder is a Keras model returning {"sequence_output": [batch, words, hidden],
+"pooled_output": [batch, hidden], "word_mask": bool [batch, words]}; this task adds an intent head
+(dense over the pooled state) and a NER head (dense emissions + CRF).
+
+Training:
+* plain Keras: `task.compile(optimizer=...)` and `fit` -- `compute_loss` is the joint loss
+  (weighted mean over real rows, scaled for the optimizer's cross-replica SUM);
+* private: `edp_tf.PrivateModel(task, cfg).compile(optimizer, loss=task.per_example_loss)`.
+"""
+
+from __future__ import annotations
+
+import keras
+import tensorflow as tf
+
+from models.crf import CRF
+from models.joint_loss import joint_per_example_loss
+
+
+class JointTagger(keras.Model):
+    """Encoder + intent head + CRF tag head; `call` returns the dict `per_example_loss` expects."""
+
+    def __init__(
+        self,
+        encoder: keras.Model,
+        num_intents: int,
+        num_tags: int,
+        dropout: float = 0.1,
+        intent_weight: float = 1.0,
+        tag_weight: float = 1.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if num_intents < 1 or num_tags < 1:
+            raise ValueError(f"num_intents and num_tags must be >= 1, got {num_intents}, {num_tags}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.encoder = encoder
+        self.num_intents = int(num_intents)
+        self.num_tags = int(num_tags)
+        self.dropout_rate = float(dropout)
+        self.intent_weight = float(intent_weight)
+        self.tag_weight = float(tag_weight)
+        self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
+        self.intent_head = keras.layers.Dense(num_intents, name="intent_logits")
+        self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
+        self.tag_head = keras.layers.Dense(num_tags, name="tag_potentials")
+        self.crf = CRF(num_tags, name="crf")
+        # Build the heads now (one dummy example), so weights exist before the first fit / load.
+        self(_dummy_inputs(encoder), training=False)
+
+    def call(self, inputs, training=None):
+        # The encoder's own input order (nested dicts get key-sorted on the way, which Keras
+        # warns about); keys it does not take are dropped.
+        inputs = {name: inputs[name] for name in self.encoder.input}
+        encoded = self.encoder(inputs, training=training)
+        pooled = self.intent_dropout(encoded["pooled_output"], training=training)
+        sequence = self.tag_dropout(encoded["sequence_output"], training=training)
+        return {
+            "intent_logits": self.intent_head(pooled),
+            "tag_potentials": self.tag_head(sequence),
+            "tag_mask": tf.cast(encoded["word_mask"], tf.bool),
+        }
+
+    def per_example_loss(self, y_true: dict, y_pred: dict) -> tf.Tensor:
+        """Joint loss per example, shape [batch]; uses this model's CRF transitions."""
+        return joint_per_example_loss(
+            self.crf, y_true, y_pred, intent_weight=self.intent_weight, tag_weight=self.tag_weight
+        )
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        per_example = self.per_example_loss(y, y_pred)
+        if sample_weight is None:
+            weights = tf.ones_like(per_example)
+        else:
+            weights = tf.cast(tf.reshape(sample_weight, [-1]), per_example.dtype)
+        loss = tf.reduce_sum(per_example * weights) / tf.maximum(tf.reduce_sum(weights), 1.0)
+        # Keras' optimizer SUMs gradients over replicas; its Loss objects divide by the replica
+        # count themselves, and so must a hand-written loss.
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            loss = loss / replicas
+        if self.losses:
+            loss = loss + tf.add_n(self.losses)
+        return loss
+
+    def predict_labels(self, inputs) -> dict:
+        """Inference: intent id and its probability, Viterbi tag ids (0 where no word), per utterance."""
+        outputs = self(inputs, training=False)
+        probabilities = tf.nn.softmax(tf.cast(outputs["intent_logits"], tf.float32), axis=-1)
+        intent_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
+        intent_probability = tf.gather(probabilities, intent_ids, batch_dims=1)
+        tag_ids, _ = self.crf.decode(outputs["tag_potentials"], outputs["tag_mask"])
+        return {
+            "intent_ids": intent_ids,
+            "intent_probability": intent_probability,
+            "tag_ids": tag_ids,
+            "tag_mask": outputs["tag_mask"],
+        }
+
+
+def _dummy_inputs(encoder: keras.Model) -> dict:
+    """One all-padding example shaped like the encoder's (static) inputs."""
+    inputs = encoder.input
+    if not isinstance(inputs, dict):
+        raise ValueError("the encoder must take a dict of named inputs")
+    return {
+        name: tf.zeros([1, *tensor.shape[1:]], dtype=tensor.dtype) for name, tensor in inputs.items()
+    }

@@ -1,0 +1,136 @@
+"""Intent and slot-tag vocabularies, and the report of what encoding had to drop or map to unknown.
+
+Label names are schema (public); they are the only vocabulary here built from the training split.
+Id 0 is reserved in both: the tag "O" (also used under padding, where the CRF mask ignores it) and
+the intent "[UNK]" for an intent never seen in training (it then always counts as an error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+OUTSIDE_TAG = "O"
+UNKNOWN_INTENT = "[UNK]"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelVocabulary:
+    """An ordered label list; `unknown` (id 0) receives labels missing from it."""
+
+    labels: tuple[str, ...]
+
+    def __post_init__(self):
+        if not self.labels:
+            raise ValueError("LabelVocabulary needs at least the reserved label at id 0")
+        if len(set(self.labels)) != len(self.labels):
+            raise ValueError("LabelVocabulary labels must be unique")
+        object.__setattr__(self, "_index", {label: i for i, label in enumerate(self.labels)})
+
+    @property
+    def unknown(self) -> str:
+        return self.labels[0]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def id(self, label: str) -> int:
+        return self._index.get(label, 0)
+
+    def __contains__(self, label: str) -> bool:
+        return label in self._index
+
+    def to_config(self) -> list[str]:
+        return list(self.labels)
+
+    @classmethod
+    def from_config(cls, labels: Sequence[str]) -> "LabelVocabulary":
+        return cls(tuple(labels))
+
+
+def label_vocabularies(tags, intents, overrides: dict) -> tuple[LabelVocabulary, LabelVocabulary]:
+    """(tag, intent) vocabularies: `overrides["tag_vocabulary"]` / `["intent_vocabulary"]` (popped;
+    a LabelVocabulary or a label sequence, e.g. a trainer's vocabulary) or built from the labels."""
+    result = []
+    for key, labels, build in (
+        ("tag_vocabulary", tags, build_tag_vocabulary),
+        ("intent_vocabulary", intents, build_intent_vocabulary),
+    ):
+        given = overrides.pop(key, None)
+        if given is None:
+            result.append(build(labels))
+        elif isinstance(given, LabelVocabulary):
+            result.append(given)
+        else:
+            result.append(LabelVocabulary(tuple(given)))
+    return result[0], result[1]
+
+
+def build_tag_vocabulary(tag_sequences: Iterable[Sequence[str]]) -> LabelVocabulary:
+    """'O' first, then the other tags sorted (deterministic, independent of data order)."""
+    tags = {t for seq in tag_sequences for t in seq}
+    for tag in tags:
+        if tag != OUTSIDE_TAG and not (tag.startswith("B-") or tag.startswith("I-")):
+            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-<slot>' or 'I-<slot>'")
+    tags.discard(OUTSIDE_TAG)
+    return LabelVocabulary((OUTSIDE_TAG, *sorted(tags)))
+
+
+def build_intent_vocabulary(intents: Iterable[str]) -> LabelVocabulary:
+    """'[UNK]' first, then the intents sorted."""
+    names = set(intents)
+    names.discard(UNKNOWN_INTENT)
+    return LabelVocabulary((UNKNOWN_INTENT, *sorted(names)))
+
+
+@dataclasses.dataclass
+class EncodingReport:
+    """Counts (never text) of what a preprocessor truncated or mapped to unknown ids."""
+
+    utterances: int = 0
+    words: int = 0
+    truncated_utterances: int = 0  # utterances that lost words to the length limit
+    truncated_words: int = 0  # words dropped by the length limit
+    unknown_words: int = 0  # words mapped to the unknown word / word-piece id
+    unknown_tags: int = 0  # tags absent from the tag vocabulary (encoded as 'O')
+    unknown_intents: int = 0  # intents absent from the intent vocabulary (encoded as '[UNK]')
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def encode_labels(
+    tags: Sequence[Sequence[str]] | None,
+    intents: Sequence[str] | None,
+    tag_vocab: LabelVocabulary,
+    intent_vocab: LabelVocabulary,
+    report: EncodingReport,
+) -> tuple[list[list[int]] | None, list[int] | None]:
+    """Maps tag / intent strings to ids, counting unknowns in `report`."""
+    tag_ids = None
+    if tags is not None:
+        tag_ids = []
+        for seq in tags:
+            ids = [tag_vocab.id(t) for t in seq]
+            report.unknown_tags += sum(1 for t in seq if t not in tag_vocab)
+            tag_ids.append(ids)
+    intent_ids = None
+    if intents is not None:
+        intent_ids = [intent_vocab.id(i) for i in intents]
+        report.unknown_intents += sum(1 for i in intents if i not in intent_vocab)
+    return tag_ids, intent_ids
+
+
+def check_lengths(tokens: Sequence[Sequence[str]], tags, intents) -> None:
+    """ValueError naming the utterance index when tags / intents do not line up with tokens."""
+    if tags is not None:
+        if len(tags) != len(tokens):
+            raise ValueError(f"got {len(tokens)} token lists but {len(tags)} tag lists")
+        for i, (tok, tag) in enumerate(zip(tokens, tags)):
+            if len(tok) != len(tag):
+                raise ValueError(f"utterance {i}: {len(tok)} tokens but {len(tag)} tags")
+    if intents is not None and len(intents) != len(tokens):
+        raise ValueError(f"got {len(tokens)} token lists but {len(intents)} intents")
+    for i, tok in enumerate(tokens):
+        if isinstance(tok, str):
+            raise ValueError(f"utterance {i}: expected a list of tokens, got a string (split it first)")
