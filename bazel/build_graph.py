@@ -18,6 +18,7 @@ from typing import Iterable
 BUILD_NAMES = ("BUILD", "BUILD.bazel")
 TEST_PATTERNS = ("test_*.py", "*_test.py")  # As pytest.ini collects them.
 PYTHON_RULES = ("py_library", "py_binary", "py_test")
+OTHER_RULES = ("filegroup", "test_suite", "sh_binary", "sh_test", "genrule")  # Recorded too.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,7 @@ class _Package:
         return record
 
     def namespace(self) -> dict:
-        rules = {kind: self.rule(kind) for kind in PYTHON_RULES + ("filegroup", "test_suite")}
+        rules = {kind: self.rule(kind) for kind in PYTHON_RULES + OTHER_RULES}
         return dict(rules, glob=self.glob, package=lambda **_: None,
                     exports_files=lambda *_, **__: None, fail=self.fail)
 
