@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import accounting, sampling
+from edp_tf import accounting, attacks, sampling
 from trainers import data as data_lib
 from trainers import metrics as metrics_lib
 from trainers import pipeline
@@ -76,6 +76,30 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
         intents.extend(intent_names[i] for i in out["intent_ids"].numpy())
         tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
     return intents, tags
+
+
+def per_example_losses(model, x: dict, y: dict, batch_size: int = 256) -> np.ndarray:
+    """The joint loss of each utterance under the trained model (inference mode)."""
+    step = tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)),
+                       reduce_retracing=True)
+    out = []
+    for start in range(0, pipeline.rows(x), batch_size):
+        bx = {k: tf.constant(v[start:start + batch_size]) for k, v in x.items()}
+        by = {k: tf.constant(v[start:start + batch_size]) for k, v in y.items()}
+        out.append(step(bx, by).numpy())
+    return np.concatenate(out)
+
+
+def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
+    """Loss-threshold membership inference: as many training utterances as test ones."""
+    test_enc = pipeline.encode(preprocessor, test_utterances, "test")
+    n = min(pipeline.rows(train_enc.x), pipeline.rows(test_enc.x))
+    index = np.random.default_rng(0).permutation(pipeline.rows(train_enc.x))[:n]
+    members = per_example_losses(model, pipeline.subset(train_enc.x, index),
+                                 pipeline.subset(train_enc.y, index))
+    others = per_example_losses(model, pipeline.subset(test_enc.x, np.arange(n)),
+                                pipeline.subset(test_enc.y, np.arange(n)))
+    return attacks.loss_threshold_attack(members, others)
 
 
 def score(references, intents, tags) -> dict:
@@ -261,8 +285,13 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
 
     test = score(splits.test, *predict(model, preprocessor, test_x)) if splits.test else {}
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
-    record.update({"test": test, "unseen_labels": unseen,
-                   "train_encoding": train_enc.report})
+    attack = membership_attack(model, preprocessor, train_enc, splits.test) if splits.test else {}
+    record.update({"test": test, "unseen_labels": unseen, "train_encoding": train_enc.report,
+                   "membership_inference": attack})
+    if attack:
+        _log.info("membership inference (loss threshold, %d vs %d): AUC %.3f, TPR %.3f at 1%% FPR",
+                  attack["members"], attack["nonmembers"], attack["auc"],
+                  attack["tpr_at_1pct_fpr"])
     write_json(os.path.join(run_dir, METRICS_FILE), record)
     from models.export import export_serving_model
 
@@ -271,7 +300,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     return {
         "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
         "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
-        "test": test, "epsilon": privacy.get("epsilon", math.inf if not private else None),
+        "test": test, "membership_inference": attack,
+        "epsilon": privacy.get("epsilon", math.inf if not private else None),
         "delta": delta, "private": bool(privacy.get("private", False)),
         "noise_multiplier": z0 if private else 0.0,
     }
@@ -285,5 +315,8 @@ def summary_line(summary: dict) -> str:
                + ("" if summary["private"] else " (NOT private: see privacy.json)"))
     quality = (f"test SER {test['ser']:.4f}, intent acc {test['intent_accuracy']:.4f}, "
                f"slot F1 {test['slot_f1']:.4f}" if test else "no test split")
+    attack = summary.get("membership_inference") or {}
+    if attack:
+        privacy += f"; membership-inference AUC {attack['auc']:.3f}"
     return (f"{summary['model']} / {summary['mechanism']}: {quality}; {privacy}; "
             f"{summary['epochs']} epochs in {summary['seconds']:.0f} s -> {summary['run_dir']}")

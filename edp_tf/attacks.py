@@ -1,0 +1,66 @@
+"""Membership inference: what the guarantee is worth in practice (DESIGN.md 5).
+
+`loss_threshold_attack` is the population attack of Yeom et al.: an example is called a member
+when its loss is low. Its ROC against known members (the training split) and non-members (held-out
+data from the same distribution) gives an AUC and, more telling for privacy, the true-positive
+rate at a low false-positive rate (Carlini et al., "Membership inference from first principles").
+A (epsilon, delta)-DP model bounds any attack: TPR <= e^epsilon * FPR + delta.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+
+def roc_curve(member_scores: Sequence[float], nonmember_scores: Sequence[float]):
+    """(fpr, tpr) over all thresholds; a higher score means "member"."""
+    members = np.asarray(member_scores, dtype=np.float64)
+    others = np.asarray(nonmember_scores, dtype=np.float64)
+    if members.size == 0 or others.size == 0:
+        raise ValueError("membership inference needs members and non-members")
+    if not (np.all(np.isfinite(members)) and np.all(np.isfinite(others))):
+        raise ValueError("membership scores must be finite")
+    scores = np.concatenate([members, others])
+    labels = np.concatenate([np.ones(members.size), np.zeros(others.size)])
+    order = np.argsort(-scores, kind="mergesort")
+    scores, labels = scores[order], labels[order]
+    distinct = np.r_[np.nonzero(np.diff(scores))[0], scores.size - 1]  # last index of each tie
+    tp = np.cumsum(labels)[distinct]
+    fp = np.cumsum(1 - labels)[distinct]
+    tpr = np.r_[0.0, tp / members.size]
+    fpr = np.r_[0.0, fp / others.size]
+    return fpr, tpr
+
+
+def tpr_at_fpr(fpr: np.ndarray, tpr: np.ndarray, target_fpr: float) -> float:
+    """The best TPR among thresholds whose FPR is at most `target_fpr`."""
+    allowed = fpr <= target_fpr + 1e-12
+    return float(np.max(tpr[allowed])) if np.any(allowed) else 0.0
+
+
+def attack_summary(member_scores, nonmember_scores) -> dict:
+    """AUC, TPR at 1% and 0.1% FPR, and the membership advantage max(TPR - FPR)."""
+    fpr, tpr = roc_curve(member_scores, nonmember_scores)
+    return {
+        "auc": float(np.trapezoid(tpr, fpr)),
+        "tpr_at_1pct_fpr": tpr_at_fpr(fpr, tpr, 0.01),
+        "tpr_at_0.1pct_fpr": tpr_at_fpr(fpr, tpr, 0.001),
+        "advantage": float(np.max(tpr - fpr)),
+        "members": int(np.size(member_scores)),
+        "nonmembers": int(np.size(nonmember_scores)),
+    }
+
+
+def loss_threshold_attack(member_losses, nonmember_losses) -> dict:
+    """Yeom et al.'s attack: a lower loss means "member"."""
+    return attack_summary(-np.asarray(member_losses, np.float64),
+                          -np.asarray(nonmember_losses, np.float64))
+
+
+def dp_tpr_bound(epsilon: float, delta: float, fpr: float) -> float:
+    """The largest TPR any attack can reach at `fpr` against an (epsilon, delta)-DP mechanism."""
+    if math.isinf(epsilon):
+        return 1.0
+    return float(min(1.0, math.exp(epsilon) * fpr + delta))

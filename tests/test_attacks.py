@@ -1,0 +1,41 @@
+"""Membership-inference metrics against hand-computed and sklearn references."""
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from edp_tf import attacks
+
+
+def test_perfect_and_useless_attacks():
+    perfect = attacks.loss_threshold_attack([0.1, 0.2, 0.3], [1.0, 2.0, 3.0])
+    assert perfect["auc"] == 1.0 and perfect["tpr_at_1pct_fpr"] == 1.0
+    assert perfect["advantage"] == 1.0
+    inverted = attacks.loss_threshold_attack([1.0, 2.0], [0.1, 0.2])
+    assert inverted["auc"] == 0.0 and inverted["tpr_at_1pct_fpr"] == 0.0
+
+
+def test_auc_matches_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    members = np.round(rng.normal(0.3, 1.0, 500), 1)  # rounding creates ties
+    others = np.round(rng.normal(0.0, 1.0, 700), 1)
+    got = attacks.attack_summary(members, others)
+    labels = np.r_[np.ones(500), np.zeros(700)]
+    assert got["auc"] == pytest.approx(roc_auc_score(labels, np.r_[members, others]), abs=1e-12)
+
+
+def test_tpr_at_low_fpr_by_hand():
+    # 4 members, 10 non-members; the top-scored non-member sits above two members.
+    members = [10, 9, 5, 4]
+    others = [8, 3, 2, 1, 0, -1, -2, -3, -4, -5]
+    fpr, tpr = attacks.roc_curve(members, others)
+    assert attacks.tpr_at_fpr(fpr, tpr, 0.0) == 0.5  # above 8: two of four members
+    assert attacks.tpr_at_fpr(fpr, tpr, 0.1) == 1.0  # one false positive allowed
+
+
+def test_dp_bound_and_errors():
+    assert attacks.dp_tpr_bound(1.0, 1e-5, 0.01) == pytest.approx(np.e * 0.01 + 1e-5)
+    assert attacks.dp_tpr_bound(float("inf"), 0.0, 0.001) == 1.0
+    with pytest.raises(ValueError, match="members"):
+        attacks.attack_summary([], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        attacks.attack_summary([np.nan], [1.0])
