@@ -37,37 +37,50 @@ def unscale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:
     return [g if a == 1.0 else g * tf.cast(a, g.dtype) for g, a in zip(grads, alpha)]
 
 
+def clip_factors(norms: tf.Tensor, l2_norm_clip: float):
+    """(f, finite): f_j = min(1, C / ||s_j||), and 0 where the norm is NaN/Inf."""
+    finite = tf.math.is_finite(norms)
+    safe = tf.where(finite, norms, tf.zeros_like(norms))
+    factors = tf.where(finite, tf.minimum(1.0, l2_norm_clip / tf.maximum(safe, 1e-30)),
+                       tf.zeros_like(norms))
+    return factors, finite
+
+
+def stacked_squared_norms(stacked: Sequence[tf.Tensor]) -> list:
+    """[m] squared L2 norm of each micro-batch's slice of each stacked tensor [m, ...]."""
+    return [tf.reduce_sum(tf.reshape(tf.square(tf.cast(s, tf.float32)), [tf.shape(s)[0], -1]), 1)
+            for s in stacked]
+
+
+def weighted_sum(stacked: Sequence[tf.Tensor], factors: tf.Tensor, finite: tf.Tensor) -> list:
+    """sum_j f_j s_j per stacked tensor, with non-finite micro-batches contributing exactly 0."""
+    result = []
+    for s in stacked:
+        s_finite = tf.where(
+            tf.reshape(finite, [-1] + [1] * (s.shape.rank - 1)), s, tf.zeros_like(s))
+        result.append(tf.tensordot(tf.cast(factors, s.dtype), s_finite, axes=1))
+    return result
+
+
 def clip_and_sum(stacked: Sequence[tf.Tensor], l2_norm_clip: float) -> ClipResult:
     """Clips each micro-batch (leading axis m) to norm C and sums them.
 
     Sensitivity: each summand has norm <= C, whatever the inputs (NaN/Inf rows give zero).
     """
-    sq = [tf.reduce_sum(tf.reshape(tf.square(tf.cast(s, tf.float32)), [tf.shape(s)[0], -1]), 1)
-          for s in stacked]
-    norms = tf.sqrt(tf.add_n(sq))
-    finite = tf.math.is_finite(norms)
-    safe_norms = tf.where(finite, norms, tf.zeros_like(norms))
-    factors = tf.where(
-        finite, tf.minimum(1.0, l2_norm_clip / tf.maximum(safe_norms, 1e-30)), tf.zeros_like(norms)
-    )
-    clipped_sum = []
-    for s in stacked:
-        s_finite = tf.where(
-            tf.reshape(finite, [-1] + [1] * (s.shape.rank - 1)), s, tf.zeros_like(s)
-        )
-        clipped_sum.append(tf.tensordot(tf.cast(factors, s.dtype), s_finite, axes=1))
-    return ClipResult(clipped_sum, norms, finite)
+    norms = tf.sqrt(tf.add_n(stacked_squared_norms(stacked)))
+    factors, finite = clip_factors(norms, l2_norm_clip)
+    return ClipResult(weighted_sum(stacked, factors, finite), norms, finite)
 
 
 def clip_single(grads: Sequence[tf.Tensor], l2_norm_clip: float) -> ClipResult:
-    """`clip_and_sum` for one micro-batch without stacking (the eDP fast path)."""
-    sq = [tf.reduce_sum(tf.square(tf.cast(g, tf.float32))) for g in grads]
+    """`clip_and_sum` for one micro-batch without stacking (the eDP fast path).
+
+    One multiply per variable: multiply_no_nan gives exactly 0 for a non-finite gradient when the
+    factor is 0, without a select over the whole gradient.
+    """
+    # l2_loss is one fused pass (sum of squares / 2), no squared temporary.
+    sq = [2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32)) for g in grads]
     norm = tf.sqrt(tf.add_n(sq))
-    finite = tf.math.is_finite(norm)
-    factor = tf.where(
-        finite, tf.minimum(1.0, l2_norm_clip / tf.maximum(norm, 1e-30)), tf.constant(0.0)
-    )
-    clipped = [
-        tf.where(finite, g * tf.cast(factor, g.dtype), tf.zeros_like(g)) for g in grads
-    ]
+    factor, finite = clip_factors(norm, l2_norm_clip)
+    clipped = [tf.math.multiply_no_nan(g, tf.cast(factor, g.dtype)) for g in grads]
     return ClipResult(clipped, norm[None], finite[None])

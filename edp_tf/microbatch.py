@@ -6,12 +6,16 @@ that padding never changes the normalisation (DESIGN.md 2.4: normalise by the ex
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence, Tuple
+import contextlib
+from typing import Callable, Iterator, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping
+from edp_tf import clipping, ghost
+
+PER_EXAMPLE_METHODS = ("ghost", "vectorized")
+_method = ["ghost"]
 
 PerExampleLoss = Callable[[object, object], tf.Tensor]
 
@@ -103,6 +107,68 @@ def stacked_microbatch_gradients(
     return grads, losses, tf.nest.map_structure(_merge, y_pred)
 
 
+@contextlib.contextmanager
+def per_example_method(name: str) -> Iterator[None]:
+    """Within: steps *traced* here compute micro-batch gradients with `name`.
+
+    "ghost" (the default): ghost norms for covered weights, exact per-example gradients for the
+    rest; "vectorized": per-example gradients of every variable (the reference; benchmarks).
+    """
+    if name not in PER_EXAMPLE_METHODS:
+        raise ValueError(f"per-example method must be one of {PER_EXAMPLE_METHODS}, got {name!r}")
+    previous = _method[0]
+    _method[0] = name
+    try:
+        yield
+    finally:
+        _method[0] = previous
+
+
+def ghost_clipped_gradient_sum(
+    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
+) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
+    """`clipped_gradient_sum` for micro-batches of k, with ghost norms where they apply.
+
+    One vectorised forward and backward pass gives, per micro-batch, the inputs A and output
+    gradients dZ of covered weights and the exact gradients of all other variables; norms in the
+    scaled space are sum_k ||G_k||^2 / alpha_k^2, and the clipped sum of covered weights is
+    A^T (f * dZ) (see edp_tf/ghost.py).
+    """
+    xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
+    traced = {}
+
+    def one(args):
+        xj, yj, wj = args
+        with tf.GradientTape() as tape:
+            with ghost.capture(model, variables) as cap:
+                loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
+        traced["plan"] = plan = ghost.plan(cap, len(variables))
+        rows, fallback = ghost.differentiate(tape, loss, plan, variables)
+        return rows, fallback, loss, y_pred
+
+    rows, fallback, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
+    plan = traced["plan"]
+    alpha = list(alpha)
+    fallback = clipping.scale(fallback, [alpha[i] for i in plan.fallback_indices])
+    squares = clipping.stacked_squared_norms(fallback)
+    for weight, sq in zip(plan.ghost, ghost.squared_norms(plan, rows, variables)):
+        a = alpha[weight.index]
+        squares.append(sq if a == 1.0 else sq * (1.0 / (a * a)))
+    norms = tf.sqrt(tf.add_n(squares))
+    factors, finite = clipping.clip_factors(norms, l2_norm_clip)
+    rows = tf.cond(tf.reduce_all(finite), lambda: list(rows),
+                   lambda: ghost.zero_nonfinite(rows, finite))
+    summed = [None] * len(variables)
+    for i, g in zip(plan.fallback_indices, clipping.weighted_sum(fallback, factors, finite)):
+        summed[i] = g
+    ghost_sums = ghost.weighted_sums(plan, rows, factors, variables)
+    ghost_sums = clipping.scale(ghost_sums, [alpha[w.index] for w in plan.ghost])
+    for weight, g in zip(plan.ghost, ghost_sums):
+        summed[weight.index] = g
+    return (clipping.ClipResult(summed, norms, finite), losses,
+            tf.nest.map_structure(_merge, y_pred))
+
+
 def clipped_gradient_sum(
     model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float
 ) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
@@ -119,6 +185,9 @@ def clipped_gradient_sum(
         rows % microbatch_size, 0,
         message=f"per-replica batch not divisible by microbatch_size={microbatch_size}")
     with tf.control_dependencies([check]):
+        if _method[0] == "ghost":
+            return ghost_clipped_gradient_sum(
+                model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
         grads, losses, y_pred = stacked_microbatch_gradients(
             model, loss_fn, variables, x, y, w, microbatch_size, k_e)
     return clipping.clip_and_sum(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred
