@@ -1,0 +1,402 @@
+"""End-to-end tests of the trainer (`trainers.run.train`, `python -m trainers.train`) at tiny sizes.
+
+Each training run costs tens of CPU-seconds (tracing the step, the export), so runs are shared
+between tests through module-scoped fixtures: CLC sgd/dpsgd and BERT sgd run once each, BERT edp
+runs as an interrupted-then-resumed run with a target epsilon (it also serves the smoke checks),
+and CLC edp runs through the command line (replicas 1) with planted canaries.
+"""
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+import dp_accounting
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import edp_tf
+from configs.base import base_config
+from edp_tf import accounting
+from trainers import run, synthetic
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
+TARGET_EPSILON = 4.0
+PRIVACY_FIELDS = {"epsilon", "epsilon_rdp", "epsilon_pld", "delta", "sampling", "sampling_rate",
+                  "dataset_size", "batch_size", "replicas", "microbatch_size", "noise_mode",
+                  "l2_norm_clip", "sensitivity", "epochs", "extra_events", "not_covered",
+                  "private", "schedule", "in_progress"}
+DEV_METRICS = ("ser", "intent_accuracy", "slot_f1")
+
+
+def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides):
+    """The base config shrunk to a few seconds of training (tracing dominates)."""
+    c = base_config()
+    c.update(dict(model=model, mechanism=mechanism, replicas=replicas, epochs=epochs,
+                  synthetic_size=SIZE, batch_size=BATCH, max_words=20, learning_rate=1e-2))
+    c.clc.update(dict(word_vectors="", vocabulary_size=2000, lstm_units=8, num_lstm_layers=1,
+                      char_embedding_dim=8, char_filters=8))
+    c.bert.update(dict(checkpoint="", vocabulary="train", num_layers=1, hidden_dim=24,
+                       num_heads=2, intermediate_dim=32, sequence_length=24))
+    c.update(overrides)
+    return c
+
+
+_STRATEGIES = {}
+
+
+def strategy(replicas):
+    """One MirroredStrategy per replica count for the whole module.
+
+    Two MirroredStrategy objects over the same devices in one process start their collective
+    keys at the same numbers, and TensorFlow's runtime then mixes up their all-reduces ("Shape
+    mismatch in the collective instance 100"). Reusing one per device set avoids that within this
+    module; the key-base bump (TensorFlow's own strategy_combinations does it) keeps ours apart
+    from strategies that other test modules of the same pytest process created.
+    """
+    if replicas not in _STRATEGIES:
+        from tensorflow.python.distribute import mirrored_strategy
+
+        mirrored_strategy.MirroredStrategy._collective_key_base += 100_000
+        _STRATEGIES[replicas] = edp_tf.make_strategy(replicas)
+    return _STRATEGIES[replicas]
+
+
+def corpus(config):
+    return synthetic.synthetic_corpus(
+        seed=config.data_seed, size=config.synthetic_size, canaries=config.synthetic_canaries,
+        canary_repeats=config.synthetic_canary_repeats)
+
+
+def utterance_texts(config, min_tokens=4):
+    """Every utterance of the run's corpus (canaries and controls too) as it would be printed."""
+    splits = corpus(config)
+    every = (splits.train + splits.dev + splits.test + splits.canaries + splits.canary_controls)
+    return {" ".join(u.tokens) for u in every if len(u.tokens) >= min_tokens}
+
+
+def read(run_dir, name):
+    with open(os.path.join(run_dir, name)) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- shared runs
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """name -> (config, run_dir, summary) of a completed run, trained once per module."""
+    configs = {
+        "clc-sgd": lambda: tiny_config("clc", "sgd", replicas=1),
+        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=2),
+        "bert-sgd": lambda: tiny_config("bert", "sgd", replicas=2),
+    }
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            config = configs[name]()
+            run_dir = str(tmp_path_factory.mktemp(name) / "run")
+            summary = run.train(config, run_dir,
+                                strategy=strategy(int(config.replicas)))
+            cache[name] = (config, run_dir, summary)
+        return cache[name]
+    return get
+
+
+class Interrupted(Exception):
+    """Stands for a kill between epochs."""
+
+
+class InterruptAfterEpoch(keras.callbacks.Callback):
+    """Raises at the end of `epoch`, after the run's own callbacks wrote ledger and checkpoint."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch, self.weights, self.iterations = epoch, None, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.weights = self.model.wrapped_model.get_weights()
+            self.iterations = int(self.model.optimizer.iterations.numpy())
+            raise Interrupted(f"interrupted after epoch {epoch}")
+
+
+class WeightsAtStart(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = self.model.wrapped_model.get_weights()
+        self.iterations = int(self.model.optimizer.iterations.numpy())
+
+
+@pytest.fixture(scope="module")
+def resumed_run(tmp_path_factory):
+    """BERT eDP-SGD calibrated to TARGET_EPSILON over 3 epochs, killed after 2, then resumed."""
+    config = tiny_config("bert", "edp", replicas=2, epochs=3, target_epsilon=TARGET_EPSILON)
+    run_dir = str(tmp_path_factory.mktemp("bert-edp") / "run")
+    interrupt = InterruptAfterEpoch(1)
+    with pytest.raises(Interrupted):
+        run.train(config, run_dir, strategy=strategy(2), callbacks=[interrupt])
+    ledger_before = read(run_dir, "privacy.json")
+    start = WeightsAtStart()
+    summary = run.train(run.load_run_config(run_dir), run_dir, resume=True,
+                        strategy=strategy(2), callbacks=[start])
+    return dict(config=config, run_dir=run_dir, summary=summary, interrupt=interrupt,
+                start=start, ledger_before=ledger_before)
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """`python -m trainers.train` (default config: CLC, eDP-SGD, GloVe) with planted canaries."""
+    run_dir = str(tmp_path_factory.mktemp("cli") / "run")
+    overrides = dict(synthetic_size=SIZE, synthetic_canaries=2, synthetic_canary_repeats=3,
+                     batch_size=BATCH, max_words=20)
+    clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
+               char_filters=8)
+    argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
+             "--epochs=1"] + [f"--config.{k}={v}" for k, v in overrides.items()]
+            + [f"--config.clc.{k}={v}" for k, v in clc.items()])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")  # all of TensorFlow's chatter is checked too
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    config = base_config()
+    config.update(dict(overrides, replicas=1, epochs=1))
+    config.clc.update(clc)
+    return dict(proc=proc, run_dir=run_dir, config=config)
+
+
+# --------------------------------------------------------------------------- run directory checks
+def check_run_dir(run_dir, config, epochs, private):
+    """The files every finished run must leave behind; returns (metrics, privacy or None)."""
+    saved = read(run_dir, "config.json")
+    n = len(corpus(config).train)
+    assert saved["dataset_size"] == n
+    assert saved["delta"] == pytest.approx(1 / n)
+    assert saved["config"]["mechanism"] == config.mechanism
+    assert saved["config"]["model"] == config.model
+
+    metrics = read(run_dir, "metrics.json")
+    assert [e["epoch"] for e in metrics["epochs"]] == list(range(epochs))
+    for e in metrics["epochs"]:
+        assert e["seconds"] > 0
+        assert math.isfinite(e["train"]["loss"]) and e["train"]["loss"] > 0
+        assert e["dev"]["ser"] >= 0
+        assert 0 <= e["dev"]["intent_accuracy"] <= 1 and 0 <= e["dev"]["slot_f1"] <= 1
+        if private:
+            assert e["train"]["noise_multiplier"] > 0
+    test = metrics["test"]
+    assert set(DEV_METRICS) <= set(test)
+    assert test["utterances"] == len(corpus(config).test)
+
+    assert glob.glob(os.path.join(run_dir, "tensorboard", "**", "events.out.tfevents.*"),
+                     recursive=True), "no TensorBoard event file"
+    assert tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")) is not None
+    assert os.path.isfile(os.path.join(run_dir, "saved_model", "saved_model.pb"))
+
+    privacy = None
+    if private:
+        privacy = read(run_dir, "privacy.json")
+        assert PRIVACY_FIELDS <= set(privacy)
+        assert [e["epoch"] for e in privacy["epochs"]] == list(range(epochs))
+        assert 0 < privacy["epsilon"] < math.inf
+        assert privacy["epsilon"] <= privacy["epsilon_rdp"] + 1e-9  # PLD is the tighter bound
+        assert privacy["in_progress"] is None
+        assert privacy["dataset_size"] == n and privacy["delta"] == pytest.approx(1 / n)
+        assert privacy["replicas"] == config.replicas
+        assert privacy["sampling"] == "poisson"
+        assert privacy["sampling_rate"] == pytest.approx(BATCH / n)
+        assert privacy["private"] is True  # seed -1: noise and sampling from OS entropy
+        steps = math.ceil(n / BATCH)
+        assert all(e["steps"] == steps for e in privacy["epochs"])
+    else:
+        assert not os.path.exists(os.path.join(run_dir, "privacy.json"))
+
+    # counts and metrics only: no utterance of the corpus in what a run writes about itself
+    texts = utterance_texts(config)
+    for name in ("config.json", "metrics.json", "privacy.json", "state.json"):
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                content = f.read()
+            assert not [t for t in texts if t in content], f"utterance text in {name}"
+    return metrics, privacy
+
+
+def check_summary(summary, run_dir, epochs, metrics, privacy):
+    assert summary["run_dir"] == run_dir and summary["epochs"] == epochs
+    assert summary["test"]["ser"] == pytest.approx(metrics["test"]["ser"])
+    line = run.summary_line(summary)
+    assert "SER" in line and run_dir in line
+    if privacy is None:
+        assert summary["epsilon"] == math.inf and "not private" in line
+    else:
+        assert summary["epsilon"] == privacy["epsilon"] and summary["private"]
+        assert f"epsilon {privacy['epsilon']:.3g}" in line and "NOT private" not in line
+
+
+# --------------------------------------------------------------------------- 1. smoke tests
+@pytest.mark.parametrize("name", ["clc-sgd", "clc-dpsgd", "bert-sgd"])
+def test_finished_run_directory(finished_run, name):
+    config, run_dir, summary = finished_run(name)
+    private = config.mechanism != "sgd"
+    metrics, privacy = check_run_dir(run_dir, config, epochs=1, private=private)
+    check_summary(summary, run_dir, 1, metrics, privacy)
+    if config.mechanism == "dpsgd":
+        assert privacy["microbatch_size"] == 1 and privacy["sensitivity"] == 1
+        # the vocabulary was learnt from the training text: epsilon does not cover it
+        assert any("vocabulary" in s for s in privacy["not_covered"])
+
+
+def test_edp_bert_run_directory(resumed_run):
+    r = resumed_run
+    metrics, privacy = check_run_dir(r["run_dir"], r["config"], epochs=3, private=True)
+    check_summary(r["summary"], r["run_dir"], 3, metrics, privacy)
+    # one micro-batch per replica: several examples each, so S = 2C
+    assert privacy["microbatch_size"] > 1 and privacy["sensitivity"] == 2
+    assert privacy["noise_mode"] == "calibrated"
+    assert any("vocabulary" in s for s in privacy["not_covered"])  # bert.vocabulary = "train"
+
+
+# --------------------------------------------------------------------------- 2. resume
+def test_interrupted_run_left_two_epochs(resumed_run):
+    before = resumed_run["ledger_before"]
+    assert [e["epoch"] for e in before["epochs"]] == [0, 1]
+    assert before["in_progress"] is None  # killed between epochs: nothing half-charged
+
+
+def test_resume_continues_the_ledger_once_per_epoch(resumed_run):
+    r = resumed_run
+    privacy = read(r["run_dir"], "privacy.json")
+    assert [e["epoch"] for e in privacy["epochs"]] == [0, 1, 2]
+    assert [f["initial_epoch"] for f in privacy["fits"]] == [0, 2]
+    z0 = privacy["schedule"]["noise_multiplier"]
+    assert all(e["noise_multiplier"] == z0 for e in privacy["epochs"])  # same z0 after resume
+    assert r["summary"]["noise_multiplier"] == z0
+
+    # epsilon of 3 full epochs, recomputed from the corpus size, batch and z0 alone
+    n = len(corpus(r["config"]).train)
+    q, delta, steps = BATCH / n, 1 / n, math.ceil(n / BATCH)
+    planned = accounting.plan_schedule(z0, 3, steps)
+    assert privacy["epsilon"] == pytest.approx(
+        accounting.compute_epsilon(planned, q, delta), rel=1e-9)
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z0)), 3 * steps))
+    assert privacy["epsilon_rdp"] == pytest.approx(rdp.get_epsilon(delta), rel=1e-6)
+
+    metrics = read(r["run_dir"], "metrics.json")
+    assert [e["epoch"] for e in metrics["epochs"]] == [0, 1, 2]
+
+
+def test_resume_restores_weights_and_optimizer(resumed_run):
+    interrupt, start = resumed_run["interrupt"], resumed_run["start"]
+    steps = read(resumed_run["run_dir"], "privacy.json")["epochs"][0]["steps"]
+    assert interrupt.iterations == 2 * steps
+    assert start.iterations == 2 * steps  # Adam's step count came back with the checkpoint
+    # without the restore these would be a fresh initialisation (OS entropy), not the saved ones
+    assert len(start.weights) == len(interrupt.weights)
+    for restored, saved in zip(start.weights, interrupt.weights):
+        np.testing.assert_array_equal(restored, saved)
+
+
+# --------------------------------------------------------------------------- 4. target epsilon
+def test_target_epsilon_calibration_spends_close_to_the_budget(resumed_run):
+    privacy = read(resumed_run["run_dir"], "privacy.json")
+    assert privacy["epsilon"] <= TARGET_EPSILON
+    # all 3 planned epochs ran, so the calibration should have left little on the table: the PLD
+    # bisection stops within 0.1 % in z0, and epsilon moves by a few % per 1 % of z0 here
+    assert privacy["epsilon"] >= 0.97 * TARGET_EPSILON
+    z0 = privacy["schedule"]["noise_multiplier"]
+    n, steps = privacy["dataset_size"], privacy["epochs"][0]["steps"]
+    less_noise = accounting.plan_schedule(0.99 * z0, 3, steps)
+    assert accounting.compute_epsilon(less_noise, BATCH / n, 1 / n) > TARGET_EPSILON
+
+
+# --------------------------------------------------------------------------- 3. errors
+def test_existing_run_dir_needs_resume(finished_run):
+    config, run_dir, _ = finished_run("clc-sgd")
+    before = os.path.getmtime(os.path.join(run_dir, "config.json"))
+    with pytest.raises(ValueError, match="already holds a run.*--resume"):
+        run.train(config, run_dir, strategy=strategy(1))
+    assert os.path.getmtime(os.path.join(run_dir, "config.json")) == before
+
+
+def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
+    with pytest.raises(ValueError, match="config.json"):
+        run.load_run_config(empty)
+    with pytest.raises(ValueError, match="nothing to resume"):
+        run.train(tiny_config(replicas=1), empty, resume=True, strategy=strategy(1))
+
+
+@pytest.mark.parametrize("field, value", [
+    ("mechanism", "foo"), ("model", "gpt"), ("sampling", "random"), ("replicas", 0),
+    ("batch_size", 0), ("epochs", 0), ("learning_rate", 0.0), ("delta", 1.5),
+    ("target_epsilon", -1.0), ("microbatch_size", -1),
+])
+def test_invalid_config_value_names_the_field(tmp_path, field, value):
+    config = tiny_config(**{"replicas": 1, field: value})
+    with pytest.raises(ValueError, match=rf"--config\.{field}="):
+        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+    assert not os.path.exists(tmp_path / "run" / "config.json")
+
+
+def test_invalid_nested_config_value_names_the_field(tmp_path):
+    config = tiny_config("bert", replicas=1)
+    config.bert.vocabulary = "klingon"
+    with pytest.raises(ValueError, match=r"--config\.bert\.vocabulary="):
+        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(batch_size=10_000), r"--config\.batch_size=10000 exceeds"),
+    (dict(sampling="shuffle", batch_size=31, replicas=2), r"--config\.batch_size=31 must be a "
+                                                          "multiple"),
+])
+def test_batch_size_the_data_cannot_serve(tmp_path, overrides, message):
+    config = tiny_config(**{"replicas": 1, **overrides})
+    with pytest.raises(ValueError, match=message):
+        run.train(config, str(tmp_path / "run"),
+                  strategy=strategy(int(config.replicas)))
+    # nothing that would block a corrected rerun in the same directory
+    assert not os.path.exists(tmp_path / "run" / "config.json")
+
+
+def test_strategy_and_config_must_agree_on_replicas(tmp_path):
+    with pytest.raises(ValueError, match="replicas"):
+        run.train(tiny_config(replicas=2), str(tmp_path / "run"),
+                  strategy=strategy(1))
+
+
+# --------------------------------------------------------------------------- 6. command line
+def test_cli_prints_one_summary_line_and_exits_0(cli_run):
+    proc = cli_run["proc"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("clc / edp: ")]
+    assert len(lines) == 1, proc.stdout[-3000:]
+    assert re.search(r"test SER \d\.\d{4}, .*; epsilon \d[\d.e+]* at delta ", lines[0]), lines[0]
+    assert cli_run["run_dir"] in lines[0]
+    metrics, privacy = check_run_dir(cli_run["run_dir"], cli_run["config"], epochs=1,
+                                     private=True)
+    # the default config calibrates to epsilon 8; GloVe's public vocabulary is not a leak
+    assert privacy["epsilon"] <= 8.0
+    assert not any("vocabulary" in s for s in privacy["not_covered"])
+    assert f"test SER {metrics['test']['ser']:.4f}" in lines[0]
+
+
+def test_cli_output_holds_no_utterance_text(cli_run):
+    proc = cli_run["proc"]
+    output = proc.stdout + proc.stderr
+    splits = corpus(cli_run["config"])
+    assert len(splits.canaries) == 2
+    # the canaries' secrets ("dddd ddd ddd" phone numbers, "door code is dddddd") are unique to
+    # them; as phrases, a chance match with numbers in TensorFlow's logs is out of reach
+    for canary in splits.canaries:
+        digits = [t for t in canary.tokens if t.isdigit()]
+        secret = " ".join(digits) if len(digits) > 1 else f"code is {digits[0]}"
+        assert secret not in output, canary
+        assert " ".join(canary.tokens) not in output
+    leaked = [t for t in utterance_texts(cli_run["config"]) if t in output]
+    assert not leaked, f"{len(leaked)} utterances printed"
