@@ -1,9 +1,10 @@
 """End-to-end tests of the trainer (`trainers.run.train`, `python -m trainers.train`) at tiny sizes.
 
 Each training run costs tens of CPU-seconds (tracing the step, the export), so runs are shared
-between tests through module-scoped fixtures: CLC sgd/dpsgd and BERT sgd run once each, BERT edp
-runs as an interrupted-then-resumed run with a target epsilon (it also serves the smoke checks),
-and CLC edp runs through the command line (replicas 1) with planted canaries.
+between tests through module-scoped fixtures: CLC sgd/dpsgd (1 replica) and BERT sgd (2) run once
+each, BERT edp (2 replicas) runs as an interrupted-then-resumed run with a target epsilon (it also
+serves the smoke checks), and CLC edp runs through the command line (1 replica) with canaries.
+Multi-replica noise and clipping are the library tests' business; here it is the wiring.
 """
 import glob
 import json
@@ -91,7 +92,7 @@ def finished_run(tmp_path_factory):
     """name -> (config, run_dir, summary) of a completed run, trained once per module."""
     configs = {
         "clc-sgd": lambda: tiny_config("clc", "sgd", replicas=1),
-        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=2),
+        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=1),
         "bert-sgd": lambda: tiny_config("bert", "sgd", replicas=2),
     }
     cache = {}
@@ -214,6 +215,7 @@ def check_run_dir(run_dir, config, epochs, private):
 
     # counts and metrics only: no utterance of the corpus in what a run writes about itself
     texts = utterance_texts(config)
+    assert len(texts) > 100  # the check below is not vacuous
     for name in ("config.json", "metrics.json", "privacy.json", "state.json"):
         path = os.path.join(run_dir, name)
         if os.path.exists(path):
@@ -398,5 +400,7 @@ def test_cli_output_holds_no_utterance_text(cli_run):
         secret = " ".join(digits) if len(digits) > 1 else f"code is {digits[0]}"
         assert secret not in output, canary
         assert " ".join(canary.tokens) not in output
-    leaked = [t for t in utterance_texts(cli_run["config"]) if t in output]
+    texts = utterance_texts(cli_run["config"])
+    assert len(texts) > 100  # not vacuous
+    leaked = [t for t in texts if t in output]
     assert not leaked, f"{len(leaked)} utterances printed"
