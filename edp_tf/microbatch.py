@@ -7,7 +7,7 @@ that padding never changes the normalisation (DESIGN.md 2.4: normalise by the ex
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence, Tuple
+from typing import Callable, Iterator, NamedTuple, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -124,15 +124,21 @@ def per_example_method(name: str) -> Iterator[None]:
         _method[0] = previous
 
 
-def ghost_clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
-) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
-    """`clipped_gradient_sum` for micro-batches of k, with ghost norms where they apply.
+class GhostPass(NamedTuple):
+    """What one vectorised pass over the micro-batches gives (see `ghost_pass`)."""
 
-    One vectorised forward and backward pass gives, per micro-batch, the inputs A and output
-    gradients dZ of covered weights and the exact gradients of all other variables; norms in the
-    scaled space are sum_k ||G_k||^2 / alpha_k^2, and the clipped sum of covered weights is
-    A^T (f * dZ) (see edp_tf/ghost.py).
+    plan: ghost.GhostPlan  # which variables use ghost norms (and why the others do not)
+    rows: list  # per ghost weight: A / ids and dZ rows, stacked [m, P, ...]
+    fallback: list  # exact micro-batch gradients of the other variables, stacked [m, ...]
+    losses: tf.Tensor  # [m] micro-batch losses
+    y_pred: object  # predictions, micro-batches merged back into the batch
+
+
+def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostPass:
+    """One vectorised forward and backward pass over micro-batches of k examples.
+
+    Per micro-batch it keeps the inputs A and output gradients dZ of covered weights (never their
+    gradients) and the exact gradients of all other variables (edp_tf/ghost.py).
     """
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
     traced = {}
@@ -147,26 +153,55 @@ def ghost_clipped_gradient_sum(
         return rows, fallback, loss, y_pred
 
     rows, fallback, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
-    plan = traced["plan"]
+    return GhostPass(traced["plan"], list(rows), list(fallback), losses,
+                     tf.nest.map_structure(_merge, y_pred))
+
+
+def per_variable_squared_norms(
+    model, loss_fn, variables, x, y, w, k: int, k_e: float
+) -> Tuple[tf.Tensor, list]:
+    """[m, K] squared norm of each micro-batch's gradient per variable (unscaled), and the
+    indices of the variables whose norms came from ghost norms."""
+    p = ghost_pass(model, loss_fn, variables, x, y, w, k, k_e)
+    columns = [None] * len(variables)
+    for i, sq in zip(p.plan.fallback_indices, clipping.stacked_squared_norms(p.fallback)):
+        columns[i] = sq
+    for weight, sq in zip(p.plan.ghost, ghost.squared_norms(p.plan, p.rows, variables)):
+        columns[weight.index] = sq
+    return tf.stack(columns, axis=1), [wt.index for wt in p.plan.ghost]
+
+
+def ghost_clipped_gradient_sum(
+    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
+) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
+    """`clipped_gradient_sum` for micro-batches of k, with ghost norms where they apply.
+
+    Norms in the scaled space are sqrt(sum_k ||G_k||^2 / alpha_k^2); the clipped sum of a covered
+    weight is A^T (f * dZ), one matmul like the ordinary weight gradient, so no second backward
+    pass is needed. Micro-batches with a non-finite norm get f = 0 and their rows are zeroed (only
+    when there is one), so they contribute exactly 0.
+    """
+    p = ghost_pass(model, loss_fn, variables, x, y, w, k, k_e)
     alpha = list(alpha)
-    fallback = clipping.scale(fallback, [alpha[i] for i in plan.fallback_indices])
+    fallback = clipping.scale(p.fallback, [alpha[i] for i in p.plan.fallback_indices])
     squares = clipping.stacked_squared_norms(fallback)
-    for weight, sq in zip(plan.ghost, ghost.squared_norms(plan, rows, variables)):
+    for weight, sq in zip(p.plan.ghost, ghost.squared_norms(p.plan, p.rows, variables)):
         a = alpha[weight.index]
         squares.append(sq if a == 1.0 else sq * (1.0 / (a * a)))
     norms = tf.sqrt(tf.add_n(squares))
     factors, finite = clipping.clip_factors(norms, l2_norm_clip)
-    rows = tf.cond(tf.reduce_all(finite), lambda: list(rows),
-                   lambda: ghost.zero_nonfinite(rows, finite))
+    rows = p.rows
+    if rows:
+        rows = tf.cond(tf.reduce_all(finite), lambda: list(p.rows),
+                       lambda: ghost.zero_nonfinite(p.rows, finite))
     summed = [None] * len(variables)
-    for i, g in zip(plan.fallback_indices, clipping.weighted_sum(fallback, factors, finite)):
+    for i, g in zip(p.plan.fallback_indices, clipping.weighted_sum(fallback, factors, finite)):
         summed[i] = g
-    ghost_sums = ghost.weighted_sums(plan, rows, factors, variables)
-    ghost_sums = clipping.scale(ghost_sums, [alpha[w.index] for w in plan.ghost])
-    for weight, g in zip(plan.ghost, ghost_sums):
+    ghost_sums = ghost.weighted_sums(p.plan, rows, factors, variables)
+    ghost_sums = clipping.scale(ghost_sums, [alpha[wt.index] for wt in p.plan.ghost])
+    for weight, g in zip(p.plan.ghost, ghost_sums):
         summed[weight.index] = g
-    return (clipping.ClipResult(summed, norms, finite), losses,
-            tf.nest.map_structure(_merge, y_pred))
+    return clipping.ClipResult(summed, norms, finite), p.losses, p.y_pred
 
 
 def clipped_gradient_sum(
