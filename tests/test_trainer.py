@@ -57,14 +57,19 @@ def strategy(replicas):
     Two MirroredStrategy objects over the same devices in one process start their collective
     keys at the same numbers, and TensorFlow's runtime then mixes up their all-reduces ("Shape
     mismatch in the collective instance 100"). Reusing one per device set avoids that within this
-    module; the key-base bump (TensorFlow's own strategy_combinations does it) keeps ours apart
-    from strategies that other test modules of the same pytest process created.
+    module; a key base of our own (TensorFlow's strategy_combinations bumps it the same way) keeps
+    ours apart from the strategies of other test modules in the same pytest process.
     """
     if replicas not in _STRATEGIES:
         from tensorflow.python.distribute import mirrored_strategy
 
-        mirrored_strategy.MirroredStrategy._collective_key_base += 100_000
-        _STRATEGIES[replicas] = edp_tf.make_strategy(replicas)
+        saved = mirrored_strategy.MirroredStrategy._collective_key_base
+        mirrored_strategy.MirroredStrategy._collective_key_base = 10_000_000 * (
+            1 + len(_STRATEGIES))
+        try:
+            _STRATEGIES[replicas] = edp_tf.make_strategy(replicas)
+        finally:  # later modules' strategies keep the default base
+            mirrored_strategy.MirroredStrategy._collective_key_base = saved
     return _STRATEGIES[replicas]
 
 
