@@ -350,6 +350,20 @@ def test_invalid_config_value_names_the_field(tmp_path, field, value):
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
+@pytest.mark.parametrize("field, value, named", [
+    ("noise_mode", "foo", "noise_mode"), ("decay", "cubic", "decay"),
+    ("l2_norm_clip", 0.0, "l2_norm_clip"), ("noise_multiplier", -1.0, "noise_multiplier"),
+    ("scaling", "bogus", "scaling"), ("optimizer", "rmsprop", "optimizer"),
+    ("synthetic_size", 3, "size"),
+])
+def test_values_checked_later_still_name_the_field(tmp_path, field, value, named):
+    """Caught by the library (DPConfig, the corpus), after the data is loaded: still no run left."""
+    config = tiny_config(**{"replicas": 1, field: value})
+    with pytest.raises(ValueError, match=named):
+        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+    assert not os.path.exists(tmp_path / "run" / "config.json")
+
+
 def test_invalid_nested_config_value_names_the_field(tmp_path):
     config = tiny_config("bert", replicas=1)
     config.bert.vocabulary = "klingon"
