@@ -70,6 +70,15 @@ class _Capture:
         self.index = {id(v): i for i, v in enumerate(variables)}
         self.weights: Dict[int, _Weight] = {}
         self.read_ops: set = set()
+        self._rows: Dict[tuple, tuple] = {}
+
+    def rows(self, inputs: tf.Tensor, width: int) -> tf.Tensor:
+        """inputs as [P, width] rows, one tensor per input (query, key and value projections
+        of self-attention share theirs, and so their Gram matrix)."""
+        key = (id(inputs), width)
+        if key not in self._rows:  # the entry keeps `inputs` alive, so its id stays unique
+            self._rows[key] = (inputs, tf.reshape(inputs, [-1, width]))
+        return self._rows[key][1]
 
     def weight(self, variable, kind: str, to_variable=None) -> Optional[_Weight]:
         i = self.index.get(id(variable))
@@ -132,7 +141,7 @@ def _rows(t: tf.Tensor, width: int) -> tf.Tensor:
     return tf.reshape(t, [-1, width])
 
 
-def _flat_matmul(inputs, kernel2d):
+def _flat_matmul(cap: _Capture, inputs, kernel2d):
     """(rows [P, Din], z [P, Dout]) for inputs [..., Din] @ kernel [Din, Dout], as a 2-D matmul.
 
     Why 2-D: under vectorized_map a per-example input [1, T, Din] becomes [B, 1, T, Din], and
@@ -140,7 +149,7 @@ def _flat_matmul(inputs, kernel2d):
     kernel's buffer (heap corruption, tensorflow/tensorflow#117700). A 2-D MatMul vectorises to
     one [B*P, Din] @ [Din, Dout] matmul instead.
     """
-    rows = tf.reshape(inputs, [-1, kernel2d.shape[0]])
+    rows = cap.rows(inputs, kernel2d.shape[0])
     return rows, tf.matmul(rows, kernel2d)
 
 
@@ -150,7 +159,7 @@ def _dense_call(cap: _Capture, layer, inputs, training=None):
     inputs = tf.convert_to_tensor(inputs)
     if inputs.dtype != kernel.dtype:
         inputs = tf.cast(inputs, kernel.dtype)
-    rows, z = _flat_matmul(inputs, kernel)
+    rows, z = _flat_matmul(cap, inputs, kernel)
     if layer.bias is not None:
         z = ops.add(z, layer.bias)
     cap.add(w, _Use("matmul", rows, z, lambda dz: dz))
@@ -237,7 +246,7 @@ def _einsum_dense_call(cap: _Capture, layer, inputs, training=None):
     x = _transpose(inputs, [inp.index(c) for c in pos + con])
     kernel2d = tf.reshape(_transpose(kernel, [ker.index(c) for c in con + kout]),
                           [_product(k_size[c] for c in con), _product(k_size[c] for c in kout)])
-    rows, z = _flat_matmul(x, kernel2d)
+    rows, z = _flat_matmul(cap, x, kernel2d)
     cap.add(w, _Use("matmul", rows, z, lambda dz: dz))
     grad_letters = con + kout
     if w is not None:
