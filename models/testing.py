@@ -33,10 +33,28 @@ TINY_BERT = dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, d
 def onednn_enabled() -> bool:
     """Whether this process runs TensorFlow's oneDNN (MKL) CPU kernels.
 
-    With oneDNN on, a batched MatMul that pfor makes from keras-hub's EinsumDense (rank-3 x rank-2
-    inside `tf.vectorized_map`) corrupts the heap ("free(): invalid pointer"). Set
-    TF_ENABLE_ONEDNN_OPTS=0 before TensorFlow is imported to run BERT's per-example path on CPU.
+    With oneDNN on, the batched MatMul that pfor makes of a rank-3 x rank-2 `tf.matmul` (keras'
+    einsum "abc,cde->abde", i.e. keras-hub's EinsumDense attention projections) inside
+    `tf.vectorized_map` corrupts the heap ("free(): invalid pointer") on TF 2.21. edp_tf's default
+    ghost-norm path replaces EinsumDense and is not affected; plain per-example gradients of BERT
+    by `tf.vectorized_map` need TF_ENABLE_ONEDNN_OPTS=0, set before TensorFlow is imported.
     """
     from tensorflow.python.util import _pywrap_util_port
 
     return bool(_pywrap_util_port.IsMklEnabled())
+
+
+def rerun_without_onednn(test_file: str, test_id: str) -> None:
+    """Runs one pytest test in a fresh process with oneDNN off; fails with its output if it fails."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{test_file}::{test_id}"],
+        env=env, cwd=root, capture_output=True, text=True, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "1 passed" in result.stdout, result.stdout[-2000:]

@@ -4,10 +4,6 @@ Two replicas (of conftest's four logical CPUs): MirroredStrategy traces the step
 so two keep the test fast while still exercising the cross-replica all-reduce.
 """
 
-import os
-import subprocess
-import sys
-
 import keras
 import numpy as np
 import pytest
@@ -76,23 +72,9 @@ def test_clc_trains_privately(strategy, microbatch_size):
     assert private.wrapped_model is model
 
 
-def _rerun_without_onednn(test_id):
-    """oneDNN's batched MatMul corrupts the heap on the BERT per-example path (see
-    models.testing.onednn_enabled); the flag must be set before TensorFlow is imported."""
-    env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{test_id}"],
-        env=env, cwd=root, capture_output=True, text=True, timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "1 passed" in result.stdout
-
-
 @pytest.mark.parametrize("microbatch_size", MODES)
 def test_bert_trains_privately(strategy, microbatch_size):
-    if microbatch_size == 1 and testing.onednn_enabled():
-        _rerun_without_onednn("test_bert_trains_privately[per_example]")
-        return
+    # The per-example step uses edp_tf's default method (ghost norms), which runs with oneDNN on;
+    # plain vectorised per-example gradients of BERT are checked in models/bert/bert_joint_test.py.
     pre, model = _bert(strategy)
     _train_privately(strategy, pre, model, microbatch_size)

@@ -60,6 +60,32 @@ def test_tag_head_reads_each_words_first_piece(data):
                 np.testing.assert_allclose(words[b, i], pieces[b, start], atol=1e-6)
 
 
+def test_per_example_gradients_vectorise_without_fallback(data):
+    """Each example's gradient inside tf.vectorized_map (pfor, no while_loop fallback) equals its
+    gradient computed alone. Needs oneDNN off (see models.testing.onednn_enabled): else it reruns
+    itself in a fresh process, since the crash would take pytest down with it."""
+    if testing.onednn_enabled():
+        testing.rerun_without_onednn(__file__, "test_per_example_gradients_vectorise_without_fallback")
+        return
+    pre, x, y = data
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    variables = [v.value for v in model.trainable_variables]
+
+    def one(args):
+        xi, yi = tf.nest.map_structure(lambda t: t[None], args)
+        with tf.GradientTape() as tape:
+            loss = model.per_example_loss(yi, model(xi, training=True))[0]
+        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [tf.convert_to_tensor(g) for g in grads]
+
+    stacked = tf.function(lambda x, y: tf.vectorized_map(one, (x, y), fallback_to_while_loop=False))(x, y)
+    for i in (0, 6):
+        single = one(tf.nest.map_structure(lambda t: t[i], (x, y)))
+        for got, want in zip(stacked, single):
+            # float32 sums in a different order: 1e-5 relative to the gradient scale
+            np.testing.assert_allclose(got[i].numpy(), want.numpy(), atol=1e-5 * (1 + np.abs(want).max()))
+
+
 def test_config_round_trip(data):
     pre, x, _ = data
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
