@@ -7,12 +7,15 @@ that padding never changes the normalisation (DESIGN.md 2.4: normalise by the ex
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Iterator, NamedTuple, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
 from edp_tf import clipping, ghost
+
+_log = logging.getLogger(__name__)
 
 PER_EXAMPLE_METHODS = ("ghost", "vectorized")
 _method = ["ghost"]
@@ -153,7 +156,12 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
         return rows, fallback, loss, y_pred
 
     rows, fallback, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
-    return GhostPass(traced["plan"], list(rows), list(fallback), losses,
+    plan = traced["plan"]
+    _log.info("ghost norms for %d of %d variables; exact per-example gradients for the others%s",
+              len(plan.ghost), len(variables), "".join(
+                  f"; {getattr(variables[i], 'path', variables[i].name)}: {reason}"
+                  for i, reason in plan.reasons.items()))
+    return GhostPass(plan, list(rows), list(fallback), losses,
                      tf.nest.map_structure(_merge, y_pred))
 
 

@@ -325,6 +325,7 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
             microbatch_of(name)
     if batch % replicas:
         raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
+    load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     sizes = model_sizes(model_name)
     x, y = synthetic_batch(model_name, sizes, batch)
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
@@ -349,7 +350,8 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
         "batch_size": batch, "trainable_parameters": params, "sizes": sizes,
         "interleaved": "round robin, one step of each mode in turn",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_start": load_at_start,  # 1, 5, 15 minutes: other work on the machine
+        "load_average_end": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "modes": summarise(times, batch)}
     for name, r in results["modes"].items():
         r["peak_memory_mb"] = peaks[name]
