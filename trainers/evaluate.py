@@ -12,10 +12,15 @@ from typing import Optional
 
 from absl import app, flags
 
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True)
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
-_SPLIT = flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score.")
-_OUTPUT = flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
+
+
+def define_flags() -> None:
+    """Defined only when run as a command: other trainers use the same flag names and tests
+    import several of them into one process."""
+    flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True)
+    flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
+    flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score.")
+    flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
 
 
 def load_serving(run_dir: str):
@@ -60,13 +65,15 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
 
 def main(argv):
     del argv
-    result = evaluate_run(_RUN_DIR.value, _DATA_DIR.value, _SPLIT.value)
+    f = flags.FLAGS
+    result = evaluate_run(f.run_dir, f.data_dir, f.split)
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
-    if _OUTPUT.value:
-        with open(_OUTPUT.value, "w") as f:
-            f.write(text + "\n")
+    if f.output:
+        with open(f.output, "w") as out:
+            out.write(text + "\n")
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
