@@ -48,29 +48,10 @@ def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides)
     return c
 
 
-_STRATEGIES = {}
-
-
 def strategy(replicas):
-    """One MirroredStrategy per replica count for the whole module.
-
-    Two MirroredStrategy objects over the same devices in one process start their collective
-    keys at the same numbers, and TensorFlow's runtime then mixes up their all-reduces ("Shape
-    mismatch in the collective instance 100"). Reusing one per device set avoids that within this
-    module; a key base of our own (TensorFlow's strategy_combinations bumps it the same way) keeps
-    ours apart from the strategies of other test modules in the same pytest process.
-    """
-    if replicas not in _STRATEGIES:
-        from tensorflow.python.distribute import mirrored_strategy
-
-        saved = mirrored_strategy.MirroredStrategy._collective_key_base
-        mirrored_strategy.MirroredStrategy._collective_key_base = 10_000_000 * (
-            1 + len(_STRATEGIES))
-        try:
-            _STRATEGIES[replicas] = edp_tf.make_strategy(replicas)
-        finally:  # later modules' strategies keep the default base
-            mirrored_strategy.MirroredStrategy._collective_key_base = saved
-    return _STRATEGIES[replicas]
+    """The process-wide strategy for this many replicas (edp_tf keeps one per device set, with
+    collective keys of its own, so strategies of different test modules never collide)."""
+    return edp_tf.make_strategy(replicas)
 
 
 def corpus(config):
