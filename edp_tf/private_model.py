@@ -247,9 +247,10 @@ class PrivateModel(keras.Model):
         w = _mask(x, w)
 
         def norms_fn(x, y, w):
-            g, _, _ = microbatch.stacked_microbatch_gradients(
+            # ghost norms where they apply: no per-example copies of embedding tables
+            squares, _ = microbatch.per_variable_squared_norms(
                 self.wrapped_model, loss_fn, variables, x, y, w, 1, 1.0)
-            return tf.stack([tf.norm(tf.reshape(t, [tf.shape(t)[0], -1]), axis=1) for t in g], 1)
+            return tf.sqrt(squares)
 
         return self._on_one_replica(norms_fn, x, y, w).numpy()
 
