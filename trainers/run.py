@@ -78,16 +78,25 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
     return intents, tags
 
 
-def per_example_losses(model, x: dict, y: dict, batch_size: int = 256) -> np.ndarray:
-    """The joint loss of each utterance under the trained model (inference mode)."""
-    step = tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)),
-                       reduce_retracing=True)
+def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:
+    """The joint loss of each utterance under the trained model (inference mode).
+
+    The last batch is padded to `batch_size` so that one trace serves every batch (tracing the
+    unrolled CLC costs tens of seconds); pass the same `step` across calls to trace it once.
+    """
+    step = step or loss_step(model)
+    rows = pipeline.rows(x)
     out = []
-    for start in range(0, pipeline.rows(x), batch_size):
-        bx = {k: tf.constant(v[start:start + batch_size]) for k, v in x.items()}
-        by = {k: tf.constant(v[start:start + batch_size]) for k, v in y.items()}
-        out.append(step(bx, by).numpy())
-    return np.concatenate(out)
+    for start in range(0, rows, batch_size):
+        index = np.arange(start, start + batch_size) % rows
+        bx = {k: tf.constant(v[index]) for k, v in x.items()}
+        by = {k: tf.constant(v[index]) for k, v in y.items()}
+        out.append(step(bx, by).numpy()[:min(batch_size, rows - start)])
+    return np.concatenate(out) if out else np.zeros([0], np.float32)
+
+
+def loss_step(model):
+    return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
 
 
 def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
@@ -95,10 +104,11 @@ def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
     test_enc = pipeline.encode(preprocessor, test_utterances, "test")
     n = min(pipeline.rows(train_enc.x), pipeline.rows(test_enc.x))
     index = np.random.default_rng(0).permutation(pipeline.rows(train_enc.x))[:n]
+    step = loss_step(model)
     members = per_example_losses(model, pipeline.subset(train_enc.x, index),
-                                 pipeline.subset(train_enc.y, index))
+                                 pipeline.subset(train_enc.y, index), step=step)
     others = per_example_losses(model, pipeline.subset(test_enc.x, np.arange(n)),
-                                pipeline.subset(test_enc.y, np.arange(n)))
+                                pipeline.subset(test_enc.y, np.arange(n)), step=step)
     return attacks.loss_threshold_attack(members, others)
 
 
