@@ -4,8 +4,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   data_dir         "" = the built-in synthetic corpus; else a joint-format dir or NLU-Evaluation CSV(s)
   synthetic_*      size / seed / canaries of the synthetic corpus
   model            "clc" or "bert"
-  mechanism        "sgd" (not private), "edp" (one micro-batch per replica, or `microbatch_size`
-                   examples per micro-batch), "dpsgd" (per-example)
+  mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
+                   default; 0 = one per replica as in the paper), "dpsgd" (per-example)
   sampling         "poisson" (what the accountant assumes) or "shuffle" (fixed batches; reported)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 1/n (n = training examples)
