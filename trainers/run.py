@@ -127,7 +127,7 @@ class EpochEnd(keras.callbacks.Callback):
         self.dev, self.dev_x = dev, dev_x
         self.checkpoint, self.state, self.private = checkpoint, state, private
         self._start = time.time()
-        self._predict_step = tf.function(model.predict_labels, reduce_retracing=True)
+        self.predict_step = tf.function(model.predict_labels, reduce_retracing=True)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.time()
@@ -136,7 +136,7 @@ class EpochEnd(keras.callbacks.Callback):
         logs = logs or {}
         seconds = time.time() - self._start
         dev = (score(self.dev, *predict(self.joint, self.preprocessor, self.dev_x,
-                                        step=self._predict_step)) if self.dev else {})
+                                        step=self.predict_step)) if self.dev else {})
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
@@ -279,9 +279,10 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         callbacks.append(privacy_ledger)
         if config.target_epsilon > 0:
             callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))
+    epoch_end = EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
+                         trainer if private else None)
     callbacks += [
-        EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
-                 trainer if private else None),
+        epoch_end,
         keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
                                     profile_batch=0),
     ] + extra_callbacks
@@ -293,7 +294,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
 
-    test = score(splits.test, *predict(model, preprocessor, test_x)) if splits.test else {}
+    # the dev predictions' trace serves the test split too (same batch shapes)
+    test = (score(splits.test, *predict(model, preprocessor, test_x, step=epoch_end.predict_step))
+            if splits.test else {})
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
     attack = membership_attack(model, preprocessor, train_enc, splits.test) if splits.test else {}
     record.update({"test": test, "unseen_labels": unseen, "train_encoding": train_enc.report,
