@@ -53,7 +53,9 @@ def _train_privately(strategy, pre, model, microbatch_size):
         private = edp_tf.PrivateModel(model, config)
         private.compile(optimizer=keras.optimizers.Adam(0.03), loss=model.per_example_loss)
     before = float(tf.reduce_mean(model.per_example_loss(y, model(x))))
-    history = private.fit(x, y, batch_size=8, epochs=10, verbose=0, shuffle=False)
+    # 20 one-step epochs: with 10, CLC under eDP reached loss ratios 0.77-0.79 (6 runs), too close
+    # to the 0.8 bar (it failed once in CI-like runs); with 20 it reached 0.69-0.71 (5 runs).
+    history = private.fit(x, y, batch_size=8, epochs=20, verbose=0, shuffle=False)
     after = float(tf.reduce_mean(model.per_example_loss(y, model(x))))
     assert np.all(np.isfinite(history.history["loss"]))
     assert history.history["nonfinite_microbatches"][-1] == 0
