@@ -58,6 +58,17 @@ def read_json(path: str, default=None):
 
 
 # --------------------------------------------------------------------------- evaluation
+def padded_batches(batch_size: int, *arrays: dict):
+    """Yields (real rows, [batch dict per input]) with the last batch padded (by wrapping) to
+    `batch_size`: one trace of an evaluation function serves every batch (tracing the unrolled
+    CLC costs tens of seconds). Callers keep the first `real rows` outputs."""
+    rows = pipeline.rows(arrays[0])
+    for start in range(0, rows, batch_size):
+        index = np.arange(start, start + batch_size) % rows
+        yield (min(batch_size, rows - start),
+               [{k: tf.constant(v[index]) for k, v in a.items()} for a in arrays])
+
+
 def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
     """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs.
 
@@ -67,13 +78,11 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
     intents, tags = [], []
     intent_names = preprocessor.intent_vocabulary.labels
     tag_names = preprocessor.tag_vocabulary.labels
-    n = pipeline.rows(x)
-    for start in range(0, n, batch_size):
-        batch = {k: tf.constant(v[start:start + batch_size]) for k, v in x.items()}
+    for real, (batch,) in padded_batches(batch_size, x):
         out = step(batch)
-        ids = out["tag_ids"].numpy()
-        kept = out["tag_mask"].numpy().sum(axis=1)
-        intents.extend(intent_names[i] for i in out["intent_ids"].numpy())
+        ids = out["tag_ids"].numpy()[:real]
+        kept = out["tag_mask"].numpy()[:real].sum(axis=1)
+        intents.extend(intent_names[i] for i in out["intent_ids"].numpy()[:real])
         tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
     return intents, tags
 
@@ -81,21 +90,15 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
 def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:
     """The joint loss of each utterance under the trained model (inference mode).
 
-    The last batch is padded to `batch_size` so that one trace serves every batch (tracing the
-    unrolled CLC costs tens of seconds); pass the same `step` across calls to trace it once.
+    Pass the same `step` (see `loss_step`) across calls to trace it once.
     """
     step = step or loss_step(model)
-    rows = pipeline.rows(x)
-    out = []
-    for start in range(0, rows, batch_size):
-        index = np.arange(start, start + batch_size) % rows
-        bx = {k: tf.constant(v[index]) for k, v in x.items()}
-        by = {k: tf.constant(v[index]) for k, v in y.items()}
-        out.append(step(bx, by).numpy()[:min(batch_size, rows - start)])
+    out = [step(bx, by).numpy()[:real] for real, (bx, by) in padded_batches(batch_size, x, y)]
     return np.concatenate(out) if out else np.zeros([0], np.float32)
 
 
 def loss_step(model):
+    """The per-example joint loss in inference mode, as one tf.function."""
     return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
 
 
