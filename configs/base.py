@@ -7,8 +7,17 @@ Field meanings (all overridable with `--config.FIELD=value`):
   mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
                    default; 0 = one per replica as in the paper), "dpsgd" (per-example)
   sampling         "poisson" (what the accountant assumes) or "shuffle" (fixed batches; reported)
+  batch_size       expected global batch; 0 = auto (trainers/recipes.py: q = 0.08 when private)
+  sampling_rate    > 0: expected batch = round(q n), overrides batch_size
+  epochs, steps    epochs; 0 = auto; steps > 0 trains ceil(steps / steps per epoch) epochs
+  learning_rate    peak learning rate; 0 = auto per model and mechanism (trainers/recipes.py)
+  lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
+  slot_loss        "sum" (CRF NLL of the utterance) or "mean" (per word: long utterances do not
+                   dominate the clipped gradient)
+  bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen) or "bias"
+                   (BitFit: only biases); the heads, pooler and layer norms always train
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
-  delta            0 = 1/n (n = training examples)
+  delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
 import ml_collections
 
@@ -45,13 +54,22 @@ def base_config() -> ml_collections.ConfigDict:
         hidden_dim=312,
         intermediate_dim=1200,
         dropout=0.1,
+        finetune="all",
     ))
     # training
     c.mechanism = "edp"
     c.replicas = 2
     c.batch_size = 128  # expected global batch (Poisson) or fixed global batch (shuffle)
+    c.sampling_rate = 0.0
     c.epochs = 10
-    c.optimizer = "adam"
+    c.steps = 0
+    c.optimizer = "adam"  # "adam", "adamw" or "sgd" (momentum 0.9)
+    c.lr_schedule = "constant"
+    c.warmup_fraction = 0.0
+    c.weight_decay = 0.0  # adamw only
+    c.slot_loss = "sum"
+    c.intent_loss_weight = 1.0
+    c.slot_loss_weight = 1.0
     # 2e-2, not the usual 1e-3: under DP noise Adam's per-weight steps are mostly random and the
     # signal's drift is lr * steps * (signal / noise); on the default run (eDP, epsilon 8) dev SER
     # after 10 epochs was 0.39 at 1e-2 and 0.25 at 2e-2 (3e-3 had not started learning).

@@ -159,7 +159,7 @@ def check_run_dir(run_dir, config, epochs, private):
     saved = read(run_dir, "config.json")
     n = len(corpus(config).train)
     assert saved["dataset_size"] == n
-    assert saved["delta"] == pytest.approx(1 / n)
+    assert saved["delta"] == pytest.approx(0.1 / n)
     assert saved["config"]["mechanism"] == config.mechanism
     assert saved["config"]["model"] == config.model
 
@@ -189,7 +189,7 @@ def check_run_dir(run_dir, config, epochs, private):
         assert 0 < privacy["epsilon"] < math.inf
         assert privacy["epsilon"] <= privacy["epsilon_rdp"] + 1e-9  # PLD is the tighter bound
         assert privacy["in_progress"] is None
-        assert privacy["dataset_size"] == n and privacy["delta"] == pytest.approx(1 / n)
+        assert privacy["dataset_size"] == n and privacy["delta"] == pytest.approx(0.1 / n)
         assert privacy["replicas"] == config.replicas
         assert privacy["sampling"] == "poisson"
         assert privacy["sampling_rate"] == pytest.approx(BATCH / n)
@@ -264,7 +264,7 @@ def test_resume_continues_the_ledger_once_per_epoch(resumed_run):
 
     # epsilon of 3 full epochs, recomputed from the corpus size, batch and z0 alone
     n = len(corpus(r["config"]).train)
-    q, delta, steps = BATCH / n, 1 / n, math.ceil(n / BATCH)
+    q, delta, steps = BATCH / n, 0.1 / n, math.ceil(n / BATCH)
     planned = accounting.plan_schedule(z0, 3, steps)
     assert privacy["epsilon"] == pytest.approx(
         accounting.compute_epsilon(planned, q, delta), rel=1e-9)
@@ -298,7 +298,7 @@ def test_target_epsilon_calibration_spends_close_to_the_budget(resumed_run):
     z0 = privacy["schedule"]["noise_multiplier"]
     n, steps = privacy["dataset_size"], privacy["epochs"][0]["steps"]
     less_noise = accounting.plan_schedule(0.99 * z0, 3, steps)
-    assert accounting.compute_epsilon(less_noise, BATCH / n, 1 / n) > TARGET_EPSILON
+    assert accounting.compute_epsilon(less_noise, BATCH / n, 0.1 / n) > TARGET_EPSILON
 
 
 # --------------------------------------------------------------------------- 3. errors
@@ -321,8 +321,10 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
 
 @pytest.mark.parametrize("field, value", [
     ("mechanism", "foo"), ("model", "gpt"), ("sampling", "random"), ("replicas", 0),
-    ("batch_size", 0), ("epochs", 0), ("learning_rate", 0.0), ("delta", 1.5),
-    ("target_epsilon", -1.0), ("microbatch_size", -1),
+    ("batch_size", -1), ("epochs", -1), ("learning_rate", -1.0), ("delta", 1.5),
+    ("target_epsilon", -1.0), ("microbatch_size", -1), ("steps", -1), ("sampling_rate", 1.5),
+    ("slot_loss", "max"), ("lr_schedule", "step"), ("warmup_fraction", 1.0),
+    ("weight_decay", -0.1),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})
@@ -345,10 +347,11 @@ def test_values_checked_later_still_name_the_field(tmp_path, field, value, named
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
-def test_invalid_nested_config_value_names_the_field(tmp_path):
+@pytest.mark.parametrize("field, value", [("vocabulary", "klingon"), ("finetune", "some")])
+def test_invalid_nested_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config("bert", replicas=1)
-    config.bert.vocabulary = "klingon"
-    with pytest.raises(ValueError, match=r"--config\.bert\.vocabulary="):
+    config.bert[field] = value
+    with pytest.raises(ValueError, match=rf"--config\.bert\.{field}="):
         run.train(config, str(tmp_path / "run"), strategy=strategy(1))
 
 

@@ -34,19 +34,41 @@ def check_config(config) -> None:
         bad("mechanism", config.mechanism, MECHANISMS)
     if config.sampling not in SAMPLINGS:
         bad("sampling", config.sampling, SAMPLINGS)
-    for field in ("replicas", "batch_size", "epochs", "max_words"):
+    for field in ("replicas", "max_words"):
         if int(config[field]) < 1:
             bad(field, config[field], "an integer >= 1")
+    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/recipes.py)
+        if int(config[field]) < 0:
+            bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
+    if not 0 <= config.sampling_rate <= 1:
+        bad("sampling_rate", config.sampling_rate, "in [0, 1] (0 = use batch_size)")
     if config.microbatch_size < 0:
         bad("microbatch_size", config.microbatch_size, "0 (one per replica) or k >= 1")
-    if config.learning_rate <= 0:
-        bad("learning_rate", config.learning_rate, "> 0")
+    if config.learning_rate < 0:
+        bad("learning_rate", config.learning_rate, "> 0, or 0 for the automatic default")
     if config.target_epsilon < 0:
         bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
     if not 0 <= config.delta < 1:
-        bad("delta", config.delta, "in [0, 1) (0 = 1/n)")
+        bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
     if config.model == "bert" and config.bert.vocabulary not in ("minilm", "train"):
         bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
+    from models.bert.finetuning import FINETUNE
+    from models.joint_loss import TAG_REDUCTIONS
+    from trainers.optimizers import OPTIMIZERS, SCHEDULES
+
+    if config.model == "bert" and config.bert.finetune not in FINETUNE:
+        bad("bert.finetune", config.bert.finetune, FINETUNE)
+    if config.slot_loss not in TAG_REDUCTIONS:
+        bad("slot_loss", config.slot_loss, TAG_REDUCTIONS)
+    if config.optimizer not in OPTIMIZERS:
+        bad("optimizer", config.optimizer, OPTIMIZERS)
+    if config.lr_schedule not in SCHEDULES:
+        bad("lr_schedule", config.lr_schedule, SCHEDULES)
+    if not 0 <= config.warmup_fraction < 1:
+        bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
+    for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
+        if not config[field] >= 0:
+            bad(field, config[field], ">= 0")
 
 
 def microbatch_size(config) -> Optional[int]:
@@ -110,6 +132,8 @@ def bert_checkpoint(config) -> Optional[str]:
 
 def build_model(config, preprocessor, vectors=None):
     """The joint model (call it inside the strategy's scope)."""
+    task = dict(intent_weight=float(config.intent_loss_weight),
+                tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss)
     if config.model == "clc":
         from models.clc.clc_joint import CLCJoint
 
@@ -118,7 +142,7 @@ def build_model(config, preprocessor, vectors=None):
             preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
             num_lstm_layers=c.num_lstm_layers, char_embedding_dim=c.char_embedding_dim,
             char_filters=c.char_filters, dropout=c.dropout,
-            word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None),
+            word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
     from models.bert.bert_joint import BertJoint
 
@@ -126,8 +150,12 @@ def build_model(config, preprocessor, vectors=None):
     checkpoint = bert_checkpoint(config)
     size = {} if checkpoint else dict(num_layers=c.num_layers, num_heads=c.num_heads,
                                       hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
-    return BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
-                                       **size)
+    model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
+                                        **task, **size)
+    from models.bert.finetuning import set_finetuning
+
+    set_finetuning(model, c.finetune)
+    return model
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ import edp_tf
 from edp_tf import accounting, attacks, sampling
 from trainers import data as data_lib
 from trainers import metrics as metrics_lib
-from trainers import pipeline
+from trainers import optimizers, pipeline, recipes
 
 _log = logging.getLogger(__name__)
 
@@ -112,7 +112,9 @@ def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
                                  pipeline.subset(train_enc.y, index), step=step)
     others = per_example_losses(model, pipeline.subset(test_enc.x, np.arange(n)),
                                 pipeline.subset(test_enc.y, np.arange(n)), step=step)
-    return attacks.loss_threshold_attack(members, others)
+    summary = attacks.loss_threshold_attack(members, others)
+    summary["roc"] = attacks.roc_points(-members, -others)
+    return summary
 
 
 def score(references, intents, tags) -> dict:
@@ -184,12 +186,10 @@ def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
     return ds, n // batch, q, None
 
 
-def _optimizer(config):
-    if config.optimizer == "adam":
-        return keras.optimizers.Adam(config.learning_rate)
-    if config.optimizer == "sgd":
-        return keras.optimizers.SGD(config.learning_rate, momentum=0.9)
-    raise ValueError(f"--config.optimizer={config.optimizer!r} is invalid: expected adam or sgd")
+def _optimizer(config, steps_per_epoch: int):
+    return optimizers.build_optimizer(
+        config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
+        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay))
 
 
 def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=()) -> dict:
@@ -216,6 +216,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         keras.utils.set_random_seed(fixed_seed)
 
     splits = pipeline.load_splits(config)
+    if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
+        config = recipes.resolve(config, len(splits.train))
     vocab = data_lib.LabelVocab.from_train(splits.train)
     unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
               for name in ("dev", "test")}
@@ -224,7 +226,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     dev_x = preprocessor.encode([u.tokens for u in splits.dev])[0] if splits.dev else None
     test_x = preprocessor.encode([u.tokens for u in splits.test])[0] if splits.test else None
     n = len(splits.train)
-    delta = config.delta or 1.0 / n
+    delta = config.delta or accounting.default_delta(n)
     k = pipeline.microbatch_size(config)
     private = config.mechanism != "sgd"
 
@@ -244,7 +246,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                   delta)
     with strategy.scope():
         model = pipeline.build_model(config, preprocessor, vectors)
-        optimizer = _optimizer(config)
+        optimizer = _optimizer(config, steps)
         if private:
             dp = edp_tf.DPConfig(
                 l2_norm_clip=config.l2_norm_clip, noise_multiplier=z0, microbatch_size=k,

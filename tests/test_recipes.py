@@ -1,0 +1,99 @@
+"""Automatic defaults (trainers/recipes.py) and the learning-rate schedule (trainers/optimizers.py)."""
+import math
+
+import numpy as np
+import pytest
+
+from configs.base import base_config
+from trainers import optimizers, recipes
+
+
+def config(**overrides):
+    c = base_config()
+    c.update(overrides)
+    return c
+
+
+def test_explicit_values_are_kept():
+    c = recipes.resolve(config(batch_size=100, epochs=3, learning_rate=0.5), n=1000)
+    assert (c.batch_size, c.epochs, c.learning_rate) == (100, 3, 0.5)
+
+
+def test_private_auto_batch_is_a_sampling_rate_and_steps_set_the_epochs():
+    c = recipes.resolve(config(batch_size=0, epochs=0, learning_rate=0.0, mechanism="dpsgd",
+                               replicas=2), n=10_000)
+    assert c.batch_size == 800  # q = 0.08, a multiple of the 2 replicas
+    per_epoch = math.ceil(10_000 / 800)
+    assert c.epochs == math.ceil(recipes.PRIVATE_STEPS["clc"] / per_epoch)
+    assert c.learning_rate == recipes.LEARNING_RATE[("clc", True)]
+
+
+def test_auto_adapts_to_the_dataset_size():
+    small = recipes.resolve(config(batch_size=0, epochs=0, mechanism="dpsgd"), n=2_000)
+    large = recipes.resolve(config(batch_size=0, epochs=0, mechanism="dpsgd"), n=50_000)
+    assert small.batch_size < large.batch_size
+    for c, n in ((small, 2_000), (large, 50_000)):  # the same number of steps, whatever n
+        assert abs(recipes.total_steps(c, n) - recipes.PRIVATE_STEPS["clc"]) < n / c.batch_size + 1
+
+
+def test_sgd_auto_uses_a_small_batch():
+    c = recipes.resolve(config(batch_size=0, epochs=0, learning_rate=0.0, mechanism="sgd",
+                               model="bert"), n=10_000)
+    assert c.batch_size == recipes.SGD_BATCH["bert"] and c.epochs == recipes.SGD_EPOCHS["bert"]
+    assert c.learning_rate == recipes.LEARNING_RATE[("bert", False)]
+
+
+def test_sampling_rate_and_steps_override_batch_and_epochs():
+    c = recipes.resolve(config(sampling_rate=0.3, steps=10, mechanism="edp", microbatch_size=2,
+                               replicas=2, epochs=99), n=1_000)
+    assert c.batch_size == 300  # round(q n), a multiple of replicas x micro-batch (4)
+    assert c.epochs == math.ceil(10 / math.ceil(1_000 / 300))
+
+
+def test_auto_batch_never_exceeds_the_data():
+    c = recipes.resolve(config(batch_size=0, mechanism="sgd"), n=40)
+    assert c.batch_size <= 40
+
+
+@pytest.mark.parametrize("field, value", [("sampling_rate", 2.0), ("steps", -3)])
+def test_bad_knobs_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"--config\.{field}="):
+        recipes.resolve(config(**{field: value}), n=100)
+
+
+def test_warmup_then_linear_decay_to_zero():
+    s = optimizers.WarmupDecay(1.0, total_steps=110, warmup_steps=10, decay="linear")
+    lr = np.array([float(s(t)) for t in range(0, 120)])
+    np.testing.assert_allclose(lr[:10], (np.arange(10) + 1) / 10, rtol=1e-6)
+    np.testing.assert_allclose(lr[10], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(lr[60], 0.5, rtol=1e-6)
+    assert np.all(np.diff(lr[10:110]) < 0) and np.all(lr[110:] == 0)
+
+
+def test_cosine_and_constant_schedules():
+    cos = optimizers.WarmupDecay(2.0, total_steps=100, decay="cosine")
+    np.testing.assert_allclose([float(cos(0)), float(cos(50)), float(cos(100))], [2.0, 1.0, 0.0],
+                               atol=1e-6)
+    const = optimizers.WarmupDecay(2.0, total_steps=100, warmup_steps=4, decay="constant")
+    np.testing.assert_allclose([float(const(1)), float(const(4)), float(const(99))],
+                               [1.0, 2.0, 2.0], atol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(name="rmsprop"), "optimizer"), (dict(learning_rate=0.0), "learning_rate"),
+    (dict(schedule="step"), "lr_schedule"), (dict(warmup_fraction=1.0), "warmup_fraction"),
+])
+def test_optimizer_errors_name_the_field(kwargs, field):
+    args = dict(name="adam", learning_rate=1e-3, total_steps=10, schedule="linear")
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=rf"--config\.{field}="):
+        optimizers.build_optimizer(**args)
+
+
+def test_adamw_with_schedule_is_serialisable():
+    import keras
+
+    opt = optimizers.build_optimizer("adamw", 1e-3, 100, "linear", 0.1, weight_decay=0.01)
+    assert isinstance(opt, keras.optimizers.AdamW)
+    again = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert float(again.learning_rate) == pytest.approx(float(opt.learning_rate))
