@@ -16,7 +16,7 @@ import keras
 import tensorflow as tf
 
 from models.crf import CRF
-from models.joint_loss import joint_per_example_loss
+from models.joint_loss import TAG_REDUCTIONS, joint_per_example_loss
 
 
 class JointTagger(keras.Model):
@@ -30,6 +30,7 @@ class JointTagger(keras.Model):
         dropout: float = 0.1,
         intent_weight: float = 1.0,
         tag_weight: float = 1.0,
+        tag_reduction: str = "sum",
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -43,6 +44,9 @@ class JointTagger(keras.Model):
         self.dropout_rate = float(dropout)
         self.intent_weight = float(intent_weight)
         self.tag_weight = float(tag_weight)
+        if tag_reduction not in TAG_REDUCTIONS:
+            raise ValueError(f"tag_reduction must be one of {TAG_REDUCTIONS}, got {tag_reduction!r}")
+        self.tag_reduction = tag_reduction
         self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
         self.intent_head = keras.layers.Dense(num_intents, name="intent_logits")
         self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
@@ -67,8 +71,8 @@ class JointTagger(keras.Model):
     def per_example_loss(self, y_true: dict, y_pred: dict) -> tf.Tensor:
         """Joint loss per example, shape [batch]; uses this model's CRF transitions."""
         return joint_per_example_loss(
-            self.crf, y_true, y_pred, intent_weight=self.intent_weight, tag_weight=self.tag_weight
-        )
+            self.crf, y_true, y_pred, intent_weight=self.intent_weight, tag_weight=self.tag_weight,
+            tag_reduction=self.tag_reduction)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         per_example = self.per_example_loss(y, y_pred)

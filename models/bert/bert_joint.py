@@ -27,6 +27,9 @@ class BertJoint(JointTagger):
         checkpoint: str | None = None,
         dropout: float = 0.1,
         head_dropout: float = 0.1,
+        intent_weight: float = 1.0,
+        tag_weight: float = 1.0,
+        tag_reduction: str = "sum",
         **size,
     ) -> "BertJoint":
         """Random-init compact BERT sized for `preprocessor`, or `checkpoint` (a local directory).
@@ -47,6 +50,9 @@ class BertJoint(JointTagger):
             num_intents=len(preprocessor.intent_vocabulary),
             num_tags=len(preprocessor.tag_vocabulary),
             dropout=head_dropout,
+            intent_weight=intent_weight,
+            tag_weight=tag_weight,
+            tag_reduction=tag_reduction,
         )
 
     def get_config(self):
@@ -58,6 +64,7 @@ class BertJoint(JointTagger):
             "dropout": self.dropout_rate,
             "intent_weight": self.intent_weight,
             "tag_weight": self.tag_weight,
+            "tag_reduction": self.tag_reduction,
         }
 
     @classmethod

@@ -25,6 +25,9 @@ class CLCJoint(JointTagger):
         word_vectors: WordVectors | None = None,
         head_dropout: float = 0.1,
         seed: int | None = None,
+        intent_weight: float = 1.0,
+        tag_weight: float = 1.0,
+        tag_reduction: str = "sum",
         **backbone_kwargs,
     ) -> "CLCJoint":
         """Sizes the model for `preprocessor`; `word_vectors` initialises the word embeddings.
@@ -46,6 +49,9 @@ class CLCJoint(JointTagger):
             num_intents=len(preprocessor.intent_vocabulary),
             num_tags=len(preprocessor.tag_vocabulary),
             dropout=head_dropout,
+            intent_weight=intent_weight,
+            tag_weight=tag_weight,
+            tag_reduction=tag_reduction,
         )
 
     def get_config(self):
@@ -57,6 +63,7 @@ class CLCJoint(JointTagger):
             "dropout": self.dropout_rate,
             "intent_weight": self.intent_weight,
             "tag_weight": self.tag_weight,
+            "tag_reduction": self.tag_reduction,
         }
 
     @classmethod

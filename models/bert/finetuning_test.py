@@ -1,0 +1,78 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import edp_tf
+from models import testing
+from models.bert.bert_joint import BertJoint
+from models.bert.bert_preprocessor import BertPreprocessor
+from models.bert.finetuning import FINETUNE, set_finetuning
+
+
+@pytest.fixture(scope="module")
+def data():
+    pre = BertPreprocessor.from_training_data(
+        testing.TOKENS, testing.TAGS, testing.INTENTS, vocabulary_size=80, sequence_length=12)
+    x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
+    return pre, x, y
+
+
+def trainable_names(model):
+    return {v.path for v in model.trainable_variables}
+
+
+@pytest.mark.parametrize("policy", FINETUNE)
+def test_policy_trains_what_it_says(data, policy):
+    pre = data[0]
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    everything = trainable_names(model)
+    set_finetuning(model, policy)
+    names = trainable_names(model)
+    tables = {n for n in everything if "embedding" in n and "layer_norm" not in n}
+    assert tables, "the backbone's embedding tables must be found"
+    heads = {n for n in everything if n.split("/")[0] in ("intent_logits", "tag_potentials", "crf")
+             or "intent_logits" in n or "tag_potentials" in n or "crf" in n}
+    norms = {n for n in everything if "norm" in n}
+    assert heads and norms and heads <= names and norms <= names  # always trained
+    if policy == "all":
+        assert names == everything
+    else:
+        assert not names & tables
+    kernels = {n for n in everything if "transformer_layer" in n and n.endswith("kernel")}
+    assert kernels
+    if policy == "bias":
+        assert not names & kernels
+        assert {n for n in names if "transformer_layer" in n} and all(
+            n.endswith(("bias", "gamma", "beta")) for n in names if "transformer_layer" in n)
+    else:
+        assert kernels <= names
+
+
+def test_unknown_policy_names_the_field(data):
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match=r"--config\.bert\.finetune='lora'"):
+        set_finetuning(model, "lora")
+
+
+@pytest.mark.parametrize("policy", ["no_embeddings", "bias"])
+def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy):
+    """Per-example DP-SGD (ghost norms) touches only what trains: noise is drawn for nothing else."""
+    pre, x, y = data
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    set_finetuning(model, policy)
+    frozen = {v.path: v.numpy().copy() for v in model.variables
+              if not any(v is t for t in model.trainable_variables)}
+    trained = {v.path: v.numpy().copy() for v in model.trainable_variables}
+    private = edp_tf.PrivateModel(model, edp_tf.DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                                         microbatch_size=1))
+    import keras
+
+    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=model.per_example_loss)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True)
+    private.fit(ds, epochs=1, verbose=0)
+    for v in model.variables:
+        if v.path in frozen:
+            np.testing.assert_array_equal(v.numpy(), frozen[v.path], err_msg=v.path)
+    moved = [p for p in trained if not np.array_equal(
+        [v for v in model.trainable_variables if v.path == p][0].numpy(), trained[p])]
+    assert len(moved) == len(trained)  # noise reaches every trained weight
