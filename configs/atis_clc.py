@@ -9,5 +9,5 @@ def get_config():
     c.model = "clc"
     c.batch_size = 512  # large expected batches: less noise per clipped sum (DP)
     c.epochs = 10
-    c.target_epsilon = 8.0  # private mechanisms calibrate z0 to epsilon 8 at delta = 1/n
+    c.target_epsilon = 8.0  # private mechanisms calibrate z0 to epsilon 8 at delta = 0.1/n
     return c

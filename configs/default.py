@@ -4,7 +4,7 @@ from configs.base import base_config
 
 def get_config():
     c = base_config()
-    c.target_epsilon = 8.0  # z0 is calibrated so that the epochs end at epsilon <= 8, delta = 1/n
+    c.target_epsilon = 8.0  # z0 is calibrated so that the epochs end at epsilon <= 8, delta = 0.1/n
     # DP needs data and large batches: 12k utterances (9.6k train), expected batch 512.
     c.synthetic_size = 12000
     c.batch_size = 512

@@ -89,6 +89,27 @@ def _check_accountant(accountant: str) -> str:
 
 
 # ------------------------------------------------------------------------- the mechanism
+DEFAULT_DELTA_FACTOR = 0.1
+REPORTED_DELTAS = ("1/n", 1e-6)  # printed beside the run's own delta
+
+
+def default_delta(dataset_size: int) -> float:
+    """0.1 / n: delta must be well below 1/n, since a mechanism that releases one random record
+    in full is (0, 1/n)-DP (the usual advice is delta << 1/n)."""
+    return DEFAULT_DELTA_FACTOR / _count("dataset_size", dataset_size, 1)
+
+
+def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int,
+                                extra_events: Iterable = ()) -> dict:
+    """PLD epsilon at delta = 1/n and 1e-6, keyed by the delta's label, for the statement."""
+    out = {}
+    for label in REPORTED_DELTAS:
+        delta = 1.0 / dataset_size if label == "1/n" else float(label)
+        out[str(label)] = {"delta": delta, "epsilon": compute_epsilon(
+            records, sampling_rate, delta, extra_events, "pld")}
+    return out
+
+
 def sensitivity_for(examples_per_microbatch: int) -> int:
     """S in units of C under add/remove adjacency: 1 for one example per micro-batch, else 2."""
     return 1 if _count("examples_per_microbatch", examples_per_microbatch, 1) == 1 else 2

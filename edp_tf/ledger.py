@@ -343,6 +343,9 @@ class PrivacyLedger(keras.callbacks.Callback):
                                           led["extra_events"])
         led["epsilon"], led["epsilon_rdp"], led["epsilon_pld"] = (
             est.epsilon, est.epsilon_rdp, est.epsilon_pld)
+        # beside the run's delta (default 0.1/n): the same run at delta = 1/n and 1e-6
+        led["epsilon_at_other_deltas"] = accounting.epsilons_at_reported_deltas(
+            self.records, led["sampling_rate"], led["dataset_size"], led["extra_events"])
         if math.isinf(est.epsilon):
             led["private"] = False
 

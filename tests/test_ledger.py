@@ -84,6 +84,13 @@ def test_ledger_records_every_epoch_with_the_issue_fields(strategy, data, tmp_pa
         assert e["effective_noise_multiplier"] == e["noise_multiplier"]
     assert content["epsilon"] == content["epsilon_pld"] == pytest.approx(expected_epsilon(content))
     assert 0 < content["epsilon_pld"] <= content["epsilon_rdp"] < math.inf
+    # the same run at delta = 1/n and 1e-6, recomputed from the records
+    others = content["epsilon_at_other_deltas"]
+    assert set(others) == {"1/n", "1e-06"}
+    for entry in others.values():
+        assert entry["epsilon"] == pytest.approx(expected_epsilon(dict(content,
+                                                                       delta=entry["delta"])))
+    assert others["1/n"]["delta"] == pytest.approx(1 / content["dataset_size"])
     # the privacy command re-derives the same epsilon from the file
     from trainers import privacy
 

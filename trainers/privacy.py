@@ -151,7 +151,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("steps_per_epoch", None, "Default: ceil(n / batch_size).")
     flags.DEFINE_float("noise_multiplier", None, "z0 (planned run).")
     flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon instead.")
-    flags.DEFINE_float("delta", None, "delta (default 1/n; with --run_dir, recompute at it).")
+    flags.DEFINE_float("delta", None, "delta (default 0.1/n; with --run_dir, recompute at it).")
     flags.DEFINE_enum("decay", "none", ["none", "linear", "exponential"], "Noise decay.")
     flags.DEFINE_float("decay_rate", 0.0, "Decay rate tau.")
     flags.DEFINE_enum("noise_mode", "calibrated", ["calibrated", "paper", "both"],
@@ -180,7 +180,7 @@ def main(argv):
             "give --run_dir, or a planned run: --dataset_size --batch_size --epochs and "
             "--noise_multiplier or --target_epsilon" + (f" (missing: {missing})" if missing else ""))
     n, batch, replicas = f.dataset_size, f.batch_size, f.replicas
-    delta = f.delta or 1.0 / n
+    delta = f.delta or accounting.default_delta(n)
     z0 = f.noise_multiplier
     extras = ([accounting.ExtraEvent("private_layer_scales", f.scaling_noise_multiplier)]
               if f.scaling_noise_multiplier > 0 else [])
