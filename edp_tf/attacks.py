@@ -53,6 +53,15 @@ def attack_summary(member_scores, nonmember_scores) -> dict:
     }
 
 
+def roc_points(member_scores, nonmember_scores, points: int = 200) -> dict:
+    """The ROC curve thinned to about `points` (fpr, tpr) pairs on a log-spaced FPR grid (for
+    plots; low FPRs keep their resolution, where the privacy-relevant part of the curve is)."""
+    fpr, tpr = roc_curve(member_scores, nonmember_scores)
+    grid = np.unique(np.r_[0.0, np.geomspace(max(1.0 / max(fpr.size, 2), 1e-4), 1.0, points)])
+    best = [tpr_at_fpr(fpr, tpr, f) for f in grid]
+    return {"fpr": [float(f) for f in grid], "tpr": best}
+
+
 def loss_threshold_attack(member_losses, nonmember_losses) -> dict:
     """Yeom et al.'s attack: a lower loss means "member"."""
     return attack_summary(-np.asarray(member_losses, np.float64),

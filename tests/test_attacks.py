@@ -39,3 +39,15 @@ def test_dp_bound_and_errors():
         attacks.attack_summary([], [1.0])
     with pytest.raises(ValueError, match="finite"):
         attacks.attack_summary([np.nan], [1.0])
+
+
+def test_roc_points_follow_the_curve_and_keep_low_fpr():
+    rng = np.random.default_rng(0)
+    members, others = rng.normal(1.0, 1.0, 2000), rng.normal(0.0, 1.0, 2000)
+    points = attacks.roc_points(members, others, points=50)
+    fpr, tpr = attacks.roc_curve(members, others)
+    assert points["fpr"][0] == 0.0 and points["fpr"][-1] == 1.0 and points["tpr"][-1] == 1.0
+    assert min(f for f in points["fpr"] if f > 0) <= 1e-3  # the low-FPR end is kept
+    assert np.all(np.diff(points["tpr"]) >= 0)
+    for f, t in zip(points["fpr"], points["tpr"]):
+        assert t == attacks.tpr_at_fpr(fpr, tpr, f)
