@@ -1,0 +1,86 @@
+"""The experiment command: cells run as trainers.train processes, resumably, into tables and plots."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs.grids.common import cell, grid
+from trainers import experiment
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ("synthetic_size=240", "batch_size=32", "epochs=1", "max_words=12", "replicas=1",
+        "learning_rate=0.01", "clc.lstm_units=8")
+
+
+def tiny_grid(tmp_path):
+    g = grid("tiny", [
+        cell("clc_sgd", "SGD", "sgd", "configs/default.py", "mechanism=sgd", *TINY),
+        cell("clc_dpsgd", "per-example eps 8", "per-example", "configs/default.py",
+             "mechanism=dpsgd", "target_epsilon=8.0", *TINY),
+        cell("clc_never", "not run", "per-example", "configs/default.py", "mechanism=dpsgd", *TINY),
+    ], schedule_reference="clc_dpsgd")
+    g.results_dir = str(tmp_path / "results")
+    g.runs_dir = str(tmp_path / "runs")
+    g.grid_file = "tiny.py"
+    return g
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grid")
+    g = tiny_grid(tmp)
+    results = [experiment.run_cell(g, c, sys.executable, None) for c in g.cells[:2]]
+    experiment.report(g)
+    return g, results
+
+
+def test_cells_collect_the_runs_numbers(finished):
+    g, (sgd, dp) = finished
+    for r in (sgd, dp):
+        with open(os.path.join(g.runs_dir, r["name"], "metrics.json")) as f:
+            metrics = json.load(f)
+        assert r["test"] == metrics["test"]
+        assert 0 <= r["membership_inference"]["auc"] <= 1
+        assert r["command"].startswith("python -m trainers.train --config=configs/default.py")
+    assert sgd["epsilon"] == float("inf") and sgd["private"] is False
+    with open(os.path.join(g.runs_dir, "clc_dpsgd", "privacy.json")) as f:
+        privacy = json.load(f)
+    assert dp["epsilon"] == privacy["epsilon"] <= 8.0 and dp["private"] is True
+    assert dp["epsilon_at_other_deltas"] == privacy["epsilon_at_other_deltas"]
+
+
+def test_tables_and_plots(finished):
+    g, (sgd, dp) = finished
+    with open(os.path.join(g.results_dir, "table1.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["row"] for r in rows] == ["SGD", "per-example eps 8"]
+    ser = float(rows[1]["test_ser"])
+    assert ser == pytest.approx(dp["test"]["ser"])
+    assert float(rows[1]["delta_ser_pct"]) == pytest.approx(
+        100 * (dp["test"]["ser"] - sgd["test"]["ser"]) / sgd["test"]["ser"])
+    assert float(rows[1]["time_vs_sgd"]) > 0 and rows[1]["command"] == dp["command"]
+    md = open(os.path.join(g.results_dir, "table1.md")).read()
+    assert "clc_never" in md  # cells left out are named
+    for png in ("frontier.png", "membership_roc.png", "epsilon_per_epoch.png"):
+        assert os.path.getsize(os.path.join(g.results_dir, png)) > 1000
+
+
+def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path):
+    g, _ = finished
+    grid_file = tmp_path / "grid.py"
+    grid_file.write_text(
+        "from configs.grids.common import cell, grid\n"
+        "def get_config():\n"
+        f"    g = grid('tiny', [cell('clc_sgd', 'SGD', 'sgd', 'configs/default.py')])\n"
+        f"    g.results_dir = {g.results_dir!r}\n    g.runs_dir = {g.runs_dir!r}\n    return g\n")
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "trainers.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
+        capture_output=True, text=True, timeout=300)
+    out = run()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "clc_sgd: done earlier, skipped" in out.stdout
+    bad = run("--cells=nope")
+    assert bad.returncode != 0 and "unknown cells ['nope']" in bad.stderr

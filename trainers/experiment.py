@@ -1,0 +1,356 @@
+"""`python -m trainers.experiment`: a grid of training runs -> the paper's Table 1 + 2, and plots.
+
+    python -m trainers.experiment --grid=configs/grids/snips.py            # run what is missing
+    python -m trainers.experiment --grid=configs/grids/snips.py --cells=bert_sgd,bert_dpsgd_eps8
+    python -m trainers.experiment --grid=configs/grids/snips.py --report   # tables/plots only
+    python -m trainers.experiment --grid=configs/grids/snips.py --list
+
+Each cell is one `python -m trainers.train` process (its exact command goes into the table), run
+in `<runs_dir>/<cell>`; when it finishes, its numbers go to `<results_dir>/cells/<cell>.json` and
+the tables and plots are rewritten. Resumable: finished cells are skipped, an interrupted cell
+continues from its last checkpoint (`--resume`), so a grid can be run over several sittings.
+
+Writes `<results_dir>/table1.csv`, `table1.md` (test SER, delta SER vs the same model's SGD, intent
+accuracy, slot F1, membership-inference AUC / TPR at 1% and 0.1% FPR / delta AUC, epsilon at the
+run's delta and at 1/n and 1e-6, log10 epsilon, seconds per epoch and its ratio to SGD, command),
+`frontier.png` (SER vs epsilon), `epsilon_per_epoch.png` (per noise-decay schedule) and
+`membership_roc.png`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_GRID = config_flags.DEFINE_config_file("grid", None, "Grid config file (configs/grids/*.py).")
+_CELLS = flags.DEFINE_list("cells", None, "Only these cells (default: all of the grid).")
+_REPORT = flags.DEFINE_bool("report", False, "Only rewrite the tables and plots.")
+_LIST = flags.DEFINE_bool("list", False, "List the cells and their state, then exit.")
+_PYTHON = flags.DEFINE_string("python", sys.executable, "Interpreter for the training runs.")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ------------------------------------------------------------------------------ cells
+def cell_command(grid, cell, python: str = "python", resume: bool = False) -> list:
+    """The `trainers.train` command line of a cell (relative paths: run it from the repo root)."""
+    command = [python, "-m", "trainers.train", f"--config={cell.config}",
+               f"--run_dir={os.path.join(grid.runs_dir, cell.name)}"]
+    if resume:
+        return command + ["--resume"]
+    return command + [f"--config.{override}" for override in cell.overrides]
+
+
+def cell_result_path(grid, name: str) -> str:
+    return os.path.join(grid.results_dir, "cells", f"{name}.json")
+
+
+def _read(path, default=None):
+    if not os.path.isfile(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+def _write(path, payload) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def collect(grid, cell) -> dict:
+    """The cell's numbers, read back from its finished run directory."""
+    run_dir = os.path.join(grid.runs_dir, cell.name)
+    config = _read(os.path.join(run_dir, "config.json"))
+    metrics = _read(os.path.join(run_dir, "metrics.json"))
+    if not config or not metrics or "test" not in metrics:
+        raise RuntimeError(f"cell {cell.name}: {run_dir} holds no finished run")
+    privacy = _read(os.path.join(run_dir, "privacy.json"), {})
+    seconds = sorted(e["seconds"] for e in metrics["epochs"])
+    c = config["config"]
+    result = {
+        "name": cell.name, "label": cell.label, "model": c["model"],
+        "mechanism": c["mechanism"], "family": cell.family,
+        "target_epsilon": c.get("target_epsilon", 0.0),
+        "command": " ".join(shlex.quote(a) for a in cell_command(grid, cell)),
+        "test": metrics["test"], "membership_inference": {
+            k: v for k, v in (metrics.get("membership_inference") or {}).items()},
+        "epochs": len(metrics["epochs"]),
+        "seconds_per_epoch": seconds[len(seconds) // 2] if seconds else None,
+        "dataset_size": config["dataset_size"], "delta": config["delta"],
+        "batch_size": c["batch_size"], "learning_rate": c["learning_rate"],
+        "replicas": c["replicas"],
+    }
+    if c["mechanism"] != "sgd":
+        result.update({
+            "epsilon": privacy.get("epsilon"), "epsilon_rdp": privacy.get("epsilon_rdp"),
+            "epsilon_at_other_deltas": privacy.get("epsilon_at_other_deltas", {}),
+            "private": privacy.get("private"), "not_covered": privacy.get("not_covered", []),
+            "noise_multiplier": (privacy.get("schedule") or {}).get("noise_multiplier"),
+            "sampling_rate": privacy.get("sampling_rate"),
+        })
+    else:
+        result.update({"epsilon": math.inf, "private": False})
+    return result
+
+
+def run_cell(grid, cell, python: str, log) -> dict:
+    run_dir = os.path.join(grid.runs_dir, cell.name)
+    resume = os.path.isfile(os.path.join(run_dir, "state.json"))
+    if os.path.isfile(os.path.join(run_dir, "config.json")) and not resume:
+        raise RuntimeError(f"cell {cell.name}: {run_dir} holds a run that never finished an "
+                           "epoch; delete it to start the cell again")
+    os.makedirs(grid.runs_dir, exist_ok=True)
+    command = cell_command(grid, cell, python, resume)
+    with open(os.path.join(grid.runs_dir, f"{cell.name}.log"), "a") as out:
+        out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
+        out.flush()
+        code = subprocess.call(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise RuntimeError(f"cell {cell.name}: trainers.train exited with {code}; see "
+                           f"{grid.runs_dir}/{cell.name}.log")
+    result = collect(grid, cell)
+    _write(cell_result_path(grid, cell.name), result)
+    return result
+
+
+# ------------------------------------------------------------------------------ report
+COLUMNS = ["model", "row", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
+           "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "delta_auc",
+           "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
+
+
+def table_rows(results: list) -> list:
+    sgd = {r["model"]: r for r in results if r["mechanism"] == "sgd"}
+    rows = []
+    for r in results:
+        base = sgd.get(r["model"])
+        eps = r.get("epsilon")
+        others = r.get("epsilon_at_other_deltas") or {}
+        mia = r.get("membership_inference") or {}
+        row = {
+            "model": r["model"], "row": r["label"],
+            "target_eps": r.get("target_epsilon") or "",
+            "epsilon": eps, "log10_eps": (math.log10(eps) if eps and math.isfinite(eps) and eps > 0
+                                          else eps),
+            "eps_at_1/n": (others.get("1/n") or {}).get("epsilon", ""),
+            "eps_at_1e-6": (others.get("1e-06") or {}).get("epsilon", ""),
+            "test_ser": r["test"]["ser"], "intent_acc": r["test"]["intent_accuracy"],
+            "slot_f1": r["test"]["slot_f1"], "mia_auc": mia.get("auc", ""),
+            "tpr_at_1pct": mia.get("tpr_at_1pct_fpr", ""),
+            "tpr_at_0.1pct": mia.get("tpr_at_0.1pct_fpr", ""),
+            "s_per_epoch": r.get("seconds_per_epoch"), "command": r["command"],
+            "delta_ser_pct": "", "delta_auc": "", "time_vs_sgd": "",
+        }
+        if base is not None:
+            row["delta_ser_pct"] = 100.0 * (r["test"]["ser"] - base["test"]["ser"]) / max(
+                base["test"]["ser"], 1e-9)
+            base_mia = base.get("membership_inference") or {}
+            if mia and base_mia:
+                row["delta_auc"] = mia["auc"] - base_mia["auc"]
+            if r.get("seconds_per_epoch") and base.get("seconds_per_epoch"):
+                row["time_vs_sgd"] = r["seconds_per_epoch"] / base["seconds_per_epoch"]
+        rows.append(row)
+    return rows
+
+
+def _fmt(value, digits=3) -> str:
+    if value == "" or value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def write_tables(grid, results: list, missing: list) -> None:
+    rows = table_rows(results)
+    os.makedirs(grid.results_dir, exist_ok=True)
+    with open(os.path.join(grid.results_dir, "table1.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    shown = [c for c in COLUMNS if c != "command"]
+    lines = [f"# {grid.dataset}: utility, privacy and speed (test split)", "",
+             f"Generated by `python -m trainers.experiment --grid={grid.grid_file}`; one run per "
+             f"row, 2-core CPU. delta = {results[0]['delta']:.3g} (0.1/n) unless stated; "
+             "epsilon is PLD (dp-accounting) at that delta; eps_at_1/n and eps_at_1e-6 are the "
+             "same run at other deltas. delta_ser_pct is relative to the same model's SGD row; "
+             "mia = loss-threshold membership inference (members: training utterances, "
+             "non-members: test), delta_auc vs SGD.", ""] if results else [f"# {grid.dataset}", ""]
+    if results:
+        lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+        for row in rows:
+            lines.append("| " + " | ".join(_fmt(row[c]) for c in shown) + " |")
+        lines += ["", "Commands:", ""]
+        lines += [f"- {row['model']} / {row['row']}: `{row['command']}`" for row in rows]
+    if missing:
+        lines += ["", "Cells not run yet (left out of this table): " + ", ".join(missing)]
+    if grid.get("notes"):
+        lines += ["", grid.notes]
+    with open(os.path.join(grid.results_dir, "table1.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_plots(grid, results: list) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # frontier: SER vs epsilon, one line per (model, family); SGD as a horizontal line
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    colors = {}
+    for r in results:
+        if r["mechanism"] == "sgd":
+            line = ax.axhline(r["test"]["ser"], ls="--", lw=1,
+                              color=colors.setdefault(r["model"], f"C{len(colors)}"))
+            line.set_label(f"{r['model']} SGD")
+    groups = {}
+    for r in results:
+        if r["mechanism"] != "sgd" and r.get("epsilon") and math.isfinite(r["epsilon"]):
+            groups.setdefault((r["model"], r["family"]), []).append(r)
+    for (model, family), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r["epsilon"])
+        ax.plot([r["epsilon"] for r in rs], [r["test"]["ser"] for r in rs], marker="o",
+                label=f"{model} {family}")
+    ax.set_xscale("log")
+    ax.set_xlabel("epsilon (PLD, delta = 0.1/n)")
+    ax.set_ylabel("test SER (lower is better)")
+    ax.set_title(f"{grid.dataset}: privacy-utility frontier")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(grid.results_dir, "frontier.png"), dpi=110)
+    plt.close(fig)
+
+    # membership-inference ROC curves
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for r in results:
+        roc = (r.get("membership_inference") or {}).get("roc")
+        if roc:
+            ax.plot([max(f, 1e-4) for f in roc["fpr"]], [max(t, 1e-4) for t in roc["tpr"]],
+                    label=f"{r['model']} {r['label']} (AUC {r['membership_inference']['auc']:.3f})")
+    ax.plot([1e-4, 1], [1e-4, 1], "k:", lw=1)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.set_title(f"{grid.dataset}: loss-threshold membership inference")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(os.path.join(grid.results_dir, "membership_roc.png"), dpi=110)
+    plt.close(fig)
+
+
+def write_epsilon_per_epoch(grid, results: list) -> None:
+    """Epsilon after each epoch for each decay schedule, every schedule calibrated to the same
+    final epsilon (the grid's reference private cell: its n, q, epochs)."""
+    reference = [r for r in results if r["name"] == grid.get("schedule_reference", "")]
+    if not reference or not reference[0].get("sampling_rate"):
+        return
+    r = reference[0]
+    path = os.path.join(grid.results_dir, "epsilon_per_epoch.json")
+    key = [r["epsilon"], r["sampling_rate"], r["epochs"], r["delta"]]
+    cached = _read(path)
+    if not cached or cached.get("key") != key:
+        from edp_tf import accounting
+
+        steps = math.ceil(1.0 / r["sampling_rate"] - 1e-9)
+        curves = {}
+        for decay, rate in (("none", 0.0), ("linear", 0.1), ("exponential", 0.1)):
+            z0 = accounting.calibrate_noise(r["epsilon"], r["delta"], r["sampling_rate"],
+                                            r["epochs"], steps, decay, rate, "calibrated", 1, 1)
+            records = accounting.plan_schedule(z0, r["epochs"], steps, decay, rate,
+                                               "calibrated", 1, 1)
+            eps = accounting.epsilon_per_epoch(records, r["sampling_rate"], r["delta"], (), "pld")
+            curves[f"{decay} (tau {rate:g}), z0 {z0:.3f}"] = [float(e) for e in eps]
+        cached = {"key": key, "curves": curves}
+        _write(path, cached)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, eps in cached["curves"].items():
+        ax.plot(range(1, len(eps) + 1), eps, marker=".", label=label)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("epsilon so far (PLD)")
+    ax.set_title(f"{grid.dataset}: epsilon per epoch by noise decay ({r['name']})")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(grid.results_dir, "epsilon_per_epoch.png"), dpi=110)
+    plt.close(fig)
+
+
+def report(grid) -> list:
+    results, missing = [], []
+    for cell in grid.cells:
+        result = _read(cell_result_path(grid, cell.name))
+        (results.append(result) if result else missing.append(cell.name))
+    if results:
+        write_tables(grid, results, missing)
+        write_plots(grid, results)
+        write_epsilon_per_epoch(grid, results)
+    return results
+
+
+# ------------------------------------------------------------------------------ main
+def main(argv):
+    del argv
+    grid = _GRID.value
+    if grid is None:
+        raise app.UsageError("--grid is required (e.g. configs/grids/snips.py)")
+    with grid.unlocked():
+        grid.grid_file = os.path.relpath(flags.FLAGS["grid"].config_filename, ROOT) if hasattr(
+            flags.FLAGS["grid"], "config_filename") else "?"
+    names = [c.name for c in grid.cells]
+    if len(set(names)) != len(names):
+        raise app.UsageError(f"grid has duplicate cell names: {names}")
+    wanted = _CELLS.value or names
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        raise app.UsageError(f"--cells: unknown cells {unknown}; the grid has {names}")
+    if _LIST.value:
+        for cell in grid.cells:
+            state = ("done" if os.path.isfile(cell_result_path(grid, cell.name)) else
+                     "started" if os.path.isdir(os.path.join(grid.runs_dir, cell.name)) else
+                     "todo")
+            print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
+        return
+    if not _REPORT.value:
+        todo = [c for c in grid.cells if c.name in wanted]
+        for i, cell in enumerate(todo, 1):
+            prefix = f"[{i}/{len(todo)}] {grid.dataset} {cell.name}"
+            if os.path.isfile(cell_result_path(grid, cell.name)):
+                print(f"{prefix}: done earlier, skipped", flush=True)
+                continue
+            print(f"{prefix}: running ({cell.label})", flush=True)
+            started = time.time()
+            try:
+                r = run_cell(grid, cell, _PYTHON.value, None)
+            except RuntimeError as error:
+                print(f"{prefix}: FAILED: {error}", flush=True)
+                continue
+            eps = r.get("epsilon")
+            print(f"{prefix}: test SER {r['test']['ser']:.4f}, intent acc "
+                  f"{r['test']['intent_accuracy']:.4f}, slot F1 {r['test']['slot_f1']:.4f}, "
+                  f"epsilon {eps:.3g} in {time.time() - started:.0f} s", flush=True)
+            report(grid)
+    results = report(grid)
+    print(f"{len(results)} of {len(grid.cells)} cells in {grid.results_dir}/table1.md", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)
