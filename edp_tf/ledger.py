@@ -31,7 +31,13 @@ MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch
                     "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling")
 SHUFFLE_SENTENCE = (
     "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
-    "sampling at rate q = batch_size / dataset_size, which shuffling does not provide.")
+    "sampling at rate q = batch_size / dataset_size, which shuffling does not provide (adding "
+    "one example shifts every later batch, so many micro-batches change and the sensitivity "
+    "bound does not hold; the number of steps depends on n). The run is not private.")
+UNVERIFIED_POISSON_SENTENCE = (
+    "The ledger was not given the PoissonSampler that produced the batches "
+    "(PrivacyLedger.for_sampler): epsilon assumes Poisson sampling that it cannot verify, so "
+    "the run is not reported as private.")
 SAMPLING_SEED_SENTENCE = (
     "The Poisson sampling seed was fixed: the batches are predictable, so the amplification by "
     "sampling that epsilon relies on does not hold.")
@@ -96,13 +102,17 @@ class PrivacyLedger(keras.callbacks.Callback):
       dataset_size: n, the number of training examples (users, for user-level privacy).
       delta: the delta of the reported (epsilon, delta).
       sampling: "poisson" (edp_tf.sampling; the step must be given DPConfig(expected_batch_size))
-        or "shuffle" (fixed-size batches: reported as not covered, epsilon assumes Poisson).
+        or "shuffle" (fixed-size batches: not private, the epsilon shown assumes Poisson).
       sampling_rate: q. Default: expected_batch_size / n (poisson) or batch / n (shuffle).
       sampling_seed_fixed: the Poisson sampler was given a seed (the batches are predictable).
+      sampler: the PoissonSampler whose batches the model trains on (`for_sampler` passes it).
+        Without it a "poisson" ledger cannot verify the sampling and reports the run as not
+        private.
     """
 
     def __init__(self, run_dir: str, dataset_size: int, delta: float, sampling: str = "poisson",
-                 sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False):
+                 sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False,
+                 sampler=None):
         super().__init__()
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
             raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
@@ -116,6 +126,16 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.sampling_rate = (None if sampling_rate is None
                               else accounting.check_sampling_rate(sampling_rate))
         self.sampling_seed_fixed = bool(sampling_seed_fixed)
+        self.sampler = sampler
+        if sampler is not None:
+            from edp_tf.sampling import PoissonSampler
+
+            if not isinstance(sampler, PoissonSampler) or sampling != "poisson":
+                raise ValueError("sampler must be an edp_tf.sampling.PoissonSampler, with "
+                                 "sampling='poisson'")
+            if sampler.dataset_size != dataset_size or (
+                    sampling_rate is not None and sampling_rate != sampler.sampling_rate):
+                raise ValueError("dataset_size and sampling_rate must be the sampler's")
         self._ledger: Optional[dict] = None
         self._fit_params: Any = None  # Keras' per-fit params dict: identifies the current fit
         self._continued = False
@@ -127,7 +147,7 @@ class PrivacyLedger(keras.callbacks.Callback):
     def for_sampler(cls, run_dir: str, sampler, delta: float) -> "PrivacyLedger":
         """A ledger for batches of an `edp_tf.sampling.PoissonSampler`."""
         return cls(run_dir, sampler.dataset_size, delta, "poisson", sampler.sampling_rate,
-                   sampler.seed_fixed)
+                   sampler.seed_fixed, sampler=sampler)
 
     # ------------------------------------------------------------------ state
     @property
@@ -197,13 +217,17 @@ class PrivacyLedger(keras.callbacks.Callback):
         charged.extend(new_extra)
         led["extra_events"] = list(led["extra_events"]) + [dict(e) for e in new_extra]
         not_covered = list(facts.get("not_covered", []))
+        unverified = self.sampling == "poisson" and self.sampler is None
         if self.sampling == "shuffle":
             not_covered.append(SHUFFLE_SENTENCE)
+        if unverified:
+            not_covered.append(UNVERIFIED_POISSON_SENTENCE)
         if self.sampling_seed_fixed:
             not_covered.append(SAMPLING_SEED_SENTENCE)
         led["not_covered"] = _merge_sentences(led["not_covered"], not_covered)
         void = (facts.get("seed_fixed") or self.sampling_seed_fixed
-                or facts.get("scaling") == "first_batch")
+                or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
+                or unverified)
         led["private"] = bool(led.get("private", True)) and not void
         led["global_batch_size"] = facts["global_batch_size"]
         led["schedule"] = self._schedule()

@@ -185,13 +185,34 @@ def test_shuffled_batches_fixed_seed_and_private_scaling_are_reported(strategy, 
     assert content["batch_size"] == 16 and content["epochs"][0]["steps"] == 4
     assert ledger.SHUFFLE_SENTENCE in content["not_covered"]
     assert any("seed" in s for s in content["not_covered"])
-    assert content["private"] is False  # a fixed noise seed voids the guarantee
+    assert content["private"] is False  # fixed batches (and a fixed noise seed) void it
     (extra,) = content["extra_events"]
     assert extra["name"] == "private_layer_scales" and extra["noise_multiplier"] == 3.0
     without = accounting.compute_epsilon(
         [accounting.EpochRecord.from_dict(e) for e in content["epochs"]], 16 / N_EX, DELTA)
     assert content["epsilon"] == pytest.approx(expected_epsilon(content))
     assert content["epsilon"] > without  # the alpha query is charged
+
+
+def test_shuffled_batches_alone_are_not_private(strategy, data, tmp_path):
+    model = make_model(strategy)
+    led = ledger.PrivacyLedger(tmp_path, N_EX, DELTA, sampling="shuffle")
+    model.fit(*data, batch_size=16, epochs=1, verbose=0, callbacks=[led])
+    content = load(tmp_path)
+    assert content["not_covered"] == [ledger.SHUFFLE_SENTENCE]
+    assert content["private"] is False and math.isfinite(content["epsilon"])
+
+
+def test_poisson_claim_without_the_sampler_is_not_private(strategy, data, tmp_path):
+    """An ordinary .batch() dataset must not get a Poisson epsilon reported as private."""
+    model = make_model(strategy, expected_batch_size=16.0)
+    led = ledger.PrivacyLedger(tmp_path, N_EX, DELTA)  # "poisson", but no sampler to check
+    model.fit(*data, batch_size=16, epochs=1, verbose=0, callbacks=[led])
+    content = load(tmp_path)
+    assert content["not_covered"] == [ledger.UNVERIFIED_POISSON_SENTENCE]
+    assert content["private"] is False
+    with pytest.raises(ValueError, match="PoissonSampler"):
+        ledger.PrivacyLedger(tmp_path, N_EX, DELTA, sampler=object())
 
 
 class WrongNoiseLog(keras.callbacks.Callback):

@@ -163,7 +163,7 @@ class EpochEnd(keras.callbacks.Callback):
 
 # --------------------------------------------------------------------------- training
 def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
-    """(dataset, steps_per_epoch, sampling_rate, expected batch) for the config's sampling."""
+    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None)."""
     replicas = strategy.num_replicas_in_sync
     batch = int(config.batch_size)
     if batch > n:
@@ -174,7 +174,7 @@ def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
             dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
             seed=fixed_seed)
         ds = sampler.dataset(x, y).repeat()
-        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size
+        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size, sampler
     multiple = replicas * (private_cfg_k or 1)
     if batch % multiple:
         raise ValueError(
@@ -183,7 +183,7 @@ def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.shuffle(n, seed=fixed_seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
-    return ds, n // batch, q, None
+    return ds, n // batch, q, None, None
 
 
 def _optimizer(config, steps_per_epoch: int):
@@ -230,7 +230,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     k = pipeline.microbatch_size(config)
     private = config.mechanism != "sgd"
 
-    ds, steps, q, expected_batch = _datasets(
+    ds, steps, q, expected_batch, sampler = _datasets(
         config, train_enc.x, train_enc.y, n, k, strategy, fixed_seed)
     z0 = float(config.noise_multiplier)
     if private and config.target_epsilon > 0:
@@ -278,9 +278,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
 
         for sentence in pipeline.vocabulary_not_covered(preprocessor):
             trainer.note_not_covered(sentence)
-        privacy_ledger = ledger.PrivacyLedger(
-            run_dir, dataset_size=n, delta=delta, sampling=config.sampling, sampling_rate=q,
-            sampling_seed_fixed=fixed_seed is not None)
+        privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta) if sampler
+                          else ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
+                                                    sampling=config.sampling, sampling_rate=q))
         callbacks.append(privacy_ledger)
         if config.target_epsilon > 0:
             callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))
