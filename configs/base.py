@@ -88,5 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.decay = "none"
     c.decay_rate = 0.0
     c.scaling = "uniform"
+    # Release unnoised statistics of the training data (per-epoch train loss and clipping stats in
+    # metrics.json and TensorBoard, training-split encoding counts, membership-inference numbers
+    # computed from training losses)? Not covered by epsilon: off by default; experiments use it.
+    c.diagnostics = False
     c.seed = -1  # -1: OS entropy (private); >= 0 fixes model init AND noise (reported: not private)
     return c

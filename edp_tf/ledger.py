@@ -127,6 +127,9 @@ class PrivacyLedger(keras.callbacks.Callback):
                               else accounting.check_sampling_rate(sampling_rate))
         self.sampling_seed_fixed = bool(sampling_seed_fixed)
         self.sampler = sampler
+        # optional: {"covered": [...], "not_covered": [...]} files of the run directory, written
+        # into privacy.json so that a reviewer sees what epsilon covers
+        self.artifacts: Optional[dict] = None
         if sampler is not None:
             from edp_tf.sampling import PoissonSampler
 
@@ -229,6 +232,8 @@ class PrivacyLedger(keras.callbacks.Callback):
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
                 or unverified)
         led["private"] = bool(led.get("private", True)) and not void
+        if self.artifacts is not None:
+            led["artifacts"] = dict(self.artifacts)
         led["global_batch_size"] = facts["global_batch_size"]
         led["schedule"] = self._schedule()
         self._ledger, self._fit_params = led, self.params

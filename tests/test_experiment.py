@@ -11,7 +11,7 @@ from configs.grids.common import cell, grid
 from trainers import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ("synthetic_size=240", "batch_size=32", "epochs=1", "max_words=12", "replicas=1",
+TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=12", "replicas=1",
         "learning_rate=0.01", "clc.lstm_units=8")
 
 

@@ -77,9 +77,9 @@ def read(run_dir, name):
 def finished_run(tmp_path_factory):
     """name -> (config, run_dir, summary) of a completed run, trained once per module."""
     configs = {
-        "clc-sgd": lambda: tiny_config("clc", "sgd", replicas=1),
-        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=1),
-        "bert-sgd": lambda: tiny_config("bert", "sgd", replicas=2),
+        "clc-sgd": lambda: tiny_config("clc", "sgd", replicas=1, diagnostics=True),
+        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=1),  # no diagnostics (default)
+        "bert-sgd": lambda: tiny_config("bert", "sgd", replicas=2, diagnostics=True),
     }
     cache = {}
 
@@ -164,20 +164,27 @@ def check_run_dir(run_dir, config, epochs, private):
     assert saved["config"]["model"] == config.model
 
     metrics = read(run_dir, "metrics.json")
+    diagnostics = bool(config.diagnostics)
     assert [e["epoch"] for e in metrics["epochs"]] == list(range(epochs))
     for e in metrics["epochs"]:
         assert e["seconds"] > 0
-        assert math.isfinite(e["train"]["loss"]) and e["train"]["loss"] > 0
         assert e["dev"]["ser"] >= 0
         assert 0 <= e["dev"]["intent_accuracy"] <= 1 and 0 <= e["dev"]["slot_f1"] <= 1
+        if not diagnostics:  # unnoised training statistics stay out of a shareable run
+            assert "train" not in e
+            continue
+        assert math.isfinite(e["train"]["loss"]) and e["train"]["loss"] > 0
         if private:
             assert e["train"]["noise_multiplier"] > 0
     test = metrics["test"]
     assert set(DEV_METRICS) <= set(test)
     assert test["utterances"] == len(corpus(config).test)
+    assert (("membership_inference" in metrics and "train_encoding" in metrics)
+            == diagnostics)
 
-    assert glob.glob(os.path.join(run_dir, "tensorboard", "**", "events.out.tfevents.*"),
-                     recursive=True), "no TensorBoard event file"
+    events = glob.glob(os.path.join(run_dir, "tensorboard", "**", "events.out.tfevents.*"),
+                       recursive=True)
+    assert bool(events) == diagnostics, "TensorBoard logs training statistics"
     assert tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints")) is not None
     assert os.path.isfile(os.path.join(run_dir, "saved_model", "saved_model.pb"))
 
@@ -194,6 +201,8 @@ def check_run_dir(run_dir, config, epochs, private):
         assert privacy["sampling"] == "poisson"
         assert privacy["sampling_rate"] == pytest.approx(BATCH / n)
         assert privacy["private"] is True  # seed -1: noise and sampling from OS entropy
+        assert privacy["artifacts"]["diagnostics_released"] == diagnostics
+        assert any("label sets" in s for s in privacy["not_covered"])
         steps = math.ceil(n / BATCH)
         assert all(e["steps"] == steps for e in privacy["epochs"])
     else:

@@ -123,11 +123,28 @@ def score(references, intents, tags) -> dict:
     return metrics_lib.evaluate_utterances(references, intents, full_tags)
 
 
+def artifacts(diagnostics: bool) -> dict:
+    """Which run-directory files epsilon covers, and which are diagnostics of the private data."""
+    covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
+               "metrics.json: dev and test metrics (computed on data that is not training data)",
+               "config.json", "state.json", "privacy.json"]
+    not_covered = ["preprocessor.json and the label names in saved_model/: the intent and slot "
+                   "label sets come from the training split (see not_covered)"]
+    if diagnostics:
+        not_covered += [
+            "metrics.json: epochs[].train (training loss, preclip_norm, clipped_fraction, "
+            "nonfinite_microbatches), train_encoding, membership_inference (training losses)",
+            "tensorboard/ (the same training statistics)"]
+    return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics}
+
+
 class EpochEnd(keras.callbacks.Callback):
     """Dev metrics into metrics.json, then the checkpoint and state (after the ledger)."""
 
-    def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private):
+    def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
+                 diagnostics: bool = False):
         super().__init__()
+        self.diagnostics = diagnostics
         self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
         self.dev, self.dev_x = dev, dev_x
         self.checkpoint, self.state, self.private = checkpoint, state, private
@@ -145,11 +162,10 @@ class EpochEnd(keras.callbacks.Callback):
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
-        record["epochs"].append({
-            "epoch": epoch, "seconds": round(seconds, 3),
-            "train": {k: float(v) for k, v in logs.items()},
-            "dev": dev,
-        })
+        entry = {"epoch": epoch, "seconds": round(seconds, 3), "dev": dev}
+        if self.diagnostics:  # unnoised statistics of the training data: not covered by epsilon
+            entry["train"] = {k: float(v) for k, v in logs.items()}
+        record["epochs"].append(entry)
         write_json(path, record)
         self.checkpoint.save()
         self.state["epochs_done"] = epoch + 1
@@ -278,19 +294,23 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
 
         for sentence in pipeline.vocabulary_not_covered(preprocessor):
             trainer.note_not_covered(sentence)
+        for sentence in pipeline.labels_not_covered():
+            trainer.note_not_covered(sentence)
         privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta) if sampler
                           else ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
                                                     sampling=config.sampling, sampling_rate=q))
+        privacy_ledger.artifacts = artifacts(bool(config.diagnostics))
         callbacks.append(privacy_ledger)
         if config.target_epsilon > 0:
             callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))
+    diagnostics = bool(config.diagnostics)
     epoch_end = EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
-                         trainer if private else None)
-    callbacks += [
-        epoch_end,
-        keras.callbacks.TensorBoard(os.path.join(run_dir, "tensorboard"), write_graph=False,
-                                    profile_batch=0),
-    ] + extra_callbacks
+                         trainer if private else None, diagnostics)
+    callbacks.append(epoch_end)
+    if diagnostics:  # TensorBoard logs the training loss and clipping statistics
+        callbacks.append(keras.callbacks.TensorBoard(
+            os.path.join(run_dir, "tensorboard"), write_graph=False, profile_batch=0))
+    callbacks += extra_callbacks
     initial_epoch = int(state.get("epochs_done", 0))
     if initial_epoch < config.epochs:
         try:
@@ -303,9 +323,11 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     test = (score(splits.test, *predict(model, preprocessor, test_x, step=epoch_end.predict_step))
             if splits.test else {})
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
-    attack = membership_attack(model, preprocessor, train_enc, splits.test) if splits.test else {}
-    record.update({"test": test, "unseen_labels": unseen, "train_encoding": train_enc.report,
-                   "membership_inference": attack})
+    attack = (membership_attack(model, preprocessor, train_enc, splits.test)
+              if splits.test and diagnostics else {})
+    record.update({"test": test, "unseen_labels": unseen})
+    if diagnostics:
+        record.update({"train_encoding": train_enc.report, "membership_inference": attack})
     if attack:
         _log.info("membership inference (loss threshold, %d vs %d): AUC %.3f, TPR %.3f at 1%% FPR",
                   attack["members"], attack["nonmembers"], attack["auc"],
