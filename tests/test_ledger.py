@@ -96,6 +96,7 @@ def test_ledger_records_every_epoch_with_the_issue_fields(strategy, data, tmp_pa
 
     text = privacy.statement_from_ledger(ledger.read_ledger(str(tmp_path)))
     assert f"epsilon = {content['epsilon']:.4g} (PLD" in text and "WARNING" not in text
+    assert "at delta = 1/n" in text and "at delta = 1e-06" in text
     assert "Private: yes" in text and len([ln for ln in text.splitlines()
                                            if ln.strip()[:1].isdigit()]) == 2
     tampered = dict(content, epsilon=content["epsilon"] / 2)

@@ -73,6 +73,10 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     lines.append(f"Guarantee: epsilon = {_fmt(recomputed)} (PLD; RDP "
                  f"{_fmt(accounting.compute_epsilon(records, q, delta, extras, 'rdp'))}) at "
                  f"delta = {delta:.3g}, add/remove-one-example, all checkpoints released")
+    others = accounting.epsilons_at_reported_deltas(records, q, ledger["dataset_size"], extras)
+    lines.append("Same run at other deltas: " + ", ".join(
+        f"epsilon {_fmt(v['epsilon'])} at delta = {label} ({v['delta']:.3g})"
+        for label, v in others.items()))
     if records:
         lines += ["Cumulative epsilon per epoch:"] + _table(
             records, {ledger["noise_mode"]: _per_epoch(records, q, delta, extras)})
