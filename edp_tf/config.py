@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
 SCALINGS = ("uniform", "public", "private", "first_batch")
+PER_EXAMPLE_METHODS = ("ghost", "vectorized")
 
 
 def _finite(name: str, value: float) -> float:
@@ -49,6 +50,9 @@ class DPConfig:
         normalises by it instead of the realised (padded) batch. None: fixed-size batches.
       scaling_noise_multiplier: noise multiplier of the "private" scaling query (sensitivity 1).
       scaling_examples: how many examples of the first batch the "private" query uses.
+      per_example_method: how micro-batch gradients are clipped when microbatch_size is set:
+        "ghost" (ghost norms where a rule covers the layer, exact per-example gradients elsewhere)
+        or "vectorized" (exact per-example gradients of every variable: the reference).
     """
 
     l2_norm_clip: float = 1.0
@@ -63,6 +67,7 @@ class DPConfig:
     expected_batch_size: Optional[float] = None
     scaling_noise_multiplier: float = 5.0
     scaling_examples: int = 64
+    per_example_method: str = "ghost"
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -131,6 +136,10 @@ class DPConfig:
             raise ValueError(
                 f"DPConfig.scaling_examples must be an integer >= 1, got {self.scaling_examples!r}"
             )
+
+        if self.per_example_method not in PER_EXAMPLE_METHODS:
+            raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
+                             f"got {self.per_example_method!r}")
 
     def noise_multiplier_at(self, epoch: int) -> float:
         """z_t for the 0-based epoch t of the decay schedule."""

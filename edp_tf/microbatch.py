@@ -6,19 +6,17 @@ that padding never changes the normalisation (DESIGN.md 2.4: normalise by the ex
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Callable, Iterator, NamedTuple, Sequence, Tuple
+from typing import Callable, NamedTuple, Sequence, Tuple
 
 import keras
 import tensorflow as tf
 
 from edp_tf import clipping, ghost
+from edp_tf.config import PER_EXAMPLE_METHODS
 
 _log = logging.getLogger(__name__)
 
-PER_EXAMPLE_METHODS = ("ghost", "vectorized")
-_method = ["ghost"]
 
 PerExampleLoss = Callable[[object, object], tf.Tensor]
 
@@ -110,23 +108,6 @@ def stacked_microbatch_gradients(
     return grads, losses, tf.nest.map_structure(_merge, y_pred)
 
 
-@contextlib.contextmanager
-def per_example_method(name: str) -> Iterator[None]:
-    """Within: steps *traced* here compute micro-batch gradients with `name`.
-
-    "ghost" (the default): ghost norms for covered weights, exact per-example gradients for the
-    rest; "vectorized": per-example gradients of every variable (the reference; benchmarks).
-    """
-    if name not in PER_EXAMPLE_METHODS:
-        raise ValueError(f"per-example method must be one of {PER_EXAMPLE_METHODS}, got {name!r}")
-    previous = _method[0]
-    _method[0] = name
-    try:
-        yield
-    finally:
-        _method[0] = previous
-
-
 class GhostPass(NamedTuple):
     """What one vectorised pass over the micro-batches gives (see `ghost_pass`)."""
 
@@ -213,13 +194,19 @@ def ghost_clipped_gradient_sum(
 
 
 def clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float
+    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
+    method: str = "ghost",
 ) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
     """sum_j clip_C(g_j / alpha) over the replica's micro-batches, with norms and losses.
 
     `microbatch_size=None`: the replica's batch is one micro-batch (eDP), else micro-batches of
-    `microbatch_size` examples. Returns (ClipResult in the scaled space, micro-batch losses, y_pred).
+    `microbatch_size` examples, whose gradients come from `method`: "ghost" (ghost norms for
+    covered weights, exact per-example gradients for the rest) or "vectorized" (per-example
+    gradients of every variable: the reference, for benchmarks).
+    Returns (ClipResult in the scaled space, micro-batch losses, y_pred).
     """
+    if method not in PER_EXAMPLE_METHODS:
+        raise ValueError(f"per-example method must be one of {PER_EXAMPLE_METHODS}, got {method!r}")
     if microbatch_size is None:
         grads, losses, y_pred = single_microbatch_gradient(model, loss_fn, variables, x, y, w, k_e)
         return clipping.clip_single(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred
@@ -228,7 +215,7 @@ def clipped_gradient_sum(
         rows % microbatch_size, 0,
         message=f"per-replica batch not divisible by microbatch_size={microbatch_size}")
     with tf.control_dependencies([check]):
-        if _method[0] == "ghost":
+        if method == "ghost":
             return ghost_clipped_gradient_sum(
                 model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
         grads, losses, y_pred = stacked_microbatch_gradients(

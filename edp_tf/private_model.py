@@ -284,7 +284,7 @@ class PrivateModel(keras.Model):
         loss_fn = self._require_loss()
         clip, losses, y_pred = microbatch.clipped_gradient_sum(
             self.wrapped_model, loss_fn, variables, x, y, w, cfg.microbatch_size, self._k_e,
-            self._layer_scales, cfg.l2_norm_clip)
+            self._layer_scales, cfg.l2_norm_clip, cfg.per_example_method)
 
         z_t = self._noise_multiplier_now()
         stddev = noise.per_replica_stddev(

@@ -265,9 +265,12 @@ def test_einsum_plans():
 
 
 def test_per_example_method_names_are_checked():
+    from edp_tf import DPConfig
+
+    with pytest.raises(ValueError, match="per_example_method"):
+        DPConfig(microbatch_size=1, per_example_method="jacobian")
     with pytest.raises(ValueError, match="per-example method"):
-        with microbatch.per_example_method("jacobian"):
-            pass
+        microbatch.clipped_gradient_sum(None, None, [], {}, {}, None, 1, 1.0, [], 1.0, "jacobian")
 
 
 def test_clip_single_zeroes_a_nonfinite_gradient_exactly():

@@ -165,7 +165,6 @@ class Mode:
         import tensorflow as tf
 
         import edp_tf
-        from edp_tf import microbatch
 
         self.name = name
         self.strategy = strategy
@@ -180,14 +179,13 @@ class Mode:
                 else:
                     inner.compile(optimizer=optimizer)  # the model's own compute_loss
             else:
-                config = edp_tf.DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
-                                         microbatch_size=microbatch_of(name))
+                config = edp_tf.DPConfig(
+                    l2_norm_clip=1.0, noise_multiplier=1.0, microbatch_size=microbatch_of(name),
+                    per_example_method="vectorized" if name == "dpsgd_vectorized" else "ghost")
                 self.model = edp_tf.PrivateModel(inner, config)
                 self.model.compile(optimizer=optimizer, loss=loss)
-        method = "vectorized" if name == "dpsgd_vectorized" else "ghost"
         start = time.perf_counter()
-        with microbatch.per_example_method(method):  # read when the step is traced
-            self.model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
+        self.model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
         self.first_step_s = time.perf_counter() - start
         self.iterator = iter(strategy.experimental_distribute_dataset(dataset))
         self._tf = tf
