@@ -22,8 +22,8 @@ def test_explicit_values_are_kept():
 def test_private_auto_batch_is_a_sampling_rate_and_steps_set_the_epochs():
     c = recipes.resolve(config(batch_size=0, epochs=0, learning_rate=0.0, mechanism="dpsgd",
                                replicas=2), n=10_000)
-    assert c.batch_size == 800  # q = 0.08, a multiple of the 2 replicas
-    per_epoch = math.ceil(10_000 / 800)
+    assert c.batch_size == 2 * round(recipes.PRIVATE_SAMPLING_RATE["clc"] * 10_000 / 2)
+    per_epoch = math.ceil(10_000 / c.batch_size)
     assert c.epochs == math.ceil(recipes.PRIVATE_STEPS["clc"] / per_epoch)
     assert c.learning_rate == recipes.LEARNING_RATE[("clc", True)]
 
