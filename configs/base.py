@@ -28,6 +28,10 @@ def base_config() -> ml_collections.ConfigDict:
     # data
     c.data_dir = ""
     c.data_seed = 0
+    # A label schema file (trainers/schema.py); "": schema.json or JointBERT's label files in the
+    # data directory, the generator's labels for the synthetic corpus, else the training split's
+    # labels (then reported as not covered by epsilon).
+    c.label_schema = ""
     c.synthetic_size = 3000
     c.synthetic_canaries = 0
     c.synthetic_canary_repeats = 10

@@ -202,7 +202,9 @@ def check_run_dir(run_dir, config, epochs, private):
         assert privacy["sampling_rate"] == pytest.approx(BATCH / n)
         assert privacy["private"] is True  # seed -1: noise and sampling from OS entropy
         assert privacy["artifacts"]["diagnostics_released"] == diagnostics
-        assert any("label sets" in s for s in privacy["not_covered"])
+        # the synthetic corpus's labels come from its generator, not from the training split
+        assert not any("label sets" in s for s in privacy["not_covered"])
+        assert read(run_dir, "label_schema.json")["from_training_data"] is False
         steps = math.ceil(n / BATCH)
         assert all(e["steps"] == steps for e in privacy["epochs"])
     else:
@@ -416,3 +418,26 @@ def test_cli_output_holds_no_utterance_text(cli_run):
     assert len(texts) > 100  # not vacuous
     leaked = [t for t in texts if t in output]
     assert not leaked, f"{len(leaked)} utterances printed"
+
+
+def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
+    """No schema shipped with the data: the labels come from the training split, and the ledger
+    says epsilon does not cover them."""
+    config = tiny_config("clc", "dpsgd", replicas=1)
+    splits = corpus(config)
+    data_dir = tmp_path / "joint"
+    for name in ("train", "dev", "test"):
+        os.makedirs(data_dir / name)
+        utterances = getattr(splits, name)
+        for filename, lines in (("seq.in", [" ".join(u.tokens) for u in utterances]),
+                                ("seq.out", [" ".join(u.tags) for u in utterances]),
+                                ("label", [u.intent for u in utterances])):
+            (data_dir / name / filename).write_text("\n".join(lines) + "\n")
+    config.data_dir = str(data_dir)
+    run_dir = str(tmp_path / "run")
+    run.train(config, run_dir, strategy=strategy(1))
+    privacy = read(run_dir, "privacy.json")
+    assert any("label sets were derived from the training split" in s
+               for s in privacy["not_covered"])
+    assert read(run_dir, "label_schema.json")["from_training_data"] is True
+    assert any("label_schema.json" in a for a in privacy["artifacts"]["not_covered"])

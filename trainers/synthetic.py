@@ -401,3 +401,11 @@ def synthetic_corpus(seed: int = 0, size: int = 3000, canaries: int = 0,
         source += f", {canaries} canaries x {canary_repeats}"
     return Splits(tuple(train), tuple(dev), tuple(test), source + ")",
                   canaries=tuple(planted), canary_controls=tuple(controls))
+
+
+def label_schema():
+    """The corpus's labels, from the generator itself (public: no training utterance decides them)."""
+    from trainers.schema import LabelSchema
+
+    return LabelSchema(tuple(TEMPLATES), tuple(SLOT_GENERATORS),
+                       "the synthetic corpus generator (trainers/synthetic.py)")
