@@ -47,14 +47,16 @@ class BudgetExhaustedError(RuntimeError):
     """Training would exceed the privacy budget before its first step."""
 
 
-def write_json_atomically(path: str, content: dict) -> None:
-    """Readers see the old or the new file, never a partial one (tmp file + os.replace)."""
+def write_json_atomically(path: str, content: dict, sort_keys: bool = False) -> None:
+    """Readers see the old or the new file, never a partial one (tmp file + os.replace); the
+    one atomic writer of the project (the trainers' run files use it too)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".privacy-", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(content, f, indent=2)  # inf is written as Infinity (Python's json reads it)
+            # inf is written as Infinity (Python's json reads it)
+            json.dump(content, f, indent=2, sort_keys=sort_keys)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

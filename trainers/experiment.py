@@ -61,11 +61,9 @@ def _read(path, default=None):
 
 
 def _write(path, payload) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    from edp_tf.ledger import write_json_atomically
+
+    write_json_atomically(path, payload, sort_keys=True)
 
 
 def collect(grid, cell) -> dict:

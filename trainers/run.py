@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting, attacks, sampling
+from edp_tf import ledger as ledger_lib
 from trainers import data as data_lib
 from trainers import metrics as metrics_lib
 from trainers import optimizers, pipeline, recipes
@@ -45,10 +46,7 @@ def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
 
 def write_json(path: str, payload) -> None:
     """Atomic: a reader (or a crash) never sees half a file."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
+    ledger_lib.write_json_atomically(path, payload, sort_keys=True)
 
 
 def read_json(path: str, default=None):
