@@ -1,0 +1,17 @@
+"""Pilot: BERT private recipes on SNIPS at epsilon 8, beside configs/grids/snips.py's
+bert_dpsgd_eps8 (per-example, q 0.08, 150 steps, Adam 1e-3 linear, frozen embedding tables,
+summed slot loss)."""
+from configs.grids.common import cell, grid
+
+BERT = "configs/snips_bert.py"
+DP = ("diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0")
+
+
+def get_config():
+    return grid("pilot_snips_bert", [
+        cell("dpsgd_slot_mean", "per-example, slot loss per word", "per-example", BERT, *DP,
+             "slot_loss=mean"),
+        cell("dpsgd_steps300", "per-example, 300 steps", "per-example", BERT, *DP, "steps=300"),
+        cell("dpsgd_bias", "per-example, bias-only (BitFit)", "per-example", BERT, *DP,
+             "bert.finetune=bias", "learning_rate=0.005"),
+    ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
