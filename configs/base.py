@@ -88,6 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
     # 2 by default: with one micro-batch per replica a step sums only N clipped vectors against
     # noise of norm z S sqrt(d), and the default run learned nothing at epsilon 8 (SER 0.96).
     c.microbatch_size = 2
+    # > 0: each replica processes at most this many examples at once (chunks, same mechanism):
+    # bounds memory for large batches (a multiple of the micro-batch size).
+    c.physical_batch_size = 0
     c.noise_mode = "calibrated"
     c.decay = "none"
     c.decay_rate = 0.0

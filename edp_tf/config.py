@@ -50,6 +50,9 @@ class DPConfig:
         normalises by it instead of the realised (padded) batch. None: fixed-size batches.
       scaling_noise_multiplier: noise multiplier of the "private" scaling query (sensitivity 1).
       scaling_examples: how many examples of the first batch the "private" query uses.
+      physical_batch_size: None, or the most examples a replica processes at once: a larger
+        replica batch is processed in chunks one after the other and their clipped sums added
+        (the same mechanism, bounded memory). A multiple of microbatch_size.
       per_example_method: how micro-batch gradients are clipped when microbatch_size is set:
         "ghost" (ghost norms where a rule covers the layer, exact per-example gradients elsewhere)
         or "vectorized" (exact per-example gradients of every variable: the reference).
@@ -68,6 +71,7 @@ class DPConfig:
     scaling_noise_multiplier: float = 5.0
     scaling_examples: int = 64
     per_example_method: str = "ghost"
+    physical_batch_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -137,6 +141,14 @@ class DPConfig:
                 f"DPConfig.scaling_examples must be an integer >= 1, got {self.scaling_examples!r}"
             )
 
+        if self.physical_batch_size is not None:
+            p = self.physical_batch_size
+            if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+                raise ValueError(f"DPConfig.physical_batch_size must be None or an integer >= 1, "
+                                 f"got {p!r}")
+            if self.microbatch_size is not None and p % self.microbatch_size:
+                raise ValueError(f"DPConfig.physical_batch_size={p} must be a multiple of "
+                                 f"microbatch_size={self.microbatch_size}")
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")

@@ -282,9 +282,11 @@ class PrivateModel(keras.Model):
         cfg = self._dp_config
         variables = self.wrapped_model.trainable_variables
         loss_fn = self._require_loss()
-        clip, losses, y_pred = microbatch.clipped_gradient_sum(
+        # per replica; chunked when the replica batch exceeds physical_batch_size (memory)
+        clip, losses, y_pred = microbatch.chunked_clipped_gradient_sum(
             self.wrapped_model, loss_fn, variables, x, y, w, cfg.microbatch_size, self._k_e,
-            self._layer_scales, cfg.l2_norm_clip, cfg.per_example_method)
+            self._layer_scales, cfg.l2_norm_clip, cfg.per_example_method,
+            cfg.physical_batch_size)
 
         z_t = self._noise_multiplier_now()
         stddev = noise.per_replica_stddev(

@@ -53,3 +53,14 @@ def test_decay_schedules_per_epoch():
     assert lin.noise_multiplier_at(0) == exp.noise_multiplier_at(0) == z0
     with pytest.raises(ValueError, match="epoch"):
         lin.noise_multiplier_at(-1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(physical_batch_size=0), "physical_batch_size"),
+    (dict(physical_batch_size=3, microbatch_size=2), "multiple of microbatch_size"),
+])
+def test_physical_batch_size_is_checked(kwargs, message):
+    from edp_tf import DPConfig
+
+    with pytest.raises(ValueError, match=message):
+        DPConfig(**kwargs)

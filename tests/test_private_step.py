@@ -122,8 +122,10 @@ def small_model():
     )
 
 
-@pytest.mark.parametrize("microbatch_size", [None, 1, 2])
-def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size):
+@pytest.mark.parametrize("microbatch_size, physical", [(None, None), (1, None), (2, None),
+                                                      (None, 2), (2, 2)])
+def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size, physical):
+    """physical: replica batches processed in chunks of that many examples (same update)."""
     x, y = small_regression()
     reference = small_model()
     init = reference.get_weights()
@@ -134,8 +136,8 @@ def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size):
         inner = small_model()
         inner.set_weights(init)
         private = PrivateModel(
-            inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0, microbatch_size=microbatch_size)
-        )
+            inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0,
+                            microbatch_size=microbatch_size, physical_batch_size=physical))
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())
     history = private.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     for got, want in zip(inner.get_weights(), reference.get_weights()):
@@ -158,9 +160,10 @@ def per_example_reference(model, x, y, alpha, C, lr):
     return [w - lr * t / len(x) for w, t in zip(model.get_weights(), total)]
 
 
-@pytest.mark.parametrize("microbatch_size", [1, 2])
-def test_clipping_and_layer_scales_match_plain_loop(strategy, microbatch_size):
-    """Per-example (and per-micro-batch) clipping in the alpha-scaled space, with z = 0."""
+@pytest.mark.parametrize("microbatch_size, physical", [(1, None), (2, None), (1, 2), (2, 2)])
+def test_clipping_and_layer_scales_match_plain_loop(strategy, microbatch_size, physical):
+    """Per-example (and per-micro-batch) clipping in the alpha-scaled space, with z = 0; also
+    with the replica batches processed in chunks of `physical` examples."""
     x, y = small_regression(seed=3)
     x, y = x[:16], y[:16]
     alpha_raw = (2.0, 0.5, 1.0, 3.0)  # kernel, bias, kernel, bias
@@ -171,7 +174,7 @@ def test_clipping_and_layer_scales_match_plain_loop(strategy, microbatch_size):
         inner = small_model()
         inner.set_weights(init)
         cfg = DPConfig(l2_norm_clip=C, noise_multiplier=0.0, microbatch_size=microbatch_size,
-                       scaling="public", layer_scales=alpha_raw)
+                       scaling="public", layer_scales=alpha_raw, physical_batch_size=physical)
         private = PrivateModel(inner, cfg)
         private.compile(optimizer=keras.optimizers.SGD(lr), loss=mse)
     history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
@@ -344,3 +347,21 @@ def test_make_strategy_errors():
         edp_tf.make_strategy(0)
     with pytest.raises(RuntimeError, match="logical CPU devices"):
         edp_tf.make_strategy(64)  # TF is initialised with 4 logical devices by now
+
+
+def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
+    """The chunked path really runs: one clipped_gradient_sum per chunk and replica when traced."""
+    from edp_tf import microbatch
+
+    calls = []
+    original = microbatch.clipped_gradient_sum
+    monkeypatch.setattr(microbatch, "clipped_gradient_sum",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(noise_multiplier=0.0, microbatch_size=1,
+                                                       physical_batch_size=2))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    per_replica = 16 // strategy.num_replicas_in_sync
+    assert len(calls) == strategy.num_replicas_in_sync * per_replica // 2

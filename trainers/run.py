@@ -270,7 +270,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             dp = edp_tf.DPConfig(
                 l2_norm_clip=config.l2_norm_clip, noise_multiplier=z0, microbatch_size=k,
                 noise_mode=config.noise_mode, decay=config.decay, decay_rate=config.decay_rate,
-                scaling=config.scaling, seed=fixed_seed, expected_batch_size=expected_batch)
+                scaling=config.scaling, seed=fixed_seed, expected_batch_size=expected_batch,
+                physical_batch_size=int(config.physical_batch_size) or None)
             trainer = edp_tf.PrivateModel(model, dp)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
         else:
