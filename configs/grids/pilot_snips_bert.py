@@ -9,6 +9,8 @@ DP = ("diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0")
 
 def get_config():
     return grid("pilot_snips_bert", [
+        cell("dpsgd_lr2e-3", "per-example, Adam 2e-3", "per-example", BERT, *DP,
+             "learning_rate=0.002"),
         cell("dpsgd_slot_mean", "per-example, slot loss per word", "per-example", BERT, *DP,
              "slot_loss=mean"),
         cell("dpsgd_steps300", "per-example, 300 steps", "per-example", BERT, *DP, "steps=300"),
