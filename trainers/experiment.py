@@ -40,10 +40,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------------------ cells
-def cell_command(grid, cell, python: str = "python", resume: bool = False) -> list:
+def cell_command(grid, cell, python: str = "python", resume: bool = False,
+                 runs_dir: str | None = None) -> list:
     """The `trainers.train` command line of a cell (relative paths: run it from the repo root)."""
     command = [python, "-m", "trainers.train", f"--config={cell.config}",
-               f"--run_dir={os.path.join(grid.runs_dir, cell.name)}"]
+               f"--run_dir={os.path.join(runs_dir or grid.runs_dir, cell.name)}"]
     if resume:
         return command + ["--resume"]
     return command + [f"--config.{override}" for override in cell.overrides]
@@ -80,7 +81,9 @@ def collect(grid, cell) -> dict:
         "name": cell.name, "label": cell.label, "model": c["model"],
         "mechanism": c["mechanism"], "family": cell.family,
         "target_epsilon": c.get("target_epsilon", 0.0),
-        "command": " ".join(shlex.quote(a) for a in cell_command(grid, cell)),
+        # as a reader would type it: the default run directory, whatever this grid used
+        "command": " ".join(shlex.quote(a) for a in cell_command(
+            grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
         "test": metrics["test"], "membership_inference": {
             k: v for k, v in (metrics.get("membership_inference") or {}).items()},
         "epochs": len(metrics["epochs"]),
@@ -123,7 +126,7 @@ def run_cell(grid, cell, python: str, log) -> dict:
 
 
 # ------------------------------------------------------------------------------ report
-COLUMNS = ["model", "row", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
+COLUMNS = ["model", "row", "batch", "epochs", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
            "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "delta_auc",
            "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
 
@@ -137,8 +140,9 @@ def table_rows(results: list) -> list:
         others = r.get("epsilon_at_other_deltas") or {}
         mia = r.get("membership_inference") or {}
         row = {
-            "model": r["model"], "row": r["label"],
-            "target_eps": r.get("target_epsilon") or "",
+            "model": r["model"], "row": r["label"], "batch": r.get("batch_size", ""),
+            "epochs": r.get("epochs", ""),
+            "target_eps": (r.get("target_epsilon") or "") if r["mechanism"] != "sgd" else "",
             "epsilon": eps, "log10_eps": (math.log10(eps) if eps and math.isfinite(eps) and eps > 0
                                           else eps),
             "eps_at_1/n": (others.get("1/n") or {}).get("epsilon", ""),
