@@ -20,7 +20,7 @@ from edp_tf import accounting
 from edp_tf.accounting import EpochRecord
 
 SHUFFLE_NOTE = ("Fixed-size shuffled batches: epsilon assumes Poisson sampling at q = B/n, "
-                "which shuffling does not provide.")
+                "which shuffling does not provide (the run would not be private).")
 
 
 def _fmt(x: float) -> str:
@@ -114,7 +114,7 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
         raise ValueError(f"--batch_size must be in (0, dataset_size], got {batch_size!r}")
     if microbatch_size < 0:
         raise ValueError(f"--microbatch_size must be >= 0, got {microbatch_size!r}")
-    delta = 1.0 / dataset_size if delta is None else delta
+    delta = accounting.default_delta(dataset_size) if delta is None else delta
     q = accounting.check_sampling_rate(batch_size / dataset_size)
     steps = steps_per_epoch or math.ceil(dataset_size / batch_size - 1e-9)
     per_microbatch = microbatch_size or max(1, int(batch_size // replicas))
@@ -134,14 +134,18 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
              f"{steps} steps per epoch, {epochs} epochs",
              f"Schedule: z0 = {noise_multiplier:.6g}, decay {decay}"
              + (f" (tau = {decay_rate:g})" if decay != "none" else "")]
-    for mode, (_, rdp, pld) in columns.items():
+    for mode, (records, rdp, pld) in columns.items():
         if epochs:
             lines.append(f"Guarantee ({mode}): epsilon = {_fmt(pld[-1])} (PLD; RDP "
                          f"{_fmt(rdp[-1])}) at delta = {delta:.3g}")
+            others = accounting.epsilons_at_reported_deltas(records, q, dataset_size, extras)
+            lines.append(f"  same run at other deltas ({mode}): " + ", ".join(
+                f"epsilon {_fmt(v['epsilon'])} at delta = {label} ({v['delta']:.3g})"
+                for label, v in others.items()))
     if epochs:
         lines += ["Cumulative epsilon per epoch:"] + _table(first, columns)
     not_covered = [SHUFFLE_NOTE] if sampling == "shuffle" else []
-    lines += _extras_and_caveats(extras, not_covered, True)
+    lines += _extras_and_caveats(extras, not_covered, sampling != "shuffle")
     return "\n".join(lines)
 
 
