@@ -1,13 +1,10 @@
-"""ATIS (../shared/data/atis) with CLC; choose the mechanism with --config.mechanism."""
-from configs.base import base_config
+"""ATIS (../shared/data/atis) with CLC; the recipe of configs/snips_clc.py."""
+from configs.snips_clc import get_config as snips_clc
 
 
 def get_config():
-    c = base_config()
+    c = snips_clc()
     c.name = "atis_clc"
     c.data_dir = "../shared/data/atis"
-    c.model = "clc"
-    c.batch_size = 512  # large expected batches: less noise per clipped sum (DP)
-    c.epochs = 10
-    c.target_epsilon = 8.0  # private mechanisms calibrate z0 to epsilon 8 at delta = 0.1/n
+    c.max_words = 46  # the longest ATIS training utterance
     return c
