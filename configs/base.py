@@ -67,6 +67,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.sampling_rate = 0.0
     c.epochs = 10
     c.steps = 0
+    # the automatic values of private runs, when a dataset config knows better (0 = recipes.py)
+    c.private_sampling_rate = 0.0
+    c.private_steps = 0
+    c.private_learning_rate = 0.0
     c.optimizer = "adam"  # "adam", "adamw" or "sgd" (momentum 0.9)
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0

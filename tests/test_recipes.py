@@ -97,3 +97,19 @@ def test_adamw_with_schedule_is_serialisable():
     assert isinstance(opt, keras.optimizers.AdamW)
     again = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
     assert float(again.learning_rate) == pytest.approx(float(opt.learning_rate))
+
+
+def test_dataset_configs_can_set_private_automatic_values():
+    c = config(batch_size=0, epochs=0, learning_rate=0.0, private_sampling_rate=0.2,
+               private_steps=20, private_learning_rate=0.03, replicas=1)
+    private = recipes.resolve(dict_update(c, mechanism="dpsgd"), n=1_000)
+    assert (private.batch_size, private.epochs, private.learning_rate) == (200, 4, 0.03)
+    plain = recipes.resolve(dict_update(c, mechanism="sgd"), n=1_000)  # untouched by them
+    assert (plain.batch_size, plain.learning_rate) == (
+        recipes.SGD_BATCH["clc"], recipes.LEARNING_RATE[("clc", False)])
+
+
+def dict_update(c, **kw):
+    c = c.copy_and_resolve_references()
+    c.update(kw)
+    return c

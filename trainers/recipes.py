@@ -43,7 +43,9 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
     """A copy of `config` with batch_size, epochs and learning_rate fixed for n training examples.
 
     Explicit values win; `sampling_rate > 0` sets the batch (q n), `steps > 0` the epochs
-    (ceil(steps / steps per epoch): the ledger accounts whole epochs).
+    (ceil(steps / steps per epoch): the ledger accounts whole epochs). A dataset config can give
+    its own automatic values for private runs only (`private_sampling_rate`, `private_steps`,
+    `private_learning_rate`), so that one config serves `--mechanism=sgd` too.
     """
     c = ml_collections.ConfigDict(config.to_dict())
     private = c.mechanism != "sgd"
@@ -57,20 +59,23 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
         batch = int(c.batch_size)  # explicit: kept as given (too large is an error later)
     else:  # round(q n) to a multiple of the micro-batches a step needs
         batch = (c.sampling_rate * n if c.sampling_rate > 0 else
-                 PRIVATE_SAMPLING_RATE[c.model] * n if private else SGD_BATCH[c.model])
+                 (c.private_sampling_rate or PRIVATE_SAMPLING_RATE[c.model]) * n if private
+                 else SGD_BATCH[c.model])
         batch = int(min(n // multiple * multiple, max(multiple, round(batch / multiple) * multiple)))
     if c.steps > 0:
         epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling))
     elif c.epochs > 0:
         epochs = int(c.epochs)
     elif private:
-        epochs = math.ceil(PRIVATE_STEPS[c.model] / steps_per_epoch(n, batch, private, c.sampling))
+        epochs = math.ceil((c.private_steps or PRIVATE_STEPS[c.model])
+                           / steps_per_epoch(n, batch, private, c.sampling))
     else:
         epochs = SGD_EPOCHS[c.model]
     c.batch_size = batch
     c.epochs = max(1, int(epochs))
     if c.learning_rate <= 0:
-        c.learning_rate = LEARNING_RATE[(c.model, private)]
+        c.learning_rate = ((private and c.private_learning_rate) or
+                           LEARNING_RATE[(c.model, private)])
     return c
 
 
