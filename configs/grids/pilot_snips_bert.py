@@ -12,6 +12,8 @@ def get_config():
     return grid("pilot_snips_bert", [
         cell("dpsgd_lr1e-3", "per-example, Adam 1e-3", "per-example", BERT, *DP,
              "learning_rate=0.001"),
+        cell("dpsgd_lr5e-3", "per-example, Adam 5e-3", "per-example", BERT, *DP,
+             "learning_rate=0.005"),
         cell("dpsgd_slot_mean", "per-example, slot loss per word", "per-example", BERT, *DP,
              "slot_loss=mean"),
         cell("dpsgd_steps300", "per-example, 300 steps", "per-example", BERT, *DP, "steps=300"),
