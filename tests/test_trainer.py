@@ -7,6 +7,7 @@ serves the smoke checks), and CLC edp runs through the command line (1 replica) 
 Multi-replica noise and clipping are the library tests' business; here it is the wiring.
 """
 import glob
+import dataclasses
 import json
 import math
 import os
@@ -23,7 +24,7 @@ import tensorflow as tf
 import edp_tf
 from configs.base import base_config
 from edp_tf import accounting
-from trainers import run, synthetic
+from trainers import pipeline, run, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
@@ -441,3 +442,25 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
                for s in privacy["not_covered"])
     assert read(run_dir, "label_schema.json")["from_training_data"] is True
     assert any("label_schema.json" in a for a in privacy["artifacts"]["not_covered"])
+
+
+def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path):
+    """trainers.lira trains shadow models on subsets: `splits` replaces the corpus, the hook sees
+    the trained model, and export=False leaves no SavedModel."""
+    config = tiny_config("clc", "sgd", replicas=1)
+    full = corpus(config)
+    half = dataclasses.replace(full, train=full.train[: len(full.train) // 2])
+    seen = {}
+
+    def hook(model, preprocessor):
+        enc = pipeline.encode(preprocessor, half.train[:7], "hook")
+        seen["losses"] = run.per_example_losses(model, enc.x, enc.y)
+        return "hooked"
+
+    run_dir = str(tmp_path / "run")
+    summary = run.train(config, run_dir, strategy=strategy(1), splits=half,
+                        after_training=hook, export=False)
+    assert summary["after_training"] == "hooked"
+    assert seen["losses"].shape == (7,) and np.all(np.isfinite(seen["losses"]))
+    assert read(run_dir, "config.json")["dataset_size"] == len(half.train)
+    assert not os.path.exists(os.path.join(run_dir, "saved_model"))

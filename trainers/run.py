@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import time
+from typing import Optional
 
 import keras
 import ml_collections
@@ -210,10 +211,15 @@ def _optimizer(config, steps_per_epoch: int):
         config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay))
 
 
-def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=()) -> dict:
+def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(),
+          splits: Optional[data_lib.Splits] = None, after_training=None,
+          export: bool = True) -> dict:
     """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary.
 
-    `callbacks` are extra Keras callbacks (appended after the run's own).
+    `callbacks` are extra Keras callbacks (appended after the run's own). `splits` replaces the
+    corpus of `config.data_dir` (e.g. a subset, for shadow models); `after_training(model,
+    preprocessor)` runs on the trained model and its result is the summary's "after_training";
+    `export=False` skips the SavedModel.
     """
     extra_callbacks = list(callbacks)
     pipeline.check_config(config)
@@ -233,7 +239,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
 
-    splits = pipeline.load_splits(config)
+    splits = splits or pipeline.load_splits(config)
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, len(splits.train))
     labels = pipeline.label_schema(config, splits)
@@ -340,11 +346,13 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                   attack["members"], attack["nonmembers"], attack["auc"],
                   attack["tpr_at_1pct_fpr"])
     write_json(os.path.join(run_dir, METRICS_FILE), record)
-    from models.export import export_serving_model
+    if export:
+        from models.export import export_serving_model
 
-    export_serving_model(model, preprocessor, os.path.join(run_dir, "saved_model"))
+        export_serving_model(model, preprocessor, os.path.join(run_dir, "saved_model"))
     privacy = read_json(os.path.join(run_dir, "privacy.json"), {})
-    return {
+    extra = {"after_training": after_training(model, preprocessor)} if after_training else {}
+    return extra | {
         "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
         "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
         "test": test, "membership_inference": attack,
