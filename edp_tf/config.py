@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
 SCALINGS = ("uniform", "public", "private", "first_batch")
-PER_EXAMPLE_METHODS = ("ghost", "vectorized")
+PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")
 
 
 def _finite(name: str, value: float) -> float:
@@ -55,7 +55,9 @@ class DPConfig:
         (the same mechanism, bounded memory). A multiple of microbatch_size.
       per_example_method: how micro-batch gradients are clipped when microbatch_size is set:
         "ghost" (ghost norms where a rule covers the layer, exact per-example gradients elsewhere)
-        or "vectorized" (exact per-example gradients of every variable: the reference).
+        or "vectorized" (exact per-example gradients of every variable: the reference), both
+        vectorised with `tf.vectorized_map`; or "loop" (one micro-batch at a time in a
+        while_loop: exact for every layer, e.g. a recurrent layer that is not unrolled; slower).
     """
 
     l2_norm_clip: float = 1.0

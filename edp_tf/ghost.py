@@ -319,7 +319,8 @@ def _hook_for(layer) -> Optional[Callable]:
     return _HOOKS[cls]
 
 
-def _flatten_layers(model) -> list:
+def flatten_layers(model) -> list:
+    """Every layer of `model`, nested ones included (the model itself first)."""
     if hasattr(model, "_flatten_layers"):
         return model._flatten_layers(include_self=True, recursive=True)
     return [model]
@@ -331,7 +332,7 @@ def capture(model, variables: Sequence):
     cap = _Capture(variables)
     patched = []
     with _patch_lock:
-        for layer in _flatten_layers(model):
+        for layer in flatten_layers(model):
             hook = _hook_for(layer)
             if hook is None or "call" in layer.__dict__:
                 continue

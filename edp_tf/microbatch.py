@@ -193,6 +193,46 @@ def ghost_clipped_gradient_sum(
     return clipping.ClipResult(summed, norms, finite), p.losses, p.y_pred
 
 
+def looped_clipped_gradient_sum(
+    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
+) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
+    """`clipped_gradient_sum` one micro-batch at a time in a `tf.while_loop`: exact for any
+    layer, including those `tf.vectorized_map` cannot vectorise (a recurrent layer's own
+    while_loop over masked inputs), and memory for one micro-batch; slower (no batching).
+
+    Micro-batch 0 runs before the loop: it fixes the structure of the predictions and the sums.
+    """
+    xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
+    m = tf.shape(ws)[0]
+
+    def one(j):
+        xj, yj, wj = tf.nest.map_structure(lambda t: t[j], (xs, ys, ws))
+        with tf.GradientTape() as tape:
+            loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
+        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        result = clipping.clip_single(clipping.scale(_dense(grads), alpha), l2_norm_clip)
+        return result, loss, tf.nest.flatten(y_pred), y_pred
+
+    first, loss0, preds0, structure = one(0)
+    def arrays(dtype, value):
+        return tf.TensorArray(dtype, size=m, element_shape=value.shape).write(0, value)
+
+    state = (tf.constant(1), list(first.clipped_sum), arrays(tf.float32, first.norms[0]),
+             arrays(tf.bool, first.finite[0]), arrays(tf.float32, loss0),
+             [arrays(p.dtype, p) for p in preds0])
+
+    def body(j, sums, norms, finite, losses, preds):
+        result, loss, flat, _ = one(j)
+        return (j + 1, [a + b for a, b in zip(sums, result.clipped_sum)],
+                norms.write(j, result.norms[0]), finite.write(j, result.finite[0]),
+                losses.write(j, loss), [ta.write(j, p) for ta, p in zip(preds, flat)])
+
+    _, sums, norms, finite, losses, preds = tf.while_loop(lambda j, *_: j < m, body, state)
+    y_pred = tf.nest.pack_sequence_as(structure, [
+        tf.ensure_shape(ta.concat(), [None] + p.shape[1:]) for ta, p in zip(preds, preds0)])
+    return (clipping.ClipResult(sums, norms.stack(), finite.stack()), losses.stack(), y_pred)
+
+
 def clipped_gradient_sum(
     model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
     method: str = "ghost",
@@ -201,8 +241,9 @@ def clipped_gradient_sum(
 
     `microbatch_size=None`: the replica's batch is one micro-batch (eDP), else micro-batches of
     `microbatch_size` examples, whose gradients come from `method`: "ghost" (ghost norms for
-    covered weights, exact per-example gradients for the rest) or "vectorized" (per-example
-    gradients of every variable: the reference, for benchmarks).
+    covered weights, exact per-example gradients for the rest), "vectorized" (per-example
+    gradients of every variable: the reference, for benchmarks) or "loop" (one micro-batch at a
+    time: any layer).
     Returns (ClipResult in the scaled space, micro-batch losses, y_pred).
     """
     if method not in PER_EXAMPLE_METHODS:
@@ -217,6 +258,9 @@ def clipped_gradient_sum(
     with tf.control_dependencies([check]):
         if method == "ghost":
             return ghost_clipped_gradient_sum(
+                model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
+        if method == "loop":
+            return looped_clipped_gradient_sum(
                 model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
         grads, losses, y_pred = stacked_microbatch_gradients(
             model, loss_fn, variables, x, y, w, microbatch_size, k_e)

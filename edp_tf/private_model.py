@@ -179,6 +179,8 @@ class PrivateModel(keras.Model):
                 f"microbatch_size = {n} x {k if k else 'one micro-batch'}"
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
+        if k is not None and cfg.per_example_method != "loop":
+            _refuse_unvectorisable_layers(self.wrapped_model)
         changed = self._global_batch not in (None, batch)
         self._global_batch = batch
         self._per_replica_batch = batch // n
@@ -332,6 +334,21 @@ class PrivateModel(keras.Model):
             self._compile_metrics.update_state(y, y_pred, w)
         return {m.name: m.result() for m in [self._loss_tracker]} | (
             self._compile_metrics.result() if self._compile_metrics is not None else {})
+
+
+def _refuse_unvectorisable_layers(model) -> None:
+    """A recurrent layer that is not unrolled runs its own while_loop, which `tf.vectorized_map`
+    (the ghost and vectorized per-example methods) fails to vectorise over masked inputs, deep
+    inside tracing; say so before training, with the ways out."""
+    from edp_tf import ghost
+
+    for layer in ghost.flatten_layers(model):
+        if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True):
+            raise ValueError(
+                f"layer {layer.name!r} ({type(layer).__name__}, unroll=False) runs a while_loop "
+                "that per-example clipping cannot vectorise: build it with unroll=True (fixed "
+                "sequence length), or use DPConfig(per_example_method='loop') (exact for any "
+                "layer, one micro-batch at a time: slower), or microbatch_size=None")
 
 
 def _mask(x, w) -> tf.Tensor:

@@ -1,0 +1,143 @@
+"""Per-example clipping is exact for the Keras layers users reach for, or refused before training.
+
+Each model's clipped sum (every per-example method it is allowed with) is compared with the
+definition computed by a plain loop of one GradientTape per micro-batch (tests/test_ghost.py).
+"""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch
+from tests.test_ghost import loop_clipped_sum, loop_gradients, mse
+
+
+def _ids_input():
+    return keras.Input((6,), dtype="int32")
+
+
+def recurrent(layer_cls, unroll):
+    def build():
+        inp = _ids_input()
+        h = keras.layers.Embedding(10, 4, mask_zero=True)(inp)
+        h = layer_cls(3, unroll=unroll)(h)
+        return keras.Model(inp, keras.layers.Dense(2)(h))
+    return build
+
+
+def conv1d():
+    inp = _ids_input()
+    h = keras.layers.Embedding(10, 4)(inp)
+    h = keras.layers.Conv1D(3, 2, activation="relu")(h)
+    return keras.Model(inp, keras.layers.Dense(2)(keras.layers.GlobalMaxPooling1D()(h)))
+
+
+def layer_norm():
+    inp = _ids_input()
+    h = keras.layers.LayerNormalization()(keras.layers.Embedding(10, 4)(inp))
+    return keras.Model(inp, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+
+
+def attention():
+    inp = _ids_input()
+    h = keras.layers.Embedding(10, 4)(inp)
+    h = keras.layers.MultiHeadAttention(num_heads=2, key_dim=2)(h, h)
+    return keras.Model(inp, keras.layers.Dense(2)(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def shared_dense():
+    """One Dense applied twice: its kernel's per-example gradient is the sum of two uses."""
+    inp = _ids_input()
+    h = keras.layers.Embedding(10, 4)(inp)
+    shared = keras.layers.Dense(4, activation="tanh")
+    h = shared(shared(h))
+    return keras.Model(inp, keras.layers.Dense(2)(keras.layers.Flatten()(h)))
+
+
+def tied_embedding():
+    """The token table reused as the output projection (BERT-style weight tying)."""
+    inp = _ids_input()
+    table = keras.layers.ReversibleEmbedding(10, 4)
+    logits = table(table(inp), reverse=True)  # [b, 6, 10]
+    h = keras.layers.GlobalAveragePooling1D()(logits)
+    return keras.Model(inp, keras.layers.Dense(2)(h))
+
+
+MODELS = {
+    "gru_not_unrolled": recurrent(keras.layers.GRU, False),
+    "lstm_not_unrolled": recurrent(keras.layers.LSTM, False),
+    "simple_rnn_unrolled": recurrent(keras.layers.SimpleRNN, True),
+    "gru_unrolled": recurrent(keras.layers.GRU, True),
+    "conv1d": conv1d,
+    "layer_norm": layer_norm,
+    "attention": attention,
+    "shared_dense": shared_dense,
+    "tied_embedding": tied_embedding,
+}
+NOT_VECTORISABLE = {"gru_not_unrolled", "lstm_not_unrolled"}
+
+
+def _data(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(1, 10, size=(n, 6)).astype("int32")
+    x[1, 3:] = 0  # padding: masked where the model masks
+    x[:, 2] = x[:, 0]  # a repeated id
+    y = rng.normal(size=(n, 2)).astype("float32")
+    return x, y
+
+
+def _cases():
+    for name in MODELS:
+        for method in ("ghost", "vectorized", "loop"):
+            if name in NOT_VECTORISABLE and method != "loop":
+                continue
+            yield name, method
+
+
+@pytest.mark.parametrize("name, method", list(_cases()))
+def test_clipped_sum_is_exact(name, method):
+    keras.utils.set_random_seed(3)
+    model = MODELS[name]()
+    variables = model.trainable_variables
+    x, y = _data()
+    w = np.ones(len(x), "float32")
+    w[5] = 0.0  # a padded row contributes nothing
+    k = 2
+    rng = np.random.default_rng(1)
+    alpha = tuple(float(a) for a in rng.uniform(0.5, 2.0, len(variables)))
+    reference = loop_gradients(model, mse, x, y, w, k, float(k))
+    C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))  # about half clipped
+    want, want_norms, _ = loop_clipped_sum(reference, alpha, C)
+    result, losses, y_pred = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, mse, variables, x, y, tf.constant(w), k, float(k), alpha, C, method))()
+    np.testing.assert_allclose(result.norms.numpy(), want_norms, rtol=1e-4)
+    for v, got, expected in zip(variables, result.clipped_sum, want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=2e-4, atol=1e-6, err_msg=v.path)
+    assert losses.shape == (len(x) // k,)
+    assert tuple(tf.nest.flatten(y_pred)[0].shape) == (len(x), 2)
+
+
+@pytest.mark.parametrize("name", sorted(NOT_VECTORISABLE))
+def test_recurrent_layer_that_is_not_unrolled_is_refused_before_training(name):
+    strategy = make_strategy(1)
+    x, y = _data()
+    with strategy.scope():
+        model = MODELS[name]()
+        private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0))
+        private.compile(optimizer="sgd", loss=mse)
+    with pytest.raises(ValueError, match=r"unroll=False.*unroll=True.*per_example_method='loop'"):
+        private.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_loop_method_trains_a_recurrent_layer_that_is_not_unrolled():
+    strategy = make_strategy(2)
+    x, y = _data(16)
+    with strategy.scope():
+        model = MODELS["gru_not_unrolled"]()
+        private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0,
+                                               per_example_method="loop"))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    before = [v.numpy().copy() for v in model.trainable_variables]
+    history = private.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
