@@ -43,6 +43,17 @@ def test_sgd_auto_uses_a_small_batch():
     assert c.learning_rate == recipes.LEARNING_RATE[("bert", False)]
 
 
+@pytest.mark.parametrize("model", ["clc", "bert"])
+def test_sgd_auto_gives_a_small_corpus_enough_steps(model):
+    small = recipes.resolve(config(batch_size=0, epochs=0, mechanism="sgd", model=model), n=1_000)
+    assert recipes.total_steps(small, 1_000) >= recipes.SGD_MIN_STEPS[model]
+    assert small.epochs > recipes.SGD_EPOCHS[model]
+    # the shipped datasets keep their measured epochs (SNIPS 13,084 and ATIS 4,478 utterances)
+    for n in (13_084, 4_478):
+        c = recipes.resolve(config(batch_size=0, epochs=0, mechanism="sgd", model=model), n=n)
+        assert c.epochs == recipes.SGD_EPOCHS[model]
+
+
 def test_sampling_rate_and_steps_override_batch_and_epochs():
     c = recipes.resolve(config(sampling_rate=0.3, steps=10, mechanism="edp", microbatch_size=2,
                                replicas=2, epochs=99), n=1_000)
