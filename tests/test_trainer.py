@@ -144,6 +144,7 @@ def cli_run(tmp_path_factory):
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
     argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
+             "--verbose",  # all of the output, TensorFlow's too, is checked for utterances
              "--epochs=1"] + [f"--config.{k}={v}" for k, v in overrides.items()]
             + [f"--config.clc.{k}={v}" for k, v in clc.items()])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")  # all of TensorFlow's chatter is checked too

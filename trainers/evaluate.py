@@ -75,5 +75,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from trainers import cli
+
+    cli.quiet_unless_verbose()
     define_flags()
-    app.run(main)
+    cli.run(main)

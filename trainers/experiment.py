@@ -355,4 +355,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from trainers import cli
+
+    cli.quiet_unless_verbose()
+    cli.run(main)

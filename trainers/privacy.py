@@ -11,6 +11,11 @@ add/remove-one-example adjacency with every intermediate model released.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from trainers import cli
+
+    cli.quiet_unless_verbose()
+
 import math
 from typing import Optional, Sequence
 
@@ -208,4 +213,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

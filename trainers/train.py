@@ -60,8 +60,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    import logging as std_logging
+    from trainers import cli
 
-    logging.set_verbosity(logging.INFO)
-    std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)  # per-step device chatter
-    app.run(main)
+    cli.quiet_unless_verbose()
+    cli.run(main)

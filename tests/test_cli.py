@@ -1,0 +1,33 @@
+"""The commands' shared behaviour (trainers/cli.py): quiet output, one-line errors, --verbose."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PLANNED = ["--dataset_size=3000", "--epochs=2", "--noise_multiplier=1.0"]
+NATIVE_NOISE = ("oneDNN", "cuInit", "cpu_feature_guard", "absl::InitializeLog")
+
+
+def _privacy(*args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-m", "trainers.privacy", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_bad_flag_value_is_one_line_naming_it_and_exit_2():
+    proc = _privacy("--batch_size=-4", *PLANNED)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --batch_size must be in (0, dataset_size], got -4.0"]
+
+
+def test_quiet_by_default_and_verbose_shows_everything():
+    quiet = _privacy("--batch_size=64", *PLANNED)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert "epsilon" in quiet.stdout
+    assert not [n for n in NATIVE_NOISE if n in quiet.stdout + quiet.stderr]
+    verbose = _privacy("--batch_size=-4", "--verbose", *PLANNED)
+    assert verbose.returncode != 0
+    assert "Traceback" in verbose.stderr
+    assert any(n in verbose.stderr for n in NATIVE_NOISE)  # nothing hidden with --verbose
