@@ -186,6 +186,8 @@ class PrivateModel(keras.Model):
         self._per_replica_batch = batch // n
         self._k = k or self._per_replica_batch
         self._sensitivity = clipping.sensitivity_factor(self._k)
+        self._noise_owners = noise.noise_owners(
+            [int(np.prod(v.shape)) for v in self.wrapped_model.trainable_variables], n)
         self._expected_batch = float(cfg.expected_batch_size or batch)
         # k_e: expected real examples per micro-batch; D: expected micro-batches per global batch.
         self._k_e = 1.0 if self._k == 1 else self._k * self._expected_batch / batch
@@ -293,7 +295,9 @@ class PrivateModel(keras.Model):
         z_t = self._noise_multiplier_now()
         stddev = noise.per_replica_stddev(
             z_t, cfg.l2_norm_clip, self._sensitivity, self.num_replicas, cfg.noise_mode)
-        noisy = noise.add_noise(clip.clipped_sum, stddev, self._noise_generator)
+        # one replica draws each variable's noise (std sqrt(N) x), the same summed distribution
+        noisy = noise.add_owned_noise(clip.clipped_sum, stddev, self._noise_generator,
+                                      self._noise_owners, self.num_replicas)
         # unscale and normalise in one multiply: alpha_k / D
         updates = clipping.unscale(noisy, [a / self._denominator for a in self._layer_scales])
         self.optimizer.apply_gradients(zip(updates, variables))

@@ -365,3 +365,24 @@ def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
     private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     per_replica = 16 // strategy.num_replicas_in_sync
     assert len(calls) == strategy.num_replicas_in_sync * per_replica // 2
+
+
+def test_noise_owners_balance_the_draws():
+    from edp_tf import noise
+
+    assert noise.noise_owners([10, 1000, 5, 990], 2) == (1, 0, 0, 1)
+    assert noise.noise_owners([7, 3], 1) == (0, 0)
+    assert sorted(noise.noise_owners([4] * 8, 4)) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_each_variable_gets_the_whole_summed_noise(strategy):
+    """One owner replica draws each variable's noise with std sqrt(N) x the per-replica std: the
+    kernel and the bias (different owners) must each show the formula's std. 1,250 bias entries:
+    relative standard error 2%, so 10% is 5 of them; a missing sqrt(N) would be off by 2x."""
+    z, C = 1.3, 0.7
+    update, private = one_step_update(strategy, DPConfig(l2_norm_clip=C, noise_multiplier=z), 32)
+    kernel, bias = update[: 4 * 1250], update[4 * 1250:]
+    assert len(set(private._noise_owners)) == 2
+    want = z * 2 * C / N
+    assert float(np.std(kernel)) == pytest.approx(want, rel=0.05)
+    assert float(np.std(bias)) == pytest.approx(want, rel=0.10)
