@@ -207,11 +207,10 @@ def looped_clipped_gradient_sum(
 
     def one(j):
         xj, yj, wj = tf.nest.map_structure(lambda t: t[j], (xs, ys, ws))
-        with tf.GradientTape() as tape:
-            loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
-        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-        result = clipping.clip_single(clipping.scale(_dense(grads), alpha), l2_norm_clip)
-        return result, loss, tf.nest.flatten(y_pred), y_pred
+        grads, loss, y_pred = single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
+                                                         k_e)
+        result = clipping.clip_single(clipping.scale(grads, alpha), l2_norm_clip)
+        return result, loss[0], tf.nest.flatten(y_pred), y_pred
 
     first, loss0, preds0, structure = one(0)
     def arrays(dtype, value):

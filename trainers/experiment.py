@@ -231,10 +231,7 @@ def write_plots(grid, results: list) -> None:
     ax.set_xlabel("epsilon (PLD, delta = 0.1/n)")
     ax.set_ylabel("test SER (lower is better)")
     ax.set_title(f"{grid.dataset}: privacy-utility frontier")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(grid.results_dir, "frontier.png"), dpi=110)
-    plt.close(fig)
+    _save(fig, ax, os.path.join(grid.results_dir, "frontier.png"), legend_size=7)
 
     # membership-inference ROC curves
     fig, ax = plt.subplots(figsize=(5, 5))
@@ -249,9 +246,15 @@ def write_plots(grid, results: list) -> None:
     ax.set_xlabel("false-positive rate")
     ax.set_ylabel("true-positive rate")
     ax.set_title(f"{grid.dataset}: loss-threshold membership inference")
-    ax.legend(fontsize=6)
+    _save(fig, ax, os.path.join(grid.results_dir, "membership_roc.png"), legend_size=6)
+
+
+def _save(fig, ax, path: str, legend_size: int) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    fig.savefig(os.path.join(grid.results_dir, "membership_roc.png"), dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
@@ -290,10 +293,7 @@ def write_epsilon_per_epoch(grid, results: list) -> None:
     ax.set_xlabel("epoch")
     ax.set_ylabel("epsilon so far (PLD)")
     ax.set_title(f"{grid.dataset}: epsilon per epoch by noise decay ({r['name']})")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(grid.results_dir, "epsilon_per_epoch.png"), dpi=110)
-    plt.close(fig)
+    _save(fig, ax, os.path.join(grid.results_dir, "epsilon_per_epoch.png"), legend_size=7)
 
 
 def report(grid) -> list:

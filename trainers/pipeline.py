@@ -29,12 +29,15 @@ def check_config(config) -> None:
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
-    if config.model not in MODELS:
-        bad("model", config.model, MODELS)
-    if config.mechanism not in MECHANISMS:
-        bad("mechanism", config.mechanism, MECHANISMS)
-    if config.sampling not in SAMPLINGS:
-        bad("sampling", config.sampling, SAMPLINGS)
+    from models.bert.finetuning import FINETUNE
+    from models.joint_loss import TAG_REDUCTIONS
+    from trainers.optimizers import OPTIMIZERS, SCHEDULES
+
+    choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
+               "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
+    for field, allowed in choices.items():
+        if config[field] not in allowed:
+            bad(field, config[field], allowed)
     for field in ("replicas", "max_words"):
         if int(config[field]) < 1:
             bad(field, config[field], "an integer >= 1")
@@ -53,18 +56,8 @@ def check_config(config) -> None:
         bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
     if config.model == "bert" and config.bert.vocabulary not in ("minilm", "train"):
         bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
-    from models.bert.finetuning import FINETUNE
-    from models.joint_loss import TAG_REDUCTIONS
-    from trainers.optimizers import OPTIMIZERS, SCHEDULES
-
     if config.model == "bert" and config.bert.finetune not in FINETUNE:
         bad("bert.finetune", config.bert.finetune, FINETUNE)
-    if config.slot_loss not in TAG_REDUCTIONS:
-        bad("slot_loss", config.slot_loss, TAG_REDUCTIONS)
-    if config.optimizer not in OPTIMIZERS:
-        bad("optimizer", config.optimizer, OPTIMIZERS)
-    if config.lr_schedule not in SCHEDULES:
-        bad("lr_schedule", config.lr_schedule, SCHEDULES)
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
