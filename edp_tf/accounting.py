@@ -20,7 +20,10 @@ from typing import Iterable, Mapping, Optional, Sequence
 import dp_accounting
 import numpy as np
 
-from edp_tf.config import DECAYS, NOISE_MODES, noise_multiplier_at
+from edp_tf import checks
+from edp_tf.mechanism import (  # noqa: F401  (re-exported: the accountant's vocabulary)
+    DECAYS, NOISE_MODES, effective_noise_multiplier, noise_multiplier_at)
+from edp_tf.mechanism import sensitivity as sensitivity_for  # noqa: F401
 
 ACCOUNTANTS = ("pld", "rdp")
 
@@ -45,41 +48,12 @@ PLD_DISCRETIZATION = 1e-3
 PLD_SKIP_ABOVE_RDP_EPSILON = 1000.0
 
 
-# ------------------------------------------------------------------------- validation helpers
-def _number(name: str, value, low: float = -math.inf, low_open: bool = False,
-            high: float = math.inf, high_open: bool = False) -> float:
-    """`value` as a finite float within the given bounds, else ValueError naming `name`."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    too_low = v <= low if low_open else v < low
-    too_high = v >= high if high_open else v > high
-    if math.isnan(v) or too_low or too_high or (math.isinf(v) and math.isinf(high)):
-        lo = "(" if low_open else "["
-        hi = ")" if high_open else "]"
-        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi} and finite, got {value!r}")
-    return v
-
-
-def _count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) and not (
-            hasattr(value, "__index__")):
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    v = int(value)
-    if v < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return v
-
-
 def check_sampling_rate(sampling_rate) -> float:
-    return _number("sampling_rate", sampling_rate, 0.0, True, 1.0, False)
+    return checks.number("sampling_rate", sampling_rate, 0.0, True, 1.0, False)
 
 
 def check_delta(delta) -> float:
-    return _number("delta", delta, 0.0, True, 1.0, True)
+    return checks.number("delta", delta, 0.0, True, 1.0, True)
 
 
 def _check_accountant(accountant: str) -> str:
@@ -96,7 +70,7 @@ REPORTED_DELTAS = ("1/n", 1e-6)  # printed beside the run's own delta
 def default_delta(dataset_size: int) -> float:
     """0.1 / n: delta must be well below 1/n, since a mechanism that releases one random record
     in full is (0, 1/n)-DP (the usual advice is delta << 1/n)."""
-    return DEFAULT_DELTA_FACTOR / _count("dataset_size", dataset_size, 1)
+    return DEFAULT_DELTA_FACTOR / checks.count("dataset_size", dataset_size, 1)
 
 
 def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int,
@@ -110,30 +84,6 @@ def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int
     return out
 
 
-def sensitivity_for(examples_per_microbatch: int) -> int:
-    """S in units of C under add/remove adjacency: 1 for one example per micro-batch, else 2."""
-    return 1 if _count("examples_per_microbatch", examples_per_microbatch, 1) == 1 else 2
-
-
-def effective_noise_multiplier(
-    noise_multiplier: float, noise_mode: str, replicas: int, sensitivity: float
-) -> float:
-    """Noise std on the summed clipped gradients over the sensitivity S*C of that sum.
-
-    calibrated: the replicas' independent draws sum to z * S * C, so z_eff = z.
-    paper: each replica adds y/N with y ~ N(0, (C z)^2): the sum carries C z / sqrt(N), so
-    z_eff = z / (sqrt(N) * S) with S in units of C.
-    """
-    z = _number("noise_multiplier", noise_multiplier, 0.0)
-    n = _count("replicas", replicas, 1)
-    s = _number("sensitivity", sensitivity, 0.0, True)
-    if noise_mode == "calibrated":
-        return z
-    if noise_mode == "paper":
-        return z / (math.sqrt(n) * s)
-    raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class EpochRecord:
     """One epoch of the schedule: `steps` steps at multiplier z_t (z_eff_t after the mode)."""
@@ -144,11 +94,11 @@ class EpochRecord:
     effective_noise_multiplier: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "epoch", _count("epoch", self.epoch))
-        object.__setattr__(self, "steps", _count("steps", self.steps))
+        object.__setattr__(self, "epoch", checks.count("epoch", self.epoch))
+        object.__setattr__(self, "steps", checks.count("steps", self.steps))
         object.__setattr__(
-            self, "noise_multiplier", _number("noise_multiplier", self.noise_multiplier, 0.0))
-        object.__setattr__(self, "effective_noise_multiplier", _number(
+            self, "noise_multiplier", checks.number("noise_multiplier", self.noise_multiplier, 0.0))
+        object.__setattr__(self, "effective_noise_multiplier", checks.number(
             "effective_noise_multiplier", self.effective_noise_multiplier, 0.0))
 
     def to_dict(self) -> dict:
@@ -179,13 +129,13 @@ class ExtraEvent:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"extra event name must be a non-empty string, got {self.name!r}")
-        object.__setattr__(self, "noise_multiplier", _number(
+        object.__setattr__(self, "noise_multiplier", checks.number(
             f"extra event {self.name!r} noise_multiplier", self.noise_multiplier, 0.0))
         if self.sampling_rate is not None:
-            object.__setattr__(self, "sampling_rate", _number(
+            object.__setattr__(self, "sampling_rate", checks.number(
                 f"extra event {self.name!r} sampling_rate", self.sampling_rate, 0.0, True, 1.0))
-        object.__setattr__(self, "steps", _count(f"extra event {self.name!r} steps", self.steps))
-        object.__setattr__(self, "sensitivity", _number(
+        object.__setattr__(self, "steps", checks.count(f"extra event {self.name!r} steps", self.steps))
+        object.__setattr__(self, "sensitivity", checks.number(
             f"extra event {self.name!r} sensitivity", self.sensitivity, 0.0, True))
 
     @property
@@ -221,12 +171,12 @@ def plan_schedule(
     sensitivity: float = 1,
     first_epoch: int = 0,
 ) -> tuple:
-    """The EpochRecords of a planned run (same decay formula as `DPConfig.noise_multiplier_at`)."""
-    _count("epochs", epochs)
-    _count("steps_per_epoch", steps_per_epoch)
+    """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py)."""
+    checks.count("epochs", epochs)
+    checks.count("steps_per_epoch", steps_per_epoch)
     if decay not in DECAYS:
         raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
-    _number("decay_rate", decay_rate, 0.0)
+    checks.number("decay_rate", decay_rate, 0.0)
     records = []
     for t in range(first_epoch, first_epoch + epochs):
         z_t = noise_multiplier_at(t, noise_multiplier, decay, decay_rate)
@@ -390,7 +340,7 @@ def compute_epsilon(
                             pld_discretization)
 
 
-@functools.lru_cache(maxsize=1024)  # the ledger and BudgetStop ask the same questions often
+@functools.lru_cache(maxsize=1024)  # the ledger and its budget ask the same questions often
 def _compute_epsilon(records: tuple, q: float, delta: float, extras: tuple, accountant: str,
                      pld_discretization: Optional[float]) -> float:
     if _is_nonprivate(records, extras):
@@ -461,12 +411,12 @@ def calibrate_noise(
     upper end of the final bracket, so it always meets the target. For PLD the (cheap) RDP answer
     brackets the search from above.
     """
-    target = _number("target_epsilon", target_epsilon, 0.0, True)
+    target = checks.number("target_epsilon", target_epsilon, 0.0, True)
     delta, q = check_delta(delta), check_sampling_rate(sampling_rate)
     _check_accountant(accountant)
-    tolerance = _number("tolerance", tolerance, 0.0, True, 1.0, True)
+    tolerance = checks.number("tolerance", tolerance, 0.0, True, 1.0, True)
     extras = as_extra_events(extra_events)
-    if _count("epochs", epochs) == 0 or _count("steps_per_epoch", steps_per_epoch) == 0:
+    if checks.count("epochs", epochs) == 0 or checks.count("steps_per_epoch", steps_per_epoch) == 0:
         raise ValueError("calibrate_noise needs epochs >= 1 and steps_per_epoch >= 1")
 
     def eps(z0: float, acct: str = accountant) -> float:

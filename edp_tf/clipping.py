@@ -1,6 +1,8 @@
 """Clipping of micro-batch gradients in the per-layer scaled space.
 
-The pipeline on one replica is `scale -> clip (and sum) -> + noise -> unscale`, each a small function.
+The pipeline on one replica is `scale -> clip (and sum) -> + noise -> to_update`, each a small
+function (edp_tf/microbatch.py holds the gradients and calls these; the sensitivity S they imply is
+stated once, in edp_tf/mechanism.py).
 A micro-batch gradient g_j (one tensor per trainable variable k) is scaled to s_jk = g_jk / alpha_k,
 the whole vector s_j is clipped to L2 norm C, and the clipped vectors are summed. Each clipped
 contribution has norm <= C, so adding or removing one micro-batch moves the sum by at most C
@@ -14,11 +16,6 @@ from __future__ import annotations
 from typing import NamedTuple, Sequence
 
 import tensorflow as tf
-
-
-def sensitivity_factor(examples_per_microbatch: int) -> int:
-    """S in units of C under add/remove adjacency (DESIGN.md 2.2)."""
-    return 1 if examples_per_microbatch == 1 else 2
 
 
 class ClipResult(NamedTuple):
@@ -35,6 +32,12 @@ def scale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:
 def unscale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:
     """g_k = alpha_k * s_k."""
     return [g if a == 1.0 else g * tf.cast(a, g.dtype) for g, a in zip(grads, alpha)]
+
+
+def to_update(noisy_sum: Sequence[tf.Tensor], alpha: Sequence[float], denominator: float) -> list:
+    """alpha_k * (clipped sum + noise)_k / D: unscaling and the normalisation by the expected
+    number of micro-batches D in one multiply per variable."""
+    return unscale(noisy_sum, [a / denominator for a in alpha])
 
 
 def clip_factors(norms: tf.Tensor, l2_norm_clip: float):
@@ -60,27 +63,3 @@ def weighted_sum(stacked: Sequence[tf.Tensor], factors: tf.Tensor, finite: tf.Te
             tf.reshape(finite, [-1] + [1] * (s.shape.rank - 1)), s, tf.zeros_like(s))
         result.append(tf.tensordot(tf.cast(factors, s.dtype), s_finite, axes=1))
     return result
-
-
-def clip_and_sum(stacked: Sequence[tf.Tensor], l2_norm_clip: float) -> ClipResult:
-    """Clips each micro-batch (leading axis m) to norm C and sums them.
-
-    Sensitivity: each summand has norm <= C, whatever the inputs (NaN/Inf rows give zero).
-    """
-    norms = tf.sqrt(tf.add_n(stacked_squared_norms(stacked)))
-    factors, finite = clip_factors(norms, l2_norm_clip)
-    return ClipResult(weighted_sum(stacked, factors, finite), norms, finite)
-
-
-def clip_single(grads: Sequence[tf.Tensor], l2_norm_clip: float) -> ClipResult:
-    """`clip_and_sum` for one micro-batch without stacking (the eDP fast path).
-
-    One multiply per variable: multiply_no_nan gives exactly 0 for a non-finite gradient when the
-    factor is 0, without a select over the whole gradient.
-    """
-    # l2_loss is one fused pass (sum of squares / 2), no squared temporary.
-    sq = [2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32)) for g in grads]
-    norm = tf.sqrt(tf.add_n(sq))
-    factor, finite = clip_factors(norm, l2_norm_clip)
-    clipped = [tf.math.multiply_no_nan(g, tf.cast(factor, g.dtype)) for g in grads]
-    return ClipResult(clipped, norm[None], finite[None])

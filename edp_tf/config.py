@@ -9,8 +9,8 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
-NOISE_MODES = ("calibrated", "paper")
-DECAYS = ("none", "linear", "exponential")
+from edp_tf.mechanism import DECAYS, NOISE_MODES, noise_multiplier_at
+
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")
 
@@ -165,16 +165,3 @@ class DPConfig:
     @property
     def seed_fixed(self) -> bool:
         return self.seed is not None
-
-
-def noise_multiplier_at(epoch: int, z0: float, decay: str, decay_rate: float) -> float:
-    """The decayed noise multiplier: z0, z0 / (1 + tau t) or z0 exp(-tau t)."""
-    if epoch < 0:
-        raise ValueError(f"epoch must be >= 0, got {epoch!r}")
-    if decay == "none":
-        return float(z0)
-    if decay == "linear":
-        return float(z0) / (1.0 + float(decay_rate) * epoch)
-    if decay == "exponential":
-        return float(z0) * math.exp(-float(decay_rate) * epoch)
-    raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Optional
 import keras
 from absl import logging
 
-from edp_tf import accounting
+from edp_tf import accounting, checks
 from edp_tf.accounting import EpochRecord
 
 FILENAME = "privacy.json"
@@ -110,11 +110,17 @@ class PrivacyLedger(keras.callbacks.Callback):
       sampler: the PoissonSampler whose batches the model trains on (`for_sampler` passes it).
         Without it a "poisson" ledger cannot verify the sampling and reports the run as not
         private.
+      target_epsilon: a budget. After each epoch the ledger predicts the next one's epsilon
+        (z_{t+1}, this epoch's steps) and sets `stop_training` if it would exceed the budget;
+        since Keras runs at least one step after that, an epoch that *starts* over budget (the
+        first of a fit, or a resumed one) is refused with BudgetExhaustedError before its first
+        step. `budget_accountant` ("pld" or "rdp") makes the prediction.
     """
 
     def __init__(self, run_dir: str, dataset_size: int, delta: float, sampling: str = "poisson",
                  sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False,
-                 sampler=None):
+                 sampler=None, target_epsilon: Optional[float] = None,
+                 budget_accountant: str = "pld"):
         super().__init__()
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
             raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
@@ -147,12 +153,20 @@ class PrivacyLedger(keras.callbacks.Callback):
         self._open_epoch: Optional[int] = None
         self._steps = 0
         self._charged_extra: dict = {}  # id(model) -> extra events already charged for it
+        # the budget: stop before an epoch that would take epsilon above target_epsilon
+        self.target_epsilon = (None if target_epsilon is None
+                               else checks.number("target_epsilon", target_epsilon, 0.0, True))
+        self.budget_accountant = accounting._check_accountant(budget_accountant)
+        self.stopped_after_epoch: Optional[int] = None
+        self.reason: Optional[str] = None
+        self._cleared: Any = None  # (epoch, records) whose prediction passed
 
     @classmethod
-    def for_sampler(cls, run_dir: str, sampler, delta: float) -> "PrivacyLedger":
+    def for_sampler(cls, run_dir: str, sampler, delta: float,
+                    target_epsilon: Optional[float] = None) -> "PrivacyLedger":
         """A ledger for batches of an `edp_tf.sampling.PoissonSampler`."""
         return cls(run_dir, sampler.dataset_size, delta, "poisson", sampler.sampling_rate,
-                   sampler.seed_fixed, sampler=sampler)
+                   sampler.seed_fixed, sampler=sampler, target_epsilon=target_epsilon)
 
     # ------------------------------------------------------------------ state
     @property
@@ -170,15 +184,15 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     def record_for(self, epoch: int, steps: int) -> EpochRecord:
         """The record `steps` steps of `epoch` will have under the model's schedule."""
-        z_t = self.model.dp_config.noise_multiplier_at(epoch)
-        led = self.ledger
-        z_eff = accounting.effective_noise_multiplier(
-            z_t, led["noise_mode"], led["replicas"], led["sensitivity"])
-        return EpochRecord(epoch, steps, z_t, z_eff)
+        if self._ledger is None:
+            raise RuntimeError("the ledger is known once fit() has started")
+        mechanism = self.model.mechanism  # begin_fit checked it against the ledger's fields
+        z_t = mechanism.noise_multiplier_at(epoch)
+        return EpochRecord(epoch, steps, z_t, mechanism.effective_noise_multiplier(z_t))
 
     def epsilon_with(self, extra_records: Iterable[EpochRecord] = (),
                      accountant: str = "pld") -> float:
-        """Epsilon of the ledger plus `extra_records` (a prediction, for BudgetStop)."""
+        """Epsilon of the ledger plus `extra_records` (a prediction, for the budget)."""
         led = self.ledger
         return accounting.compute_epsilon(self.records + tuple(extra_records),
                                           led["sampling_rate"], led["delta"],
@@ -190,6 +204,8 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begin_epoch(epoch)
+        if self.target_epsilon is not None:
+            self._refuse_if_over_budget(epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         # with steps_per_execution = k Keras reports once per k steps, with the last step's index
@@ -197,6 +213,8 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.close_epoch(epoch, logs)
+        if self.target_epsilon is not None:
+            self._stop_if_next_exceeds(epoch)
 
     # ------------------------------------------------------------------ the work
     def begin_fit(self) -> None:
@@ -261,14 +279,14 @@ class PrivacyLedger(keras.callbacks.Callback):
         write_json_atomically(self.path, self.ledger)
 
     def cancel_epoch(self, epoch: int) -> None:
-        """Withdraws an epoch that has not run a single step (BudgetStop refused it)."""
+        """Withdraws an epoch that has not run a single step (the budget refused it)."""
         if self._open_epoch == epoch and self._steps == 0:
             self._open_epoch = None
             self.ledger["in_progress"] = None
             write_json_atomically(self.path, self.ledger)
 
     def close_epoch(self, epoch: int, logs: Optional[dict] = None) -> None:
-        """Charges the finished epoch and rewrites privacy.json (idempotent: BudgetStop calls it)."""
+        """Charges the finished epoch and rewrites privacy.json (idempotent)."""
         if self._open_epoch != epoch:
             return
         record = self.record_for(epoch, self._capped_steps())
@@ -289,24 +307,61 @@ class PrivacyLedger(keras.callbacks.Callback):
                      record.effective_noise_multiplier, led["epsilon"], led["epsilon_rdp"],
                      led["delta"])
 
+    # ------------------------------------------------------------------ the budget
+    def _refuse_if_over_budget(self, epoch: int) -> None:
+        if self._cleared == (epoch, self.records):
+            return  # on_epoch_end of the previous epoch already predicted this one
+        records = self.records
+        steps = self._planned_steps() or (records[-1].steps if records else None)
+        if steps is None:
+            logging.warning("privacy budget: steps of epoch %d unknown: not checked", epoch)
+            return
+        predicted = self._predict(epoch, steps)
+        if predicted > self.target_epsilon:
+            self.cancel_epoch(epoch)
+            raise BudgetExhaustedError(
+                f"epoch {epoch} would bring epsilon from {self._now():.4g} to {predicted:.4g} > "
+                f"target {self.target_epsilon:.4g}: not training it")
+
+    def _stop_if_next_exceeds(self, epoch: int) -> None:
+        records = self.records
+        if not records:
+            return
+        predicted = self._predict(epoch + 1, self._planned_steps() or records[-1].steps)
+        if predicted <= self.target_epsilon:
+            self._cleared = (epoch + 1, records)
+            return
+        self.model.stop_training = True
+        self.stopped_after_epoch = epoch
+        self.reason = (f"stopping after epoch {epoch}: epsilon is {self._now():.4g}; epoch "
+                       f"{epoch + 1} would bring it to {predicted:.4g} > target "
+                       f"{self.target_epsilon:.4g}")
+        logging.warning("privacy budget: %s", self.reason)
+
+    def _predict(self, epoch: int, steps: int) -> float:
+        return self.epsilon_with([self.record_for(epoch, steps)], self.budget_accountant)
+
+    def _now(self) -> float:
+        return self.epsilon_with((), self.budget_accountant)
+
     # ------------------------------------------------------------------ helpers
     def _facts(self) -> dict:
         model = self.model
-        if not hasattr(model, "privacy_facts") or not hasattr(model, "dp_config"):
+        if not all(hasattr(model, a) for a in ("privacy_facts", "dp_config", "mechanism")):
             raise ValueError("PrivacyLedger needs an edp_tf.PrivateModel (privacy_facts, "
-                             f"dp_config), got {type(model).__name__}")
+                             f"dp_config, mechanism), got {type(model).__name__}")
         return model.privacy_facts()
 
     def _mechanism(self, facts: dict) -> dict:
-        n, cfg = self.dataset_size, self.model.dp_config
+        n, expected = self.dataset_size, self.model.mechanism.expected_batch_size
         batch = facts["global_batch_size"]
         if self.sampling == "poisson":
-            if cfg.expected_batch_size is None:
+            if expected is None:
                 raise ValueError(
                     "sampling='poisson' needs DPConfig(expected_batch_size=q*n) so that the step "
                     "normalises by the expected batch, not the padded one")
-            q = self.sampling_rate or cfg.expected_batch_size / n
-            batch_size = cfg.expected_batch_size
+            q = self.sampling_rate or expected / n
+            batch_size = expected
             if not math.isclose(q * n, batch_size, rel_tol=1e-6):
                 raise ValueError(
                     f"sampling_rate={q} x dataset_size={n} = {q * n} but "
@@ -327,9 +382,8 @@ class PrivacyLedger(keras.callbacks.Callback):
         }
 
     def _schedule(self) -> dict:
-        cfg = self.model.dp_config
-        return {"noise_multiplier": cfg.noise_multiplier, "decay": cfg.decay,
-                "decay_rate": cfg.decay_rate}
+        m = self.model.mechanism
+        return {"noise_multiplier": m.noise_multiplier, "decay": m.decay, "decay_rate": m.decay_rate}
 
     def _planned_steps(self) -> Optional[int]:
         steps = (self.params or {}).get("steps")
@@ -379,69 +433,3 @@ class PrivacyLedger(keras.callbacks.Callback):
             self.records, led["sampling_rate"], led["dataset_size"], led["extra_events"])
         if math.isinf(est.epsilon):
             led["private"] = False
-
-
-class BudgetStop(keras.callbacks.Callback):
-    """Stops training before the epoch that would take epsilon above `target_epsilon`.
-
-    After each epoch it predicts the next one's epsilon from the schedule (z_{t+1}) and this
-    epoch's steps, and sets `stop_training` if it would exceed the target. Keras runs at least one
-    step after `stop_training`, so an epoch that starts over budget (the first of a fit, or a
-    resumed one) is refused by raising BudgetExhaustedError before its first step.
-    Pass the ledger to `fit` as well: `callbacks=[ledger, BudgetStop(8.0, ledger)]`.
-    """
-
-    def __init__(self, target_epsilon: float, ledger: PrivacyLedger, accountant: str = "pld"):
-        super().__init__()
-        if not isinstance(ledger, PrivacyLedger):
-            raise ValueError(f"BudgetStop needs the run's PrivacyLedger, got {ledger!r}")
-        self.target_epsilon = accounting._number("target_epsilon", target_epsilon, 0.0, True)
-        self.ledger = ledger
-        self.accountant = accounting._check_accountant(accountant)
-        self.stopped_after_epoch: Optional[int] = None
-        self.reason: Optional[str] = None
-        self._cleared: Any = None  # (epoch, records) whose prediction passed
-
-    def on_train_begin(self, logs=None):
-        if self.ledger.params is not self.params:
-            raise ValueError("BudgetStop's PrivacyLedger must be in fit's callbacks too (it "
-                             "counts the steps)")
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.ledger.continue_at(epoch)
-        if self._cleared == (epoch, self.ledger.records):
-            return  # on_epoch_end of the previous epoch already predicted this one
-        records = self.ledger.records
-        steps = self.ledger._planned_steps() or (records[-1].steps if records else None)
-        if steps is None:
-            logging.warning("BudgetStop: steps of epoch %d unknown: not checked", epoch)
-            return
-        predicted = self._predict(epoch, steps)
-        if predicted > self.target_epsilon:
-            self.ledger.cancel_epoch(epoch)
-            raise BudgetExhaustedError(
-                f"epoch {epoch} would bring epsilon from {self._now():.4g} to {predicted:.4g} > "
-                f"target {self.target_epsilon:.4g}: not training it")
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.ledger.close_epoch(epoch, logs)
-        records = self.ledger.records
-        if not records:
-            return
-        steps = self.ledger._planned_steps() or records[-1].steps
-        predicted = self._predict(epoch + 1, steps)
-        if predicted <= self.target_epsilon:
-            self._cleared = (epoch + 1, records)
-            return
-        self.model.stop_training = True
-        self.stopped_after_epoch = epoch
-        self.reason = (f"stopping after epoch {epoch}: epsilon is {self._now():.4g}; epoch "
-                       f"{epoch + 1} would bring it to {predicted:.4g} > target "
-                       f"{self.target_epsilon:.4g}")
-        logging.warning("BudgetStop: %s", self.reason)
-
-    def _predict(self, epoch: int, steps: int) -> float:
-        return self.ledger.epsilon_with([self.ledger.record_for(epoch, steps)], self.accountant)
-
-    def _now(self) -> float:
-        return self.ledger.epsilon_with((), self.accountant)

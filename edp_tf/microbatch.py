@@ -1,4 +1,9 @@
-"""Gradients of micro-batch losses: one per replica (eDP) or many, vectorised.
+"""Micro-batch gradients, in one representation whatever the method, and their clipped sum.
+
+`gradients(...)` returns a `MicrobatchGradients` for the replica's rows: one micro-batch (eDP),
+micro-batches of k stacked by `tf.vectorized_map`, ghost-norm factors, or (for the loop method and
+for memory-bounded chunks) a sum clipped as it goes. Each gives `clip()`: sum_j clip_C(g_j / alpha),
+every term of norm <= C, the quantity whose sensitivity the mechanism states.
 
 The micro-batch loss is `sum_i w_i L_i / k_e`: w is the 0/1 mask of real rows (Poisson sampling
 pads), L_i the per-example loss and k_e the expected number of real examples in a micro-batch, so
@@ -6,8 +11,9 @@ that padding never changes the normalisation (DESIGN.md 2.4: normalise by the ex
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Callable, NamedTuple, Sequence, Tuple
+from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 import keras
 import tensorflow as tf
@@ -160,59 +166,189 @@ def per_variable_squared_norms(
     return tf.stack(columns, axis=1), [wt.index for wt in p.plan.ghost]
 
 
-def ghost_clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
-) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
-    """`clipped_gradient_sum` for micro-batches of k, with ghost norms where they apply.
+@dataclasses.dataclass(frozen=True)
+class ClipPlan:
+    """How a replica turns its rows into a clipped sum: constants of the traced step."""
+
+    microbatch_size: Optional[int]  # None: the replica's rows are one micro-batch (eDP)
+    expected_examples: float  # k_e: a micro-batch's loss is sum_i w_i L_i / k_e
+    scales: tuple  # alpha_k per trainable variable: clipping happens on g_k / alpha_k
+    l2_norm_clip: float  # C
+    method: str = "ghost"  # per-example method: "ghost", "vectorized" or "loop"
+    chunk: Optional[int] = None  # at most this many rows at once (memory), None: all
+
+    def __post_init__(self) -> None:
+        if self.method not in PER_EXAMPLE_METHODS:
+            raise ValueError(f"per-example method must be one of {PER_EXAMPLE_METHODS}, "
+                             f"got {self.method!r}")
+        object.__setattr__(self, "scales", tuple(float(a) for a in self.scales))
+
+
+class MicrobatchGradients:
+    """The replica's micro-batch gradients in the scaled space, with their losses [m] and the
+    predictions of the batch. Subclasses say how the gradients are held; `clip()` is the one
+    contract the step relies on."""
+
+    losses: tf.Tensor
+    y_pred: object
+
+    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+        raise NotImplementedError
+
+
+class _Materialised(MicrobatchGradients):
+    """Gradients held until clipping: squared norms first, then the factor-weighted sum."""
+
+    def squared_norms(self) -> tf.Tensor:
+        """[m] squared norm of each micro-batch's scaled gradient."""
+        raise NotImplementedError
+
+    def weighted_sum(self, factors: tf.Tensor, finite: tf.Tensor) -> list:
+        """sum_j f_j g_j / alpha per variable; non-finite micro-batches contribute exactly 0."""
+        raise NotImplementedError
+
+    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+        norms = tf.sqrt(self.squared_norms())
+        factors, finite = clipping.clip_factors(norms, l2_norm_clip)
+        return clipping.ClipResult(self.weighted_sum(factors, finite), norms, finite)
+
+
+class SingleGradient(_Materialised):
+    """The replica's whole batch as one micro-batch (eDP-SGD): an ordinary backward pass."""
+
+    def __init__(self, grads, losses, y_pred, scales):
+        self.scaled = clipping.scale(grads, scales)
+        self.losses, self.y_pred = losses, y_pred
+
+    def squared_norms(self) -> tf.Tensor:
+        # l2_loss is one fused pass (sum of squares / 2), no squared temporary.
+        return tf.add_n([2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32)) for g in self.scaled])[None]
+
+    def weighted_sum(self, factors, finite) -> list:
+        # multiply_no_nan gives exactly 0 for a non-finite gradient when the factor is 0, without
+        # a select over the whole gradient
+        return [tf.math.multiply_no_nan(g, tf.cast(factors[0], g.dtype)) for g in self.scaled]
+
+
+class StackedGradients(_Materialised):
+    """Exact gradients of m micro-batches stacked on a leading axis [m, ...]."""
+
+    def __init__(self, stacked, losses, y_pred, scales):
+        self.scaled = clipping.scale(stacked, scales)
+        self.losses, self.y_pred = losses, y_pred
+
+    def squared_norms(self) -> tf.Tensor:
+        return tf.add_n(clipping.stacked_squared_norms(self.scaled))
+
+    def weighted_sum(self, factors, finite) -> list:
+        return clipping.weighted_sum(self.scaled, factors, finite)
+
+
+class GhostGradients(_Materialised):
+    """Ghost norms for covered weights (never their per-example gradients), stacked exact
+    gradients for the others.
 
     Norms in the scaled space are sqrt(sum_k ||G_k||^2 / alpha_k^2); the clipped sum of a covered
     weight is A^T (f * dZ), one matmul like the ordinary weight gradient, so no second backward
-    pass is needed. Micro-batches with a non-finite norm get f = 0 and their rows are zeroed (only
-    when there is one), so they contribute exactly 0.
+    pass is needed.
     """
-    p = ghost_pass(model, loss_fn, variables, x, y, w, k, k_e)
-    alpha = list(alpha)
-    fallback = clipping.scale(p.fallback, [alpha[i] for i in p.plan.fallback_indices])
-    squares = clipping.stacked_squared_norms(fallback)
-    for weight, sq in zip(p.plan.ghost, ghost.squared_norms(p.plan, p.rows, variables)):
-        a = alpha[weight.index]
-        squares.append(sq if a == 1.0 else sq * (1.0 / (a * a)))
-    norms = tf.sqrt(tf.add_n(squares))
-    factors, finite = clipping.clip_factors(norms, l2_norm_clip)
-    rows = p.rows
-    if rows:
-        rows = tf.cond(tf.reduce_all(finite), lambda: list(p.rows),
-                       lambda: ghost.zero_nonfinite(p.rows, finite))
-    summed = [None] * len(variables)
-    for i, g in zip(p.plan.fallback_indices, clipping.weighted_sum(fallback, factors, finite)):
-        summed[i] = g
-    ghost_sums = ghost.weighted_sums(p.plan, rows, factors, variables)
-    ghost_sums = clipping.scale(ghost_sums, [alpha[wt.index] for wt in p.plan.ghost])
-    for weight, g in zip(p.plan.ghost, ghost_sums):
-        summed[weight.index] = g
-    return clipping.ClipResult(summed, norms, finite), p.losses, p.y_pred
+
+    def __init__(self, ghost_pass_: "GhostPass", variables, scales):
+        self.pass_, self.variables, self.scales = ghost_pass_, variables, list(scales)
+        plan = ghost_pass_.plan
+        self.fallback = clipping.scale(ghost_pass_.fallback,
+                                       [self.scales[i] for i in plan.fallback_indices])
+        self.losses, self.y_pred = ghost_pass_.losses, ghost_pass_.y_pred
+
+    def squared_norms(self) -> tf.Tensor:
+        p = self.pass_
+        squares = clipping.stacked_squared_norms(self.fallback)
+        for weight, sq in zip(p.plan.ghost, ghost.squared_norms(p.plan, p.rows, self.variables)):
+            a = self.scales[weight.index]
+            squares.append(sq if a == 1.0 else sq * (1.0 / (a * a)))
+        return tf.add_n(squares)
+
+    def weighted_sum(self, factors, finite) -> list:
+        """Micro-batches with a non-finite norm get f = 0 and their rows are zeroed (only when
+        there is one), so they contribute exactly 0."""
+        p = self.pass_
+        rows = p.rows
+        if rows:
+            rows = tf.cond(tf.reduce_all(finite), lambda: list(p.rows),
+                           lambda: ghost.zero_nonfinite(p.rows, finite))
+        summed = [None] * len(self.variables)
+        for i, g in zip(p.plan.fallback_indices,
+                        clipping.weighted_sum(self.fallback, factors, finite)):
+            summed[i] = g
+        ghost_sums = ghost.weighted_sums(p.plan, rows, factors, self.variables)
+        ghost_sums = clipping.scale(ghost_sums, [self.scales[wt.index] for wt in p.plan.ghost])
+        for weight, g in zip(p.plan.ghost, ghost_sums):
+            summed[weight.index] = g
+        return summed
 
 
-def looped_clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, k: int, k_e: float, alpha, l2_norm_clip: float
-) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
-    """`clipped_gradient_sum` one micro-batch at a time in a `tf.while_loop`: exact for any
-    layer, including those `tf.vectorized_map` cannot vectorise (a recurrent layer's own
-    while_loop over masked inputs), and memory for one micro-batch; slower (no batching).
+class ClippedAsItWent(MicrobatchGradients):
+    """A sum clipped while the gradients were computed (the loop method; memory-bounded chunks):
+    the micro-batch gradients never exist all at once, so there is nothing left to hold."""
+
+    def __init__(self, result: clipping.ClipResult, l2_norm_clip: float, losses, y_pred):
+        self._result, self._clip = result, l2_norm_clip
+        self.losses, self.y_pred = losses, y_pred
+
+    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+        if l2_norm_clip != self._clip:
+            raise ValueError(f"these gradients were clipped to {self._clip}, not {l2_norm_clip}")
+        return self._result
+
+
+def gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> MicrobatchGradients:
+    """The replica's micro-batch gradients as `plan` says: the one entry point of the step."""
+    rows = tf.nest.flatten(x)[0].shape[0]
+    if plan.chunk is not None and rows is None:
+        raise ValueError("DPConfig.physical_batch_size needs batches of a static size (the "
+                         "PoissonSampler's, or .batch(..., drop_remainder=True))")
+    if plan.chunk is not None and rows > plan.chunk:
+        return _chunked(model, loss_fn, variables, x, y, w, plan)
+    return unchunked_gradients(model, loss_fn, variables, x, y, w, plan)
+
+
+def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> MicrobatchGradients:
+    """`gradients` for rows processed at once (one chunk)."""
+    k, k_e = plan.microbatch_size, plan.expected_examples
+    if k is None:
+        return SingleGradient(*single_microbatch_gradient(model, loss_fn, variables, x, y, w, k_e),
+                              plan.scales)
+    rows = tf.shape(tf.nest.flatten(x)[0])[0]
+    check = tf.debugging.assert_equal(
+        rows % k, 0, message=f"per-replica batch not divisible by microbatch_size={k}")
+    with tf.control_dependencies([check]):
+        if plan.method == "ghost":
+            return GhostGradients(ghost_pass(model, loss_fn, variables, x, y, w, k, k_e),
+                                  variables, plan.scales)
+        if plan.method == "loop":
+            return _looped(model, loss_fn, variables, x, y, w, plan)
+        return StackedGradients(*stacked_microbatch_gradients(model, loss_fn, variables, x, y, w,
+                                                              k, k_e), plan.scales)
+
+
+def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWent:
+    """One micro-batch at a time in a `tf.while_loop`: exact for any layer, including those
+    `tf.vectorized_map` cannot vectorise (a recurrent layer's own while_loop over masked inputs),
+    and memory for one micro-batch; slower (no batching).
 
     Micro-batch 0 runs before the loop: it fixes the structure of the predictions and the sums.
     """
-    xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
+    xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, plan.microbatch_size), (x, y, w))
     m = tf.shape(ws)[0]
 
     def one(j):
         xj, yj, wj = tf.nest.map_structure(lambda t: t[j], (xs, ys, ws))
-        grads, loss, y_pred = single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
-                                                         k_e)
-        result = clipping.clip_single(clipping.scale(grads, alpha), l2_norm_clip)
-        return result, loss[0], tf.nest.flatten(y_pred), y_pred
+        g = SingleGradient(*single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
+                                                       plan.expected_examples), plan.scales)
+        return g.clip(plan.l2_norm_clip), g.losses[0], tf.nest.flatten(g.y_pred), g.y_pred
 
     first, loss0, preds0, structure = one(0)
+
     def arrays(dtype, value):
         return tf.TensorArray(dtype, size=m, element_shape=value.shape).write(0, value)
 
@@ -229,48 +365,12 @@ def looped_clipped_gradient_sum(
     _, sums, norms, finite, losses, preds = tf.while_loop(lambda j, *_: j < m, body, state)
     y_pred = tf.nest.pack_sequence_as(structure, [
         tf.ensure_shape(ta.concat(), [None] + p.shape[1:]) for ta, p in zip(preds, preds0)])
-    return (clipping.ClipResult(sums, norms.stack(), finite.stack()), losses.stack(), y_pred)
+    return ClippedAsItWent(clipping.ClipResult(sums, norms.stack(), finite.stack()),
+                           plan.l2_norm_clip, losses.stack(), y_pred)
 
 
-def clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
-    method: str = "ghost",
-) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
-    """sum_j clip_C(g_j / alpha) over the replica's micro-batches, with norms and losses.
-
-    `microbatch_size=None`: the replica's batch is one micro-batch (eDP), else micro-batches of
-    `microbatch_size` examples, whose gradients come from `method`: "ghost" (ghost norms for
-    covered weights, exact per-example gradients for the rest), "vectorized" (per-example
-    gradients of every variable: the reference, for benchmarks) or "loop" (one micro-batch at a
-    time: any layer).
-    Returns (ClipResult in the scaled space, micro-batch losses, y_pred).
-    """
-    if method not in PER_EXAMPLE_METHODS:
-        raise ValueError(f"per-example method must be one of {PER_EXAMPLE_METHODS}, got {method!r}")
-    if microbatch_size is None:
-        grads, losses, y_pred = single_microbatch_gradient(model, loss_fn, variables, x, y, w, k_e)
-        return clipping.clip_single(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred
-    rows = tf.shape(tf.nest.flatten(x)[0])[0]
-    check = tf.debugging.assert_equal(
-        rows % microbatch_size, 0,
-        message=f"per-replica batch not divisible by microbatch_size={microbatch_size}")
-    with tf.control_dependencies([check]):
-        if method == "ghost":
-            return ghost_clipped_gradient_sum(
-                model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
-        if method == "loop":
-            return looped_clipped_gradient_sum(
-                model, loss_fn, variables, x, y, w, microbatch_size, k_e, alpha, l2_norm_clip)
-        grads, losses, y_pred = stacked_microbatch_gradients(
-            model, loss_fn, variables, x, y, w, microbatch_size, k_e)
-    return clipping.clip_and_sum(clipping.scale(grads, alpha), l2_norm_clip), losses, y_pred
-
-
-def chunked_clipped_gradient_sum(
-    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
-    method: str = "ghost", chunk: int | None = None,
-) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
-    """`clipped_gradient_sum` over chunks of at most `chunk` examples, one after the other.
+def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWent:
+    """The clipped sum over chunks of at most `plan.chunk` rows, one after the other.
 
     Why: per-example clipping holds every example's activations at once, so memory grows with the
     batch (MiniLM at an expected batch of ~1,050 took 17 GB on a CPU), while DP-SGD wants large
@@ -280,37 +380,42 @@ def chunked_clipped_gradient_sum(
     gradients are summed before the one clip: the same micro-batch gradient.
     """
     rows = tf.nest.flatten(x)[0].shape[0]
-    if chunk is not None and rows is None:
-        raise ValueError("DPConfig.physical_batch_size needs batches of a static size (the "
-                         "PoissonSampler's, or .batch(..., drop_remainder=True))")
-    if chunk is None or rows <= chunk:
-        return clipped_gradient_sum(model, loss_fn, variables, x, y, w, microbatch_size, k_e,
-                                    alpha, l2_norm_clip, method)
     take = lambda t, s, e: tf.nest.map_structure(lambda a: a[s:e], t)  # noqa: E731
-    bounds = [(s, min(s + chunk, rows)) for s in range(0, rows, chunk)]
     done = []  # tensors the next chunk waits for
     sums, norms, finite, losses, preds = None, [], [], [], []
-    for start, end in bounds:
+    for start in range(0, rows, plan.chunk):
+        end = min(start + plan.chunk, rows)
         with tf.control_dependencies(done):
             xc, yc, wc = (tf.nest.map_structure(tf.identity, take(t, start, end))
                           for t in (x, y, w))
-        if microbatch_size is None:
-            grads, loss, y_pred = single_microbatch_gradient(model, loss_fn, variables, xc, yc, wc,
-                                                             k_e)
-            part = [clipping.scale(grads, alpha)]
+        part = unchunked_gradients(model, loss_fn, variables, xc, yc, wc, plan)
+        if plan.microbatch_size is None:
+            chunk_sum = part.scaled  # summed before the one clip
         else:
-            clip, loss, y_pred = clipped_gradient_sum(model, loss_fn, variables, xc, yc, wc,
-                                                      microbatch_size, k_e, alpha, l2_norm_clip,
-                                                      method)
-            part = [clip.clipped_sum]
+            clip = part.clip(plan.l2_norm_clip)
+            chunk_sum = clip.clipped_sum
             norms.append(clip.norms)
             finite.append(clip.finite)
-        sums = part[0] if sums is None else [a + b for a, b in zip(sums, part[0])]
-        losses.append(loss)
-        preds.append(y_pred)
+        sums = chunk_sum if sums is None else [a + b for a, b in zip(sums, chunk_sum)]
+        losses.append(part.losses)
+        preds.append(part.y_pred)
         done = list(sums)  # every accumulated sum: the chunk's work is finished
     y_pred = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *preds)
-    if microbatch_size is None:  # one micro-batch: its loss is the chunks' summed loss, [1]
-        return clipping.clip_single(sums, l2_norm_clip), tf.add_n(losses), y_pred
-    return (clipping.ClipResult(sums, tf.concat(norms, 0), tf.concat(finite, 0)),
-            tf.concat(losses, 0), y_pred)
+    if plan.microbatch_size is None:  # one micro-batch: its loss is the chunks' summed loss, [1]
+        whole = SingleGradient(sums, tf.add_n(losses), y_pred, [1.0] * len(sums))
+        return ClippedAsItWent(whole.clip(plan.l2_norm_clip), plan.l2_norm_clip, whole.losses,
+                               y_pred)
+    return ClippedAsItWent(
+        clipping.ClipResult(sums, tf.concat(norms, 0), tf.concat(finite, 0)),
+        plan.l2_norm_clip, tf.concat(losses, 0), y_pred)
+
+
+def clipped_gradient_sum(
+    model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
+    method: str = "ghost", chunk: Optional[int] = None,
+) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
+    """(sum_j clip_C(g_j / alpha), micro-batch losses, y_pred): `gradients(...).clip()` for
+    callers outside the step (tests, benchmarks)."""
+    plan = ClipPlan(microbatch_size, k_e, tuple(alpha), l2_norm_clip, method, chunk)
+    g = gradients(model, loss_fn, variables, x, y, w, plan)
+    return g.clip(l2_norm_clip), g.losses, g.y_pred

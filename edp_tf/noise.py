@@ -24,28 +24,6 @@ def make_generator(seed: Optional[int]) -> tf.random.Generator:
     return tf.random.Generator.from_seed(seed)
 
 
-def per_replica_stddev(
-    noise_multiplier: tf.Tensor,
-    l2_norm_clip: float,
-    sensitivity: int,
-    replicas: int,
-    noise_mode: str,
-) -> tf.Tensor:
-    """Std of the noise one replica adds to its *sum* of clipped micro-batch gradients.
-
-    calibrated: z_t * S / sqrt(N), so the N independent draws sum to exactly z_t * S.
-    paper: Algorithm 1 adds y/N, y ~ N(0, (C z_t)^2), to each replica's mean-level update; with one
-      micro-batch per replica the mean-level and sum-level updates coincide up to the 1/N of the
-      final average, so in the sum space each replica adds z_t * C / N (summed: z_t C / sqrt(N)).
-    """
-    z = tf.cast(noise_multiplier, tf.float32)
-    if noise_mode == "calibrated":
-        return z * (sensitivity * l2_norm_clip / math.sqrt(replicas))
-    if noise_mode == "paper":
-        return z * (l2_norm_clip / replicas)
-    raise ValueError(f"noise_mode must be 'calibrated' or 'paper', got {noise_mode!r}")
-
-
 def noise_owners(sizes: Sequence[int], replicas: int) -> tuple:
     """The replica that draws each variable's noise: the largest variables first, each to the
     replica with the fewest entries so far (balanced draws)."""

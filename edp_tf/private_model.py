@@ -1,13 +1,13 @@
 """`PrivateModel`: any Keras model, trained by `fit` with the replica-local (e)DP-SGD step.
 
-On each replica (DESIGN.md 2):
-    g_j  = grad(sum_{i in M_j} w_i L_i / k_e)          micro-batch gradients (one, or m vectorised)
-    s_j  = g_j / alpha                                   per-variable scaling
-    c_j  = s_j * min(1, C / ||s_j||)                     clipping (NaN/Inf -> 0, counted)
-    u_r  = alpha * (sum_j c_j + eta_r) / D               eta_r ~ N(0, sigma_r^2), independent per replica
+On each replica (DESIGN.md 2), in `train_step`, top to bottom:
+    g_j  = grad(sum_{i in M_j} w_i L_i / k_e)          micro-batch gradients (microbatch.gradients)
+    c_j  = (g_j / alpha) * min(1, C / ||g_j / alpha||)   scaled and clipped (NaN/Inf -> 0, counted)
+    u_r  = alpha * (sum_j c_j + eta_r) / D               noise, then clipping.to_update
 and the optimizer's all-reduce SUMs u_r over replicas, giving alpha * (sum of clipped + summed
 noise) / D, with D the expected number of micro-batches in the global batch (N * m for fixed
-batches). The wrapped model stays an ordinary Keras model: save or export `wrapped_model`.
+batches). The constants (k, k_e, D, S, the noise std) are one frozen `Mechanism`, decided before
+tracing. The wrapped model stays an ordinary Keras model: save or export `wrapped_model`.
 """
 from __future__ import annotations
 
@@ -21,19 +21,20 @@ import tensorflow as tf
 
 from edp_tf import clipping, microbatch, noise, scaling
 from edp_tf.config import DPConfig
+from edp_tf.mechanism import Mechanism
 
-_DECAY_IDS = {"none": 0, "linear": 1, "exponential": 2}
 
-
-class _EpochSetter(keras.callbacks.Callback):
-    """Feeds the 0-based epoch to the step, for the noise decay schedule."""
+class _NoiseScheduler(keras.callbacks.Callback):
+    """Sets the step's z_t at the start of each epoch, from the mechanism's schedule (the same
+    function the ledger charges)."""
 
     def __init__(self, private_model: "PrivateModel"):
         super().__init__()
         self._private_model = private_model
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._private_model.dp_epoch.assign(float(epoch))
+        model = self._private_model
+        model.dp_noise_multiplier.assign(model.mechanism.noise_multiplier_at(epoch))
 
 
 class PrivateModel(keras.Model):
@@ -51,11 +52,13 @@ class PrivateModel(keras.Model):
             raise ValueError(f"PrivateModel wraps a keras.Model, got {type(model).__name__}")
         self.wrapped_model = model
         self._dp_config = config
-        self.dp_epoch = tf.Variable(0.0, trainable=False, name="dp_epoch")
+        self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
+                                               name="dp_noise_multiplier")  # z_t
         self._noise_generator = noise.make_generator(config.seed)
         self._rng = np.random.default_rng(config.seed)  # the private-scaling query (host side)
         self._layer_scales: Optional[tuple] = None
-        self._global_batch: Optional[int] = None
+        self._mechanism: Optional[Mechanism] = None
+        self._clip_plan: Optional[microbatch.ClipPlan] = None
         self._extra_events: list = []
         self._not_covered: list = []
         self._per_example_loss = None
@@ -73,6 +76,13 @@ class PrivateModel(keras.Model):
     @property
     def num_replicas(self) -> int:
         return self.distribute_strategy.num_replicas_in_sync
+
+    @property
+    def mechanism(self) -> Mechanism:
+        """The step's mechanism (known once `fit` has seen the first batch)."""
+        if self._mechanism is None:
+            raise RuntimeError("the mechanism is known once fit() has seen the first batch")
+        return self._mechanism
 
     @property
     def layer_scales(self) -> Optional[tuple]:
@@ -100,8 +110,7 @@ class PrivateModel(keras.Model):
 
     def privacy_facts(self) -> dict:
         """What the accountant needs to know about the mechanism (after the first `fit` starts)."""
-        if self._global_batch is None:
-            raise RuntimeError("privacy_facts() is known once fit() has seen the first batch")
+        mechanism = self.mechanism
         cfg = self._dp_config
         not_covered = list(self._not_covered)
         if cfg.scaling == "first_batch":
@@ -114,17 +123,9 @@ class PrivateModel(keras.Model):
                 f"The noise seed was fixed (seed={cfg.seed}): the noise is predictable, so the run "
                 "is not private."
             )
-        return {
-            "replicas": self.num_replicas,
-            "global_batch_size": self._global_batch,
-            "microbatch_size": self._k,
-            "microbatches_per_replica": self._per_replica_batch // self._k,
-            "sensitivity": self._sensitivity,
-            "noise_mode": cfg.noise_mode,
-            "l2_norm_clip": cfg.l2_norm_clip,
+        return mechanism.to_dict() | {
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
-            "expected_batch_size": self._expected_batch,
             "seed_fixed": cfg.seed_fixed,
             "not_covered": not_covered,
             "extra_events": [dict(e) for e in self._extra_events],
@@ -156,7 +157,7 @@ class PrivateModel(keras.Model):
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
         self._prepare(first)
-        callbacks = [_EpochSetter(self)] + list(callbacks or [])
+        callbacks = [_NoiseScheduler(self)] + list(callbacks or [])
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
@@ -166,7 +167,7 @@ class PrivateModel(keras.Model):
             self.wrapped_model(_take(x, 1), training=False)
 
     def _prepare(self, first) -> None:
-        """Decides the static facts of the step (batch geometry, S, alpha) before tracing it."""
+        """Decides the step's constants (the mechanism, alpha) before tracing it."""
         fx, fy, fw = first
         self._ensure_built(fx)
         fw = _mask(fx, fw)
@@ -181,19 +182,15 @@ class PrivateModel(keras.Model):
             )
         if k is not None and cfg.per_example_method != "loop":
             _refuse_unvectorisable_layers(self.wrapped_model)
-        changed = self._global_batch not in (None, batch)
-        self._global_batch = batch
-        self._per_replica_batch = batch // n
-        self._k = k or self._per_replica_batch
-        self._sensitivity = clipping.sensitivity_factor(self._k)
+        changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
+        self._mechanism = Mechanism.from_config(cfg, n, batch)
         self._noise_owners = noise.noise_owners(
             [int(np.prod(v.shape)) for v in self.wrapped_model.trainable_variables], n)
-        self._expected_batch = float(cfg.expected_batch_size or batch)
-        # k_e: expected real examples per micro-batch; D: expected micro-batches per global batch.
-        self._k_e = 1.0 if self._k == 1 else self._k * self._expected_batch / batch
-        self._denominator = self._expected_batch / self._k_e
         if self._layer_scales is None or changed:
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
+        self._clip_plan = microbatch.ClipPlan(
+            k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
+            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size)
         self.train_function = None  # constants changed: retrace
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:
@@ -271,40 +268,30 @@ class PrivateModel(keras.Model):
         return self._per_example_loss
 
     # ----------------------------------------------------------------- the step
-    def _noise_multiplier_now(self) -> tf.Tensor:
-        cfg = self._dp_config
-        t = self.dp_epoch
-        if cfg.decay == "linear":
-            return cfg.noise_multiplier / (1.0 + cfg.decay_rate * t)
-        if cfg.decay == "exponential":
-            return cfg.noise_multiplier * tf.exp(-cfg.decay_rate * t)
-        return tf.constant(float(cfg.noise_multiplier))
-
     def train_step(self, data):
         x, y, w = keras.utils.unpack_x_y_sample_weight(data)
         w = _mask(x, w)
-        cfg = self._dp_config
+        mechanism, plan = self._mechanism, self._clip_plan
         variables = self.wrapped_model.trainable_variables
-        loss_fn = self._require_loss()
-        # per replica; chunked when the replica batch exceeds physical_batch_size (memory)
-        clip, losses, y_pred = microbatch.chunked_clipped_gradient_sum(
-            self.wrapped_model, loss_fn, variables, x, y, w, cfg.microbatch_size, self._k_e,
-            self._layer_scales, cfg.l2_norm_clip, cfg.per_example_method,
-            cfg.physical_batch_size)
-
-        z_t = self._noise_multiplier_now()
-        stddev = noise.per_replica_stddev(
-            z_t, cfg.l2_norm_clip, self._sensitivity, self.num_replicas, cfg.noise_mode)
-        # one replica draws each variable's noise (std sqrt(N) x), the same summed distribution
-        noisy = noise.add_owned_noise(clip.clipped_sum, stddev, self._noise_generator,
-                                      self._noise_owners, self.num_replicas)
-        # unscale and normalise in one multiply: alpha_k / D
-        updates = clipping.unscale(noisy, [a / self._denominator for a in self._layer_scales])
+        # 1. this replica's micro-batch gradients (single / stacked / ghost / loop; chunked when
+        #    the replica's rows exceed physical_batch_size)
+        grads = microbatch.gradients(self.wrapped_model, self._require_loss(), variables, x, y, w,
+                                     plan)
+        # 2. sum_j clip_C(g_j / alpha): every term has norm <= C, so the sum moves by <= S C
+        clip = grads.clip(plan.l2_norm_clip)
+        # 3. noise: each variable's draw on one owner replica, std sqrt(N) x the per-replica std,
+        #    so the replicas' sum carries exactly the mechanism's std z_t S C
+        z_t = self.dp_noise_multiplier
+        noisy = noise.add_owned_noise(clip.clipped_sum, mechanism.per_replica_noise_std(z_t),
+                                      self._noise_generator, self._noise_owners, self.num_replicas)
+        # 4. back to gradient space, normalised by the expected number of micro-batches D
+        updates = clipping.to_update(noisy, plan.scales, mechanism.expected_microbatches)
+        # 5. the optimizer SUMs the replicas' updates (all-reduce), then applies them
         self.optimizer.apply_gradients(zip(updates, variables))
 
-        self._record_metrics(losses, clip, z_t)
+        self._record_metrics(grads.losses, clip, z_t)
         if self._compile_metrics is not None:
-            self._compile_metrics.update_state(y, y_pred, w)
+            self._compile_metrics.update_state(y, grads.y_pred, w)
         return self._step_logs()
 
     def _record_metrics(self, losses, clip: clipping.ClipResult, z_t) -> None:
@@ -313,7 +300,7 @@ class PrivateModel(keras.Model):
         safe_norms = tf.where(clip.finite, clip.norms, tf.zeros_like(clip.norms))
         clipped = tf.cast(safe_norms > self._dp_config.l2_norm_clip, tf.float32)
         # mean loss per replica batch: sum of micro-batch losses over the replica's share of D
-        replica_share = self._denominator / self.num_replicas
+        replica_share = self._mechanism.expected_microbatches / self.num_replicas
         safe_losses = tf.where(tf.math.is_finite(losses), losses, tf.zeros_like(losses))
         self._loss_tracker.update_state(tf.reduce_sum(safe_losses) / replica_share)
         self._metric_trackers["noise_multiplier"].update_state(z_t)

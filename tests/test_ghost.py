@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import clipping, ghost, microbatch
+from edp_tf import ghost, microbatch
 from tests.reference import loop_clipped_sum, loop_gradients, mse
 
 
@@ -237,12 +237,14 @@ def test_per_example_method_names_are_checked():
         microbatch.clipped_gradient_sum(None, None, [], {}, {}, None, 1, 1.0, [], 1.0, "jacobian")
 
 
-def test_clip_single_zeroes_a_nonfinite_gradient_exactly():
-    grads = [tf.constant([1.0, np.nan]), tf.constant([[2.0]])]
-    result = clipping.clip_single(grads, 1.0)
+def test_single_clip_zeroes_a_nonfinite_gradient_exactly():
+    def clip(grads):
+        return microbatch.SingleGradient(grads, None, None, [1.0] * len(grads)).clip(1.0)
+
+    result = clip([tf.constant([1.0, np.nan]), tf.constant([[2.0]])])
     assert not bool(result.finite[0])
     assert all(np.all(g.numpy() == 0.0) for g in result.clipped_sum)
-    result = clipping.clip_single([tf.constant([3.0, 4.0])], 1.0)
+    result = clip([tf.constant([3.0, 4.0])])
     np.testing.assert_allclose(result.clipped_sum[0].numpy(), [0.6, 0.8], rtol=1e-6)
 
 

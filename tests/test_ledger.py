@@ -1,4 +1,4 @@
-"""PrivacyLedger and BudgetStop around a tiny PrivateModel on 2 logical CPU replicas."""
+"""PrivacyLedger (and its budget) around a tiny PrivateModel on 2 logical CPU replicas."""
 import json
 import math
 import os
@@ -159,9 +159,8 @@ def test_budget_stop_stops_before_the_epoch_that_would_exceed(strategy, data, tm
     target = (eps[1] + eps[2]) / 2
     sampler = sampling.PoissonSampler(N_EX, Q, replicas=N)
     model = make_model(strategy, expected_batch_size=sampler.expected_batch_size)
-    led = ledger.PrivacyLedger.for_sampler(tmp_path, sampler, DELTA)
-    stop = ledger.BudgetStop(target, led)
-    history = model.fit(sampler.dataset(*data), epochs=4, verbose=0, callbacks=[stop, led])
+    stop = led = ledger.PrivacyLedger.for_sampler(tmp_path, sampler, DELTA, target_epsilon=target)
+    history = model.fit(sampler.dataset(*data), epochs=4, verbose=0, callbacks=[led])
     content = load(tmp_path)
     assert len(history.epoch) == 2 and stop.stopped_after_epoch == 1
     assert [e["epoch"] for e in content["epochs"]] == [0, 1]
@@ -169,10 +168,10 @@ def test_budget_stop_stops_before_the_epoch_that_would_exceed(strategy, data, tm
     assert "epoch 2 would bring it to" in stop.reason
     # resuming over budget refuses before any step, and leaves the ledger as it was
     model2 = make_model(strategy, expected_batch_size=sampler.expected_batch_size)
-    led2 = ledger.PrivacyLedger.for_sampler(tmp_path, sampler, DELTA)
+    led2 = ledger.PrivacyLedger.for_sampler(tmp_path, sampler, DELTA, target_epsilon=target)
     with pytest.raises(ledger.BudgetExhaustedError, match="epoch 2"):
         model2.fit(sampler.dataset(*data), epochs=4, initial_epoch=2, verbose=0,
-                   callbacks=[led2, ledger.BudgetStop(target, led2)])
+                   callbacks=[led2])
     after = load(tmp_path)
     assert after["epochs"] == content["epochs"] and after["in_progress"] is None
 

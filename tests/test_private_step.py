@@ -200,12 +200,14 @@ def test_clipping_and_layer_scales_match_plain_loop(strategy, microbatch_size, p
         np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
 
 
-def test_clip_and_sum_bounds_every_contribution():
+def test_stacked_clip_bounds_every_contribution():
     rng = np.random.default_rng(1)
     stacked = [tf.constant(rng.normal(size=(6, 3, 2)) * 10, tf.float32),
                tf.constant(rng.normal(size=(6, 4)), tf.float32)]
     C = 1.5
-    result = edp_tf.clipping.clip_and_sum(stacked, C)
+    from edp_tf import microbatch
+
+    result = microbatch.StackedGradients(stacked, None, None, [1.0, 1.0]).clip(C)
     norms = np.sqrt(sum(np.sum(s.numpy().reshape(6, -1) ** 2, 1) for s in stacked))
     np.testing.assert_allclose(result.norms.numpy(), norms, rtol=1e-5)
     factors = np.minimum(1.0, C / norms)
@@ -350,12 +352,12 @@ def test_make_strategy_errors():
 
 
 def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
-    """The chunked path really runs: one clipped_gradient_sum per chunk and replica when traced."""
+    """The chunked path really runs: one unchunked_gradients per chunk and replica when traced."""
     from edp_tf import microbatch
 
     calls = []
-    original = microbatch.clipped_gradient_sum
-    monkeypatch.setattr(microbatch, "clipped_gradient_sum",
+    original = microbatch.unchunked_gradients
+    monkeypatch.setattr(microbatch, "unchunked_gradients",
                         lambda *a, **k: calls.append(1) or original(*a, **k))
     x, y = small_regression()
     with strategy.scope():

@@ -72,9 +72,9 @@ class AuditPlan:
 
     @property
     def sensitivity(self) -> int:
-        from edp_tf import accounting
+        from edp_tf.mechanism import sensitivity
 
-        return accounting.sensitivity_for(self.rows_per_microbatch)
+        return sensitivity(self.rows_per_microbatch)
 
     @property
     def canaries_per_block(self) -> int:

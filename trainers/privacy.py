@@ -23,6 +23,7 @@ from absl import app, flags, logging
 
 from edp_tf import accounting
 from edp_tf.accounting import EpochRecord
+from edp_tf.mechanism import Mechanism
 
 SHUFFLE_NOTE = ("Fixed-size shuffled batches: epsilon assumes Poisson sampling at q = B/n, "
                 "which shuffling does not provide (the run would not be private).")
@@ -107,6 +108,14 @@ def _extras_and_caveats(extras, not_covered, private: bool) -> list:
     return lines
 
 
+def planned_mechanism(batch_size: float, replicas: int, microbatch_size: int,
+                      noise_multiplier: float, noise_mode: str, decay: str,
+                      decay_rate: float) -> Mechanism:
+    """The mechanism of a planned run (microbatch_size 0: one micro-batch per replica)."""
+    return Mechanism(replicas, max(1, int(batch_size)), microbatch_size or None, 1.0,
+                     noise_multiplier, noise_mode, decay, decay_rate)
+
+
 def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_multiplier: float,
                    delta: Optional[float] = None, decay: str = "none", decay_rate: float = 0.0,
                    noise_mode: str = "calibrated", replicas: int = 1, microbatch_size: int = 0,
@@ -122,16 +131,15 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
     delta = accounting.default_delta(dataset_size) if delta is None else delta
     q = accounting.check_sampling_rate(batch_size / dataset_size)
     steps = steps_per_epoch or math.ceil(dataset_size / batch_size - 1e-9)
-    per_microbatch = microbatch_size or max(1, int(batch_size // replicas))
-    sensitivity = accounting.sensitivity_for(per_microbatch)
     extras = ([accounting.ExtraEvent("private_layer_scales", scaling_noise_multiplier)]
               if scaling_noise_multiplier > 0 else [])
     modes = ["calibrated", "paper"] if noise_mode == "both" else [noise_mode]
     columns = {}
     for mode in modes:
-        records = accounting.plan_schedule(noise_multiplier, epochs, steps, decay, decay_rate,
-                                           mode, replicas, sensitivity)
-        columns[mode] = _per_epoch(records, q, delta, extras)
+        mechanism = planned_mechanism(batch_size, replicas, microbatch_size, noise_multiplier, mode,
+                                      decay, decay_rate)
+        columns[mode] = _per_epoch(mechanism.schedule(epochs, steps), q, delta, extras)
+    sensitivity = mechanism.sensitivity
     first = next(iter(columns.values()))[0]
     lines = ["Privacy statement of a planned run",
              _mechanism_line(" / ".join(modes), replicas, microbatch_size, sensitivity),
@@ -199,11 +207,10 @@ def main(argv):
               if f.scaling_noise_multiplier > 0 else [])
     if f.target_epsilon is not None:
         mode = "calibrated" if f.noise_mode == "both" else f.noise_mode
-        sensitivity = accounting.sensitivity_for(f.microbatch_size or max(1, int(batch // replicas)))
         steps = f.steps_per_epoch or math.ceil(n / batch - 1e-9)
-        z0 = accounting.calibrate_noise(f.target_epsilon, delta, batch / n, f.epochs, steps,
-                                        f.decay, f.decay_rate, mode, replicas, sensitivity,
-                                        extra_events=extras)
+        z0 = planned_mechanism(batch, replicas, f.microbatch_size, 1.0, mode, f.decay,
+                               f.decay_rate).calibrated(f.target_epsilon, delta, batch / n,
+                                                        f.epochs, steps, extras).noise_multiplier
         print(f"Calibrated z0 = {z0:.6g} ({mode} mode) for epsilon {f.target_epsilon:g} at "
               f"delta {delta:.3g} (PLD, relative tolerance 1e-3)\n")
     print(plan_statement(n, batch, f.epochs, z0, delta, f.decay, f.decay_rate, f.noise_mode,

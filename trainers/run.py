@@ -21,6 +21,7 @@ import tensorflow as tf
 import edp_tf
 from edp_tf import accounting, attacks, sampling
 from edp_tf import ledger as ledger_lib
+from edp_tf.mechanism import Mechanism
 from trainers import data as data_lib
 from trainers import metrics as metrics_lib
 from trainers import optimizers, pipeline, recipes
@@ -257,27 +258,27 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
 
     ds, steps, q, expected_batch, sampler = _datasets(
         config, train_enc.x, train_enc.y, n, k, strategy, fixed_seed)
-    z0 = float(config.noise_multiplier)
+    dp = edp_tf.DPConfig(
+        l2_norm_clip=config.l2_norm_clip, noise_multiplier=float(config.noise_multiplier),
+        microbatch_size=k, noise_mode=config.noise_mode, decay=config.decay,
+        decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
+        expected_batch_size=expected_batch,
+        physical_batch_size=int(config.physical_batch_size) or None) if private else None
     if private and config.target_epsilon > 0:
-        z0 = state.get("noise_multiplier") or accounting.calibrate_noise(
-            config.target_epsilon, delta, q, int(config.epochs), steps, config.decay,
-            config.decay_rate, config.noise_mode, int(config.replicas),
-            accounting.sensitivity_for(k or max(1, int(round(expected_batch or config.batch_size))
-                                               // int(config.replicas))),
+        rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
+        planned = Mechanism.from_config(dp, strategy.num_replicas_in_sync, rows)
+        z0 = state.get("noise_multiplier") or planned.calibrated(
+            config.target_epsilon, delta, q, int(config.epochs), steps,
             extra_events=([accounting.ExtraEvent("private_layer_scales",
-                                                 edp_tf.DPConfig().scaling_noise_multiplier)]
-                          if config.scaling == "private" else ()))
+                                                 dp.scaling_noise_multiplier)]
+                          if config.scaling == "private" else ())).noise_multiplier
+        dp = dp.replace(noise_multiplier=z0)
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", z0, config.target_epsilon,
                   delta)
     with strategy.scope():
         model = pipeline.build_model(config, preprocessor, vectors)
         optimizer = _optimizer(config, steps)
         if private:
-            dp = edp_tf.DPConfig(
-                l2_norm_clip=config.l2_norm_clip, noise_multiplier=z0, microbatch_size=k,
-                noise_mode=config.noise_mode, decay=config.decay, decay_rate=config.decay_rate,
-                scaling=config.scaling, seed=fixed_seed, expected_batch_size=expected_batch,
-                physical_batch_size=int(config.physical_batch_size) or None)
             trainer = edp_tf.PrivateModel(model, dp)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
         else:
@@ -293,6 +294,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             if private and state.get("layer_scales"):
                 trainer.restore_layer_scales(state["layer_scales"])
 
+    z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
         write_json(config_path, {"config": config.to_dict(), "dataset_size": n,
@@ -309,13 +311,14 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             trainer.note_not_covered(sentence)
         for sentence in schema_lib.not_covered(labels):
             trainer.note_not_covered(sentence)
-        privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta) if sampler
-                          else ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
-                                                    sampling=config.sampling, sampling_rate=q))
+        budget = config.target_epsilon if config.target_epsilon > 0 else None
+        privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta, budget)
+                          if sampler else
+                          ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
+                                               sampling=config.sampling, sampling_rate=q,
+                                               target_epsilon=budget))
         privacy_ledger.artifacts = artifacts(bool(config.diagnostics), labels)
         callbacks.append(privacy_ledger)
-        if config.target_epsilon > 0:
-            callbacks.append(ledger.BudgetStop(config.target_epsilon, privacy_ledger))
     diagnostics = bool(config.diagnostics)
     epoch_end = EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
                          trainer if private else None, diagnostics)

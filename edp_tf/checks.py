@@ -1,0 +1,34 @@
+"""Validated numbers: a wrong value fails with a message naming the parameter, before any
+privacy budget is spent."""
+from __future__ import annotations
+
+import math
+
+
+def number(name: str, value, low: float = -math.inf, low_open: bool = False,
+           high: float = math.inf, high_open: bool = False) -> float:
+    """`value` as a finite float within the given bounds, else ValueError naming `name`."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    too_low = v <= low if low_open else v < low
+    too_high = v >= high if high_open else v > high
+    if math.isnan(v) or too_low or too_high or (math.isinf(v) and math.isinf(high)):
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ValueError(f"{name} must be in {lo}{low}, {high}{hi} and finite, got {value!r}")
+    return v
+
+
+def count(name: str, value, minimum: int = 0) -> int:
+    """`value` as an int >= `minimum`, else ValueError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) and not (
+            hasattr(value, "__index__")):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    v = int(value)
+    if v < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return v

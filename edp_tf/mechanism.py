@@ -1,0 +1,190 @@
+"""`Mechanism`: the private step described once, for the step, calibration, the ledger and
+`trainers.privacy` alike (plain Python: no TensorFlow).
+
+The formulas the step and the accountant share live here and nowhere else (DESIGN.md 2):
+  S     sensitivity of a replica's clipped sum, in units of C, under add/remove adjacency: 1 with
+        one example per micro-batch; 2 otherwise (one example can move its micro-batch's clipped
+        gradient from c to c' with ||c - c'|| <= 2C);
+  z_t   the noise multiplier of 0-based epoch t: z0, z0 / (1 + tau t) or z0 exp(-tau t);
+  std   of the noise in the replicas' SUM: z_t S C ("calibrated"), or z_t C / sqrt(N) ("paper":
+        Algorithm 1's y / N per replica, y ~ N(0, (C z_t)^2)); each replica's share is std / sqrt(N)
+        and the accountant's multiplier is z_eff = std / (S C);
+  k_e   expected real examples per micro-batch, and D = expected micro-batches per global batch:
+        the update is alpha (clipped sum + noise) / D, normalised by the *expected* batch so that
+        Poisson padding never changes it (DESIGN.md 2.4).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterable, Optional
+
+from edp_tf import checks
+
+NOISE_MODES = ("calibrated", "paper")
+DECAYS = ("none", "linear", "exponential")
+
+
+def sensitivity(examples_per_microbatch: int) -> int:
+    """S in units of C: 1 for one example per micro-batch, else 2."""
+    return 1 if checks.count("examples_per_microbatch", examples_per_microbatch, 1) == 1 else 2
+
+
+def noise_multiplier_at(epoch: int, z0: float, decay: str, decay_rate: float) -> float:
+    """The decayed noise multiplier z_t of the 0-based epoch t."""
+    if epoch < 0:
+        raise ValueError(f"epoch must be >= 0, got {epoch!r}")
+    if decay == "none":
+        return float(z0)
+    if decay == "linear":
+        return float(z0) / (1.0 + float(decay_rate) * epoch)
+    if decay == "exponential":
+        return float(z0) * math.exp(-float(decay_rate) * epoch)
+    raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
+
+
+def effective_noise_multiplier(noise_multiplier: float, noise_mode: str, replicas: int,
+                               sensitivity_: float) -> float:
+    """z_eff = (std of the summed noise) / (S C): what the accountant composes.
+
+    calibrated: the replicas' draws sum to z S C, so z_eff = z; paper: each replica adds y / N,
+    y ~ N(0, (C z)^2), so the sum carries C z / sqrt(N) and z_eff = z / (sqrt(N) S).
+    """
+    z = checks.number("noise_multiplier", noise_multiplier, 0.0)
+    n = checks.count("replicas", replicas, 1)
+    s = checks.number("sensitivity", sensitivity_, 0.0, True)
+    if noise_mode == "calibrated":
+        return z
+    if noise_mode == "paper":
+        return z / (math.sqrt(n) * s)
+    raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+    """What one run's private step does, completely: geometry, clipping, noise and schedule.
+
+    Attributes:
+      replicas: N, the replicas whose clipped sums are SUMmed.
+      global_batch_size: rows per step over all replicas (the padded batch under Poisson sampling).
+      microbatch_size: examples per micro-batch; None: each replica's rows are one micro-batch.
+      l2_norm_clip: C.
+      noise_multiplier: z0, of epoch 0.
+      noise_mode: "calibrated" or "paper" (see the module docstring).
+      decay, decay_rate: the per-epoch schedule of z_t.
+      expected_batch_size: q n under Poisson sampling; None: the fixed global batch.
+    """
+
+    replicas: int
+    global_batch_size: int
+    microbatch_size: Optional[int] = None
+    l2_norm_clip: float = 1.0
+    noise_multiplier: float = 1.0
+    noise_mode: str = "calibrated"
+    decay: str = "none"
+    decay_rate: float = 0.0
+    expected_batch_size: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        checks.count("replicas", self.replicas, 1)
+        checks.count("global_batch_size", self.global_batch_size, 1)
+        if self.microbatch_size is not None:
+            checks.count("microbatch_size", self.microbatch_size, 1)
+        checks.number("l2_norm_clip", self.l2_norm_clip, 0.0, True)
+        checks.number("noise_multiplier", self.noise_multiplier, 0.0)
+        if self.noise_mode not in NOISE_MODES:
+            raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {self.noise_mode!r}")
+        if self.decay not in DECAYS:
+            raise ValueError(f"decay must be one of {DECAYS}, got {self.decay!r}")
+        checks.number("decay_rate", self.decay_rate, 0.0)
+        if self.expected_batch_size is not None:
+            checks.number("expected_batch_size", self.expected_batch_size, 0.0, True)
+
+    @classmethod
+    def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
+        """The mechanism of an `edp_tf.DPConfig` on `replicas` with batches of that many rows."""
+        return cls(replicas, global_batch_size, config.microbatch_size, config.l2_norm_clip,
+                   config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
+                   config.expected_batch_size)
+
+    # --------------------------------------------------------------- geometry and sensitivity
+    @property
+    def per_replica_batch(self) -> int:
+        return self.global_batch_size // self.replicas
+
+    @property
+    def examples_per_microbatch(self) -> int:
+        """k: the configured micro-batch size, or the replica's rows (at least 1)."""
+        return self.microbatch_size or max(1, self.per_replica_batch)
+
+    @property
+    def microbatches_per_replica(self) -> int:
+        return self.per_replica_batch // self.examples_per_microbatch
+
+    @property
+    def sensitivity(self) -> int:
+        """S in units of C."""
+        return sensitivity(self.examples_per_microbatch)
+
+    @property
+    def expected_batch(self) -> float:
+        return float(self.expected_batch_size or self.global_batch_size)
+
+    @property
+    def expected_examples_per_microbatch(self) -> float:
+        """k_e = k * expected / realised rows (1 for one example per micro-batch)."""
+        k = self.examples_per_microbatch
+        return 1.0 if k == 1 else k * self.expected_batch / self.global_batch_size
+
+    @property
+    def expected_microbatches(self) -> float:
+        """D, the normaliser of the update."""
+        return self.expected_batch / self.expected_examples_per_microbatch
+
+    # --------------------------------------------------------------- noise and schedule
+    def noise_multiplier_at(self, epoch: int) -> float:
+        return noise_multiplier_at(epoch, self.noise_multiplier, self.decay, self.decay_rate)
+
+    def effective_noise_multiplier(self, noise_multiplier: Optional[float] = None) -> float:
+        """z_eff of multiplier z (default z0)."""
+        z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return effective_noise_multiplier(z, self.noise_mode, self.replicas, self.sensitivity)
+
+    def per_replica_noise_std(self, noise_multiplier):
+        """std one replica's draws would need so that N independent ones sum to the mechanism's
+        std (works on a float or a tensor z_t: one multiply by a constant)."""
+        summed = self.effective_noise_multiplier(1.0) * self.sensitivity * self.l2_norm_clip
+        return noise_multiplier * (summed / math.sqrt(self.replicas))
+
+    def schedule(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> tuple:
+        """The accounting's EpochRecords of `epochs` epochs of `steps_per_epoch` steps."""
+        from edp_tf import accounting
+
+        return accounting.plan_schedule(self.noise_multiplier, epochs, steps_per_epoch, self.decay,
+                                        self.decay_rate, self.noise_mode, self.replicas,
+                                        self.sensitivity, first_epoch)
+
+    def calibrated(self, target_epsilon: float, delta: float, sampling_rate: float, epochs: int,
+                   steps_per_epoch: int, extra_events: Iterable = (),
+                   accountant: str = "pld") -> "Mechanism":
+        """This mechanism with the smallest z0 whose schedule meets (target_epsilon, delta)."""
+        from edp_tf import accounting
+
+        z0 = accounting.calibrate_noise(
+            target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, self.decay,
+            self.decay_rate, self.noise_mode, self.replicas, self.sensitivity, accountant,
+            extra_events)
+        return dataclasses.replace(self, noise_multiplier=z0)
+
+    def to_dict(self) -> dict:
+        """The facts a ledger records (k is the effective micro-batch size)."""
+        return {
+            "replicas": self.replicas,
+            "global_batch_size": self.global_batch_size,
+            "microbatch_size": self.examples_per_microbatch,
+            "microbatches_per_replica": self.microbatches_per_replica,
+            "sensitivity": self.sensitivity,
+            "noise_mode": self.noise_mode,
+            "l2_norm_clip": self.l2_norm_clip,
+            "expected_batch_size": self.expected_batch,
+        }
