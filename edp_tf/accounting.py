@@ -134,7 +134,8 @@ class ExtraEvent:
         if self.sampling_rate is not None:
             object.__setattr__(self, "sampling_rate", checks.number(
                 f"extra event {self.name!r} sampling_rate", self.sampling_rate, 0.0, True, 1.0))
-        object.__setattr__(self, "steps", checks.count(f"extra event {self.name!r} steps", self.steps))
+        object.__setattr__(self, "steps",
+                           checks.count(f"extra event {self.name!r} steps", self.steps))
         object.__setattr__(self, "sensitivity", checks.number(
             f"extra event {self.name!r} sensitivity", self.sensitivity, 0.0, True))
 

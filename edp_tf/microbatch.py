@@ -128,7 +128,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
     """One vectorised forward and backward pass over micro-batches of k examples.
 
     Per micro-batch it keeps the inputs A and output gradients dZ of covered weights (never their
-    gradients) and the exact gradients of all other variables (edp_tf/ghost.py).
+    gradients) and the exact gradients of all other variables (edp_tf/ghost/).
     """
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
     traced = {}

@@ -1,4 +1,4 @@
-"""Ghost norms (edp_tf/ghost.py) against the per-example gradients they replace.
+"""Ghost norms (edp_tf/ghost/) against the per-example gradients they replace.
 
 The reference is a plain loop: one GradientTape per micro-batch, no vectorisation, no hooks.
 Every test also checks that the weights meant to use ghost norms did (a silent fallback would
@@ -112,8 +112,8 @@ def test_fast_norms_match_per_example_gradients(name, k):
 
 
 def test_gram_and_direct_branches_are_the_ones_tested():
-    assert ghost._use_gram(6, 24, 24) and not ghost._use_gram(6, 3, 2)
-    assert ghost._use_gram(None, 3, 2)
+    assert ghost.norms.use_gram(6, 24, 24) and not ghost.norms.use_gram(6, 3, 2)
+    assert ghost.norms.use_gram(None, 3, 2)
 
 
 # ------------------------------------------------------------------------ the full fast path
@@ -221,11 +221,11 @@ def test_hooks_keep_the_forward_pass_and_are_removed():
 
 
 def test_einsum_plans():
-    assert ghost._einsum_plan("abc,cde->abde", 3) == ("abc", "cde", "abde")
-    inp, ker, out = ghost._einsum_plan("...b,bc->...c", 4)
+    assert ghost.dense.einsum_plan("abc,cde->abde", 3) == ("abc", "cde", "abde")
+    inp, ker, out = ghost.dense.einsum_plan("...b,bc->...c", 4)
     assert len(inp) == 4 and inp[-1] == "b" and out[:-1] == inp[:-1] and ker == "bc"
-    assert ghost._einsum_plan("ab,ab->ab", 2) is None  # a letter in all three operands
-    assert ghost._einsum_plan("abc,cd->ad", 3) is None  # b summed away without the kernel
+    assert ghost.dense.einsum_plan("ab,ab->ab", 2) is None  # a letter in all three operands
+    assert ghost.dense.einsum_plan("abc,cd->ad", 3) is None  # b summed away without the kernel
 
 
 def test_per_example_method_names_are_checked():
