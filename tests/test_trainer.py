@@ -24,7 +24,7 @@ import tensorflow as tf
 import edp_tf
 from configs.base import base_config
 from edp_tf import accounting
-from trainers import pipeline, run, synthetic
+from trainers import builders, evaluation, run, rundir, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
@@ -129,7 +129,7 @@ def resumed_run(tmp_path_factory):
         run.train(config, run_dir, strategy=strategy(2), callbacks=[interrupt])
     ledger_before = read(run_dir, "privacy.json")
     start = WeightsAtStart()
-    summary = run.train(run.load_run_config(run_dir), run_dir, resume=True,
+    summary = run.train(rundir.load_run_config(run_dir), run_dir, resume=True,
                         strategy=strategy(2), callbacks=[start])
     return dict(config=config, run_dir=run_dir, summary=summary, interrupt=interrupt,
                 start=start, ledger_before=ledger_before)
@@ -327,7 +327,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
     with pytest.raises(ValueError, match="config.json"):
-        run.load_run_config(empty)
+        rundir.load_run_config(empty)
     with pytest.raises(ValueError, match="nothing to resume"):
         run.train(tiny_config(replicas=1), empty, resume=True, strategy=strategy(1))
 
@@ -454,8 +454,8 @@ def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path
     seen = {}
 
     def hook(model, preprocessor):
-        enc = pipeline.encode(preprocessor, half.train[:7], "hook")
-        seen["losses"] = run.per_example_losses(model, enc.x, enc.y)
+        enc = builders.encode(preprocessor, half.train[:7], "hook")
+        seen["losses"] = evaluation.per_example_losses(model, enc.x, enc.y)
         return "hooked"
 
     run_dir = str(tmp_path / "run")

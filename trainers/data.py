@@ -1,4 +1,5 @@
-"""Joint IC/NER data: common types, the standard joint-format loader, label vocabularies.
+"""Joint IC/NER data: the one entry point that loads every corpus (`load_data`), the standard
+joint-format loader, label vocabularies. The corpus types are in trainers/corpus.py.
 
 The joint format (SNIPS, ATIS as in Goo et al. 2018 / JointBERT) is a directory holding
 `train/`, `dev/` (or `valid/`) and `test/`, each with three line-aligned files:
@@ -20,73 +21,13 @@ import logging
 import os
 from typing import Iterable, Mapping, Sequence
 
-_log = logging.getLogger(__name__)
+from trainers import nlu_csv, synthetic
+from trainers.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError, Splits,  # noqa: F401
+                             Utterance, bio_error)
 
-OUTSIDE = "O"
-UNKNOWN_INTENT = "[UNK]"  # The same name as models.labels uses.
+_log = logging.getLogger(__name__)
 DEV_DIR_NAMES = ("dev", "valid")  # JointBERT says `dev`, SlotGated-SLU says `valid`.
 JOINT_FILES = ("seq.in", "seq.out", "label")
-
-
-@dataclasses.dataclass(frozen=True)
-class Utterance:
-    """One annotated utterance: tokens, one BIO tag per token, and an intent."""
-
-    tokens: tuple[str, ...]
-    tags: tuple[str, ...]
-    intent: str
-
-    def __post_init__(self) -> None:
-        if len(self.tokens) != len(self.tags):
-            raise ValueError(
-                f"Utterance has {len(self.tokens)} tokens but {len(self.tags)} tags")
-
-
-@dataclasses.dataclass(frozen=True)
-class Splits:
-    """A corpus split three ways.
-
-    `source` describes where the data came from (a path or a generator and its seed; never
-    utterance text). `canaries` are utterances planted (repeated) in `train` for membership
-    tests, and `canary_controls` utterances drawn from the same distribution but placed in no
-    split: the attack's non-member reference. Both are empty for real corpora.
-    """
-
-    train: tuple[Utterance, ...]
-    dev: tuple[Utterance, ...]
-    test: tuple[Utterance, ...]
-    source: str = ""
-    canaries: tuple[Utterance, ...] = ()
-    canary_controls: tuple[Utterance, ...] = ()
-
-
-class DataFormatError(ValueError):
-    """A data file is malformed; `path` and `line` (1-based, or None) say where."""
-
-    def __init__(self, path: str | os.PathLike, line: int | None, message: str):
-        self.path = os.fspath(path)
-        self.line = line
-        where = self.path if line is None else f"{self.path}, line {line}"
-        super().__init__(f"{where}: {message}")
-
-
-def bio_error(tags: Sequence[str]) -> str | None:
-    """Why `tags` is not well-formed BIO, or None when it is.
-
-    Well-formed: every tag is `O`, `B-<type>` or `I-<type>`, and `I-<type>` only follows
-    `B-<type>` or `I-<type>` of the same type (the strict reading; CoNLL's lenient reading,
-    used for *predictions* in metrics, would start a new chunk instead).
-    """
-    previous = OUTSIDE
-    for position, tag in enumerate(tags):
-        if tag != OUTSIDE:
-            prefix, _, slot_type = tag.partition("-")
-            if prefix not in ("B", "I") or not slot_type:
-                return f"token {position + 1}: tag {tag!r} is not O, B-<type> or I-<type>"
-            if prefix == "I" and previous not in (f"B-{slot_type}", f"I-{slot_type}"):
-                return f"token {position + 1}: {tag!r} follows {previous!r}"
-        previous = tag
-    return None
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
@@ -182,21 +123,23 @@ def is_joint_dir(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), "train", "seq.in"))
 
 
-def load_data(data_dir: str | os.PathLike | None, seed: int = 0) -> Splits:
-    """Loads a corpus, detecting its format.
+def load_data(data_dir: str | os.PathLike | None, seed: int = 0, synthetic_size: int = 3000,
+              synthetic_canaries: int = 0, synthetic_canary_repeats: int = 10) -> Splits:
+    """Loads a corpus, detecting its format (the one entry point for every corpus).
 
-    * None or "": the built-in synthetic smart-home corpus (`trainers.synthetic`, `seed`);
+    * None or "": the built-in synthetic smart-home corpus (`trainers.synthetic`, `seed`, of
+      `synthetic_size` utterances, with `synthetic_canaries` planted canaries);
     * a directory with `train/seq.in`: the joint format;
     * a `.csv` file, or a directory holding `.csv` files: NLU-Evaluation-Data
       (`trainers.nlu_csv`; `seed` fixes the train/dev/test split when none is given).
     """
     if data_dir is None or os.fspath(data_dir) == "":
-        from trainers import synthetic  # Lazy: synthetic imports this module.
-        return synthetic.synthetic_corpus(seed=seed)
+        return synthetic.synthetic_corpus(seed=seed, size=synthetic_size,
+                                          canaries=synthetic_canaries,
+                                          canary_repeats=synthetic_canary_repeats)
     data_dir = os.fspath(data_dir)
     if is_joint_dir(data_dir):
         return load_joint_dir(data_dir)
-    from trainers import nlu_csv  # Lazy: nlu_csv imports this module.
     if nlu_csv.is_nlu_csv(data_dir):
         return nlu_csv.load_nlu_eval_csv(data_dir, seed=seed)
     if not os.path.exists(data_dir):

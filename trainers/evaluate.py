@@ -41,13 +41,13 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
     import tensorflow as tf
 
     from trainers import metrics as metrics_lib
-    from trainers import pipeline, run
+    from trainers import builders, rundir
 
-    config = run.load_run_config(run_dir)
+    config = rundir.load_run_config(run_dir)
     if data_dir is not None:
         with config.unlocked():
             config.data_dir = data_dir
-    utterances = getattr(pipeline.load_splits(config), split)
+    utterances = getattr(builders.load_splits(config), split)
     if not utterances:
         raise ValueError(f"the {split} split of the data is empty")
     serve = load_serving(run_dir)

@@ -77,9 +77,9 @@ def summarise(log_likelihoods: np.ndarray, masks: np.ndarray) -> dict:
 
 
 def _pool(config):
-    from trainers import pipeline
+    from trainers import builders
 
-    splits = pipeline.load_splits(config)
+    splits = builders.load_splits(config)
     if flags.FLAGS.pool > len(splits.train):
         raise ValueError(f"--pool={flags.FLAGS.pool} exceeds the {len(splits.train)} training "
                          f"utterances of {config.data_dir}")
@@ -90,7 +90,7 @@ def _pool(config):
 def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
     import dataclasses
 
-    from trainers import pipeline
+    from trainers import builders, evaluation
     from trainers import run as run_lib
 
     member_split = dataclasses.replace(
@@ -98,8 +98,8 @@ def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
         source=f"{splits.source}, LiRA pool subset (model {j})")
 
     def pool_losses(model, preprocessor):
-        enc = pipeline.encode(preprocessor, pool, "lira pool")
-        return run_lib.per_example_losses(model, enc.x, enc.y)
+        enc = builders.encode(preprocessor, pool, "lira pool")
+        return evaluation.per_example_losses(model, enc.x, enc.y)
 
     run_dir = os.path.join(flags.FLAGS.work_dir, flags.FLAGS.mechanism, f"model_{j:02d}")
     if os.path.exists(os.path.join(run_dir, "config.json")):  # an interrupted model: start over

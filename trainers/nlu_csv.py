@@ -27,7 +27,7 @@ import os
 import random
 from typing import Sequence
 
-from trainers.data import OUTSIDE, DataFormatError, Splits, Utterance
+from trainers.corpus import OUTSIDE, DataFormatError, Splits, Utterance
 
 REQUIRED_COLUMNS = ("scenario", "intent", "answer_annotation")
 SPLIT_DIR_NAMES = {

@@ -1,12 +1,13 @@
 """One training run: data -> model -> (private) fit -> metrics, ledger, checkpoints, export.
 
-Resuming: after every epoch the ledger (privacy.json) is written *before* the checkpoint, so an
-interruption can only make the ledger count an epoch whose weights were lost (an over-estimate of
-epsilon), never the reverse.
+`train` is the sequence; the pieces live in `builders` (data, model, dataset, optimizer,
+DPConfig), `callbacks` (their resume order), `evaluation` (predictions, scores, the membership
+attack) and `rundir` (the files). Resuming: the ledger charges an epoch before its checkpoint is
+saved (callbacks.in_resume_order), so an interruption can only over-count epsilon.
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import math
 import os
@@ -14,202 +15,32 @@ import time
 from typing import Optional
 
 import keras
-import ml_collections
-import numpy as np
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import accounting, attacks, sampling
-from edp_tf import ledger as ledger_lib
-from edp_tf.mechanism import Mechanism
+from edp_tf import accounting
+from trainers import builders, evaluation, recipes, rundir
+from trainers import callbacks as callbacks_lib
 from trainers import data as data_lib
-from trainers import metrics as metrics_lib
-from trainers import optimizers, pipeline, recipes
 from trainers import schema as schema_lib
+from trainers.rundir import CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json, write_json
 
 _log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-STATE_FILE = "state.json"
-METRICS_FILE = "metrics.json"
 
+@dataclasses.dataclass
+class _Data:
+    """The corpus and its encodings, once per run."""
 
-def default_run_dir(config) -> str:
-    return os.path.join("runs", f"{config.name}-{config.mechanism}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
-def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
-    path = os.path.join(run_dir, CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ValueError(f"--resume: no {CONFIG_FILE} in run directory {run_dir}")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f)["config"])
-
-
-def write_json(path: str, payload) -> None:
-    """Atomic: a reader (or a crash) never sees half a file."""
-    ledger_lib.write_json_atomically(path, payload, sort_keys=True)
-
-
-def read_json(path: str, default=None):
-    if not os.path.isfile(path):
-        return default
-    with open(path) as f:
-        return json.load(f)
-
-
-# --------------------------------------------------------------------------- evaluation
-def padded_batches(batch_size: int, *arrays: dict):
-    """Yields (real rows, [batch dict per input]) with the last batch padded (by wrapping) to
-    `batch_size`: one trace of an evaluation function serves every batch (tracing the unrolled
-    CLC costs tens of seconds). Callers keep the first `real rows` outputs."""
-    rows = pipeline.rows(arrays[0])
-    for start in range(0, rows, batch_size):
-        index = np.arange(start, start + batch_size) % rows
-        yield (min(batch_size, rows - start),
-               [{k: tf.constant(v[index]) for k, v in a.items()} for a in arrays])
-
-
-def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
-    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs.
-
-    Pass the same `step` (a tf.function of model.predict_labels) across calls to trace it once.
-    """
-    step = step or tf.function(model.predict_labels, reduce_retracing=True)
-    intents, tags = [], []
-    intent_names = preprocessor.intent_vocabulary.labels
-    tag_names = preprocessor.tag_vocabulary.labels
-    for real, (batch,) in padded_batches(batch_size, x):
-        out = step(batch)
-        ids = out["tag_ids"].numpy()[:real]
-        kept = out["tag_mask"].numpy()[:real].sum(axis=1)
-        intents.extend(intent_names[i] for i in out["intent_ids"].numpy()[:real])
-        tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
-    return intents, tags
-
-
-def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:
-    """The joint loss of each utterance under the trained model (inference mode).
-
-    Pass the same `step` (see `loss_step`) across calls to trace it once.
-    """
-    step = step or loss_step(model)
-    out = [step(bx, by).numpy()[:real] for real, (bx, by) in padded_batches(batch_size, x, y)]
-    return np.concatenate(out) if out else np.zeros([0], np.float32)
-
-
-def loss_step(model):
-    """The per-example joint loss in inference mode, as one tf.function."""
-    return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
-
-
-def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
-    """Loss-threshold membership inference: as many training utterances as test ones."""
-    test_enc = pipeline.encode(preprocessor, test_utterances, "test")
-    n = min(pipeline.rows(train_enc.x), pipeline.rows(test_enc.x))
-    index = np.random.default_rng(0).permutation(pipeline.rows(train_enc.x))[:n]
-    step = loss_step(model)
-    members = per_example_losses(model, pipeline.subset(train_enc.x, index),
-                                 pipeline.subset(train_enc.y, index), step=step)
-    others = per_example_losses(model, pipeline.subset(test_enc.x, np.arange(n)),
-                                pipeline.subset(test_enc.y, np.arange(n)), step=step)
-    summary = attacks.loss_threshold_attack(members, others)
-    summary["roc"] = attacks.roc_points(-members, -others)
-    return summary
-
-
-def score(references, intents, tags) -> dict:
-    """Metrics against the original references; words past the model's length count as 'O'."""
-    full_tags = [list(t) + ["O"] * (len(r.tokens) - len(t)) for r, t in zip(references, tags)]
-    return metrics_lib.evaluate_utterances(references, intents, full_tags)
-
-
-def artifacts(diagnostics: bool, labels) -> dict:
-    """Which run-directory files epsilon covers, and which are diagnostics of the private data."""
-    covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
-               "metrics.json: dev and test metrics (computed on data that is not training data)",
-               "config.json", "state.json", "privacy.json", "label_schema.json"]
-    not_covered = []
-    if labels.from_training_data:
-        covered.remove("label_schema.json")
-        not_covered.append("label_schema.json, preprocessor.json and the label names in "
-                           "saved_model/: the label sets come from the training split")
-    if diagnostics:
-        not_covered += [
-            "metrics.json: epochs[].train (training loss, preclip_norm, clipped_fraction, "
-            "nonfinite_microbatches), train_encoding, membership_inference (training losses)",
-            "tensorboard/ (the same training statistics)"]
-    return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics}
-
-
-class EpochEnd(keras.callbacks.Callback):
-    """Dev metrics into metrics.json, then the checkpoint and state (after the ledger)."""
-
-    def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
-                 diagnostics: bool = False):
-        super().__init__()
-        self.diagnostics = diagnostics
-        self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
-        self.dev, self.dev_x = dev, dev_x
-        self.checkpoint, self.state, self.private = checkpoint, state, private
-        self._start = time.time()
-        self.predict_step = tf.function(model.predict_labels, reduce_retracing=True)
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.time()
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
-        seconds = time.time() - self._start
-        dev = (score(self.dev, *predict(self.joint, self.preprocessor, self.dev_x,
-                                        step=self.predict_step)) if self.dev else {})
-        path = os.path.join(self.run_dir, METRICS_FILE)
-        record = read_json(path, {"epochs": []})
-        record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
-        entry = {"epoch": epoch, "seconds": round(seconds, 3), "dev": dev}
-        if self.diagnostics:  # unnoised statistics of the training data: not covered by epsilon
-            entry["train"] = {k: float(v) for k, v in logs.items()}
-        record["epochs"].append(entry)
-        write_json(path, record)
-        self.checkpoint.save()
-        self.state["epochs_done"] = epoch + 1
-        if self.private is not None:
-            self.state["layer_scales"] = list(self.private.layer_scales)
-        write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
-        if dev:
-            _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%.1f s)",
-                      epoch, dev["ser"], dev["intent_accuracy"], dev["slot_f1"], seconds)
-
-
-# --------------------------------------------------------------------------- training
-def _datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
-    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None)."""
-    replicas = strategy.num_replicas_in_sync
-    batch = int(config.batch_size)
-    if batch > n:
-        raise ValueError(f"--config.batch_size={batch} exceeds the {n} training examples")
-    q = batch / n
-    if config.mechanism != "sgd" and config.sampling == "poisson":
-        sampler = sampling.PoissonSampler(
-            dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
-            seed=fixed_seed)
-        ds = sampler.dataset(x, y).repeat()
-        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size, sampler
-    multiple = replicas * (private_cfg_k or 1)
-    if batch % multiple:
-        raise ValueError(
-            f"--config.batch_size={batch} must be a multiple of replicas x microbatch_size = "
-            f"{multiple} with fixed-size batches")
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
-    ds = ds.shuffle(n, seed=fixed_seed, reshuffle_each_iteration=True)
-    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
-    return ds, n // batch, q, None, None
-
-
-def _optimizer(config, steps_per_epoch: int):
-    return optimizers.build_optimizer(
-        config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
-        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay))
+    config: object  # resolved (automatic fields filled)
+    splits: data_lib.Splits
+    labels: object
+    unseen: dict
+    preprocessor: object
+    vectors: object
+    train: builders.Encoded
+    dev_x: Optional[dict]
+    test_x: Optional[dict]
 
 
 def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(),
@@ -222,63 +53,104 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     preprocessor)` runs on the trained model and its result is the summary's "after_training";
     `export=False` skips the SavedModel.
     """
-    extra_callbacks = list(callbacks)
-    pipeline.check_config(config)
     started = time.time()
+    builders.check_config(config)
+    state = _open_run_dir(run_dir, resume)
+    strategy = _strategy(config, strategy)
+    fixed_seed = int(config.seed) if config.seed >= 0 else None
+    if fixed_seed is not None:
+        keras.utils.set_random_seed(fixed_seed)
+    data = _load_data(config, splits, resume)
+    config, n = data.config, len(data.splits.train)
+    delta = config.delta or accounting.default_delta(n)
+    private = config.mechanism != "sgd"
+    k = builders.microbatch_size(config)
+    ds, steps, q, expected_batch, sampler = builders.datasets(
+        config, data.train.x, data.train.y, n, k, strategy, fixed_seed)
+    dp = builders.private_config(
+        config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q, delta,
+        steps, state.get("noise_multiplier")) if private else None
+    model, trainer, manager = _build(config, data, dp, steps, strategy, run_dir, resume, state)
+    z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
+    state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
+    if not resume:
+        _write_run_files(run_dir, config, data, n, delta)
+    ledger = _ledger(config, data, trainer, run_dir, sampler, n, delta, q) if private else None
+    epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
+                                       data.dev_x, manager, state, trainer if private else None,
+                                       bool(config.diagnostics))
+    tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
+    initial_epoch = int(state.get("epochs_done", 0))
+    if initial_epoch < config.epochs:
+        try:
+            trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
+                        steps_per_epoch=steps, verbose="auto", callbacks=callbacks_lib
+                        .in_resume_order(ledger, epoch_end, tensorboard, callbacks))
+        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
+            _log.warning("no further epoch fits the budget: %s", error)
+    record, test, attack = _final_metrics(run_dir, config, data, model, epoch_end.predict_step)
+    if export:
+        from models.export import export_serving_model
+
+        export_serving_model(model, data.preprocessor, os.path.join(run_dir, "saved_model"))
+    privacy = read_json(os.path.join(run_dir, "privacy.json"), {})
+    extra = ({"after_training": after_training(model, data.preprocessor)}
+             if after_training else {})
+    return extra | {
+        "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
+        "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
+        "test": test, "membership_inference": attack,
+        "epsilon": privacy.get("epsilon", math.inf if not private else None),
+        "delta": delta, "private": bool(privacy.get("private", False)),
+        "noise_multiplier": z0 if private else 0.0,
+    }
+
+
+def _open_run_dir(run_dir: str, resume: bool) -> dict:
+    """The state of the run to resume ({} for a new run); refuses to overwrite a run."""
     os.makedirs(run_dir, exist_ok=True)
-    config_path = os.path.join(run_dir, CONFIG_FILE)
     state = read_json(os.path.join(run_dir, STATE_FILE), {}) if resume else {}
     if resume and not state:
         raise ValueError(f"--resume: {run_dir} has no {STATE_FILE}: nothing to resume")
-    if not resume and os.path.exists(config_path):
+    if not resume and os.path.exists(os.path.join(run_dir, CONFIG_FILE)):
         raise ValueError(f"{run_dir} already holds a run: pass --resume or another --run_dir")
+    return state
+
+
+def _strategy(config, strategy):
     strategy = strategy or edp_tf.make_strategy(int(config.replicas))
     if strategy.num_replicas_in_sync != config.replicas:
         raise ValueError(f"strategy has {strategy.num_replicas_in_sync} replicas, config "
                          f"asks for {config.replicas}")
-    fixed_seed = int(config.seed) if config.seed >= 0 else None
-    if fixed_seed is not None:
-        keras.utils.set_random_seed(fixed_seed)
+    return strategy
 
-    splits = splits or pipeline.load_splits(config)
+
+def _load_data(config, splits, resume: bool) -> _Data:
+    splits = splits or builders.load_splits(config)
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, len(splits.train))
-    labels = pipeline.label_schema(config, splits)
+    labels = builders.label_schema(config, splits)
     vocab = data_lib.LabelVocab(labels.tags, (data_lib.UNKNOWN_INTENT, *labels.intents))
     unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
               for name in ("dev", "test")}
-    preprocessor, vectors = pipeline.build_preprocessor(config, splits.train, labels)
-    train_enc = pipeline.encode(preprocessor, splits.train, "train")
-    dev_x = preprocessor.encode([u.tokens for u in splits.dev])[0] if splits.dev else None
-    test_x = preprocessor.encode([u.tokens for u in splits.test])[0] if splits.test else None
-    n = len(splits.train)
-    delta = config.delta or accounting.default_delta(n)
-    k = pipeline.microbatch_size(config)
-    private = config.mechanism != "sgd"
+    preprocessor, vectors = builders.build_preprocessor(config, splits.train, labels)
 
-    ds, steps, q, expected_batch, sampler = _datasets(
-        config, train_enc.x, train_enc.y, n, k, strategy, fixed_seed)
-    dp = edp_tf.DPConfig(
-        l2_norm_clip=config.l2_norm_clip, noise_multiplier=float(config.noise_multiplier),
-        microbatch_size=k, noise_mode=config.noise_mode, decay=config.decay,
-        decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
-        expected_batch_size=expected_batch,
-        physical_batch_size=int(config.physical_batch_size) or None) if private else None
-    if private and config.target_epsilon > 0:
-        rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
-        planned = Mechanism.from_config(dp, strategy.num_replicas_in_sync, rows)
-        z0 = state.get("noise_multiplier") or planned.calibrated(
-            config.target_epsilon, delta, q, int(config.epochs), steps,
-            extra_events=([accounting.ExtraEvent("private_layer_scales",
-                                                 dp.scaling_noise_multiplier)]
-                          if config.scaling == "private" else ())).noise_multiplier
-        dp = dp.replace(noise_multiplier=z0)
-        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", z0, config.target_epsilon,
-                  delta)
+    def encode(part):
+        return preprocessor.encode([u.tokens for u in part])[0] if part else None
+
+    return _Data(config, splits, labels, unseen, preprocessor, vectors,
+                 builders.encode(preprocessor, splits.train, "train"), encode(splits.dev),
+                 encode(splits.test))
+
+
+def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: bool,
+           state: dict):
+    """(model, what `fit` runs: the PrivateModel or the model, checkpoint manager), restored
+    from the last checkpoint when resuming."""
     with strategy.scope():
-        model = pipeline.build_model(config, preprocessor, vectors)
-        optimizer = _optimizer(config, steps)
-        if private:
+        model = builders.build_model(config, data.preprocessor, data.vectors)
+        optimizer = builders.optimizer(config, steps)
+        if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
         else:
@@ -291,78 +163,55 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             if manager.latest_checkpoint is None:
                 raise ValueError(f"--resume: no checkpoint in {run_dir}/checkpoints")
             checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            if private and state.get("layer_scales"):
+            if dp is not None and state.get("layer_scales"):
                 trainer.restore_layer_scales(state["layer_scales"])
+    return model, trainer, manager
 
-    z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
-    state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
-    if not resume:
-        write_json(config_path, {"config": config.to_dict(), "dataset_size": n,
-                                 "data_source": splits.source, "delta": delta})
-        write_json(os.path.join(run_dir, "preprocessor.json"), preprocessor.get_config())
-        write_json(os.path.join(run_dir, "label_schema.json"),
-                   dict(labels.to_dict(), source=labels.source,
-                        from_training_data=labels.from_training_data))
-    callbacks = []
-    if private:
-        from edp_tf import ledger
 
-        for sentence in pipeline.vocabulary_not_covered(preprocessor):
-            trainer.note_not_covered(sentence)
-        for sentence in schema_lib.not_covered(labels):
-            trainer.note_not_covered(sentence)
-        budget = config.target_epsilon if config.target_epsilon > 0 else None
-        privacy_ledger = (ledger.PrivacyLedger.for_sampler(run_dir, sampler, delta, budget)
-                          if sampler else
-                          ledger.PrivacyLedger(run_dir, dataset_size=n, delta=delta,
-                                               sampling=config.sampling, sampling_rate=q,
-                                               target_epsilon=budget))
-        privacy_ledger.artifacts = artifacts(bool(config.diagnostics), labels)
-        callbacks.append(privacy_ledger)
-    diagnostics = bool(config.diagnostics)
-    epoch_end = EpochEnd(run_dir, model, preprocessor, splits.dev, dev_x, manager, state,
-                         trainer if private else None, diagnostics)
-    callbacks.append(epoch_end)
-    if diagnostics:  # TensorBoard logs the training loss and clipping statistics
-        callbacks.append(keras.callbacks.TensorBoard(
-            os.path.join(run_dir, "tensorboard"), write_graph=False, profile_batch=0))
-    callbacks += extra_callbacks
-    initial_epoch = int(state.get("epochs_done", 0))
-    if initial_epoch < config.epochs:
-        try:
-            trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
-                        steps_per_epoch=steps, callbacks=callbacks, verbose="auto")
-        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
-            _log.warning("no further epoch fits the budget: %s", error)
+def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float) -> None:
+    write_json(os.path.join(run_dir, CONFIG_FILE), {
+        "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
+        "delta": delta})
+    write_json(os.path.join(run_dir, "preprocessor.json"), data.preprocessor.get_config())
+    write_json(os.path.join(run_dir, "label_schema.json"),
+               dict(data.labels.to_dict(), source=data.labels.source,
+                    from_training_data=data.labels.from_training_data))
 
+
+def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: float, q: float):
+    """The privacy ledger (with the budget when a target epsilon is set); what epsilon does not
+    cover (a vocabulary or label names from the training text) is noted on the trainer."""
+    from edp_tf.ledger import PrivacyLedger
+
+    for sentence in (builders.vocabulary_not_covered(data.preprocessor)
+                     + schema_lib.not_covered(data.labels)):
+        trainer.note_not_covered(sentence)
+    budget = config.target_epsilon if config.target_epsilon > 0 else None
+    ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
+              PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,
+                            sampling_rate=q, target_epsilon=budget))
+    ledger.artifacts = rundir.artifacts(bool(config.diagnostics), data.labels)
+    return ledger
+
+
+def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
+    """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
+    splits, diagnostics = data.splits, bool(config.diagnostics)
     # the dev predictions' trace serves the test split too (same batch shapes)
-    test = (score(splits.test, *predict(model, preprocessor, test_x, step=epoch_end.predict_step))
-            if splits.test else {})
+    test = (evaluation.score(splits.test, *evaluation.predict(
+        model, data.preprocessor, data.test_x, step=predict_step)) if splits.test else {})
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
-    attack = (membership_attack(model, preprocessor, train_enc, splits.test)
+    attack = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.test)
               if splits.test and diagnostics else {})
-    record.update({"test": test, "unseen_labels": unseen})
+    record.update({"test": test, "unseen_labels": data.unseen})
     if diagnostics:
-        record.update({"train_encoding": train_enc.report, "membership_inference": attack})
+        record.update({"train_encoding": data.train.report, "membership_inference": attack})
     if attack:
         _log.info("membership inference (loss threshold, %d vs %d): AUC %.3f, TPR %.3f at 1%% FPR",
                   attack["members"], attack["nonmembers"], attack["auc"],
                   attack["tpr_at_1pct_fpr"])
     write_json(os.path.join(run_dir, METRICS_FILE), record)
-    if export:
-        from models.export import export_serving_model
-
-        export_serving_model(model, preprocessor, os.path.join(run_dir, "saved_model"))
-    privacy = read_json(os.path.join(run_dir, "privacy.json"), {})
-    extra = {"after_training": after_training(model, preprocessor)} if after_training else {}
-    return extra | {
-        "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
-        "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
-        "test": test, "membership_inference": attack,
-        "epsilon": privacy.get("epsilon", math.inf if not private else None),
-        "delta": delta, "private": bool(privacy.get("private", False)),
-        "noise_multiplier": z0 if private else 0.0,
-    }
+    return record, test, attack
 
 
 def summary_line(summary: dict) -> str:

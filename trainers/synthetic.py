@@ -20,7 +20,7 @@ import itertools
 import random
 from typing import Callable, Sequence
 
-from trainers.data import OUTSIDE, Splits, Utterance
+from trainers.corpus import OUTSIDE, Splits, Utterance
 
 
 def _words(text: str) -> tuple[str, ...]:

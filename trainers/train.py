@@ -50,10 +50,11 @@ def main(argv):
     from edp_tf import make_strategy
 
     from trainers import run as run_lib
+    from trainers import rundir
 
-    run_dir = _RUN_DIR.value or run_lib.default_run_dir(config)
+    run_dir = _RUN_DIR.value or rundir.default_run_dir(config)
     if _RESUME.value:
-        config = run_lib.load_run_config(run_dir)
+        config = rundir.load_run_config(run_dir)
     strategy = make_strategy(int(config.replicas))
     summary = run_lib.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
     print(run_lib.summary_line(summary), flush=True)

@@ -1,8 +1,8 @@
-"""trainers.run.per_example_losses: every row scored once, in order, with a single trace."""
+"""trainers.evaluation.per_example_losses: every row scored once, in order, with a single trace."""
 import numpy as np
 import tensorflow as tf
 
-from trainers import run
+from trainers import evaluation
 
 
 class _SumModel:
@@ -24,10 +24,10 @@ def test_losses_cover_every_row_in_order_with_one_trace():
     x = {"x": rng.normal(size=(7, 3)).astype("float32")}
     y = {"y": rng.uniform(1, 2, size=7).astype("float32")}
     model = _SumModel()
-    step = run.loss_step(model)
-    got = run.per_example_losses(model, x, y, batch_size=3, step=step)  # 3 + 3 + 1 (padded)
+    step = evaluation.loss_step(model)
+    got = evaluation.per_example_losses(model, x, y, batch_size=3, step=step)  # 3 + 3 + 1 (padded)
     np.testing.assert_allclose(got, x["x"].sum(1) * y["y"], rtol=1e-6)
-    again = run.per_example_losses(model, {"x": x["x"][:2]}, {"y": y["y"][:2]}, batch_size=3,
+    again = evaluation.per_example_losses(model, {"x": x["x"][:2]}, {"y": y["y"][:2]}, batch_size=3,
                                    step=step)
     np.testing.assert_allclose(again, got[:2], rtol=1e-6)
     assert model.traces == 1

@@ -1,4 +1,6 @@
-"""From an experiment config to encoded data, a preprocessor and a model (shared by the commands).
+"""From an experiment config to the run's pieces: encoded data, a preprocessor, a model, the
+training dataset (Poisson-sampled or shuffled), the optimizer and the DPConfig (shared by the
+commands).
 
 Privacy choices made here, by default:
 * vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
@@ -14,8 +16,13 @@ import logging
 from typing import Optional
 
 import numpy as np
+import tensorflow as tf
 
+import edp_tf
+from edp_tf import accounting, sampling
+from edp_tf.mechanism import Mechanism
 from trainers import data as data_lib
+from trainers import optimizers
 
 _log = logging.getLogger(__name__)
 
@@ -73,13 +80,9 @@ def microbatch_size(config) -> Optional[int]:
 
 
 def load_splits(config) -> data_lib.Splits:
-    if config.data_dir:
-        return data_lib.load_data(config.data_dir, seed=config.data_seed)
-    from trainers import synthetic
-
-    return synthetic.synthetic_corpus(
-        seed=config.data_seed, size=config.synthetic_size, canaries=config.synthetic_canaries,
-        canary_repeats=config.synthetic_canary_repeats)
+    """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances."""
+    return data_lib.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
+                              config.synthetic_canaries, config.synthetic_canary_repeats)
 
 
 def minilm_path() -> str:
@@ -206,3 +209,56 @@ def rows(x: dict) -> int:
 
 def subset(arrays: dict, index: np.ndarray) -> dict:
     return {k: v[index] for k, v in arrays.items()}
+
+
+def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
+    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None)."""
+    replicas = strategy.num_replicas_in_sync
+    batch = int(config.batch_size)
+    if batch > n:
+        raise ValueError(f"--config.batch_size={batch} exceeds the {n} training examples")
+    q = batch / n
+    if config.mechanism != "sgd" and config.sampling == "poisson":
+        sampler = sampling.PoissonSampler(
+            dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
+            seed=fixed_seed)
+        ds = sampler.dataset(x, y).repeat()
+        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size, sampler
+    multiple = replicas * (private_cfg_k or 1)
+    if batch % multiple:
+        raise ValueError(
+            f"--config.batch_size={batch} must be a multiple of replicas x microbatch_size = "
+            f"{multiple} with fixed-size batches")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shuffle(n, seed=fixed_seed, reshuffle_each_iteration=True)
+    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+    return ds, n // batch, q, None, None
+
+
+def optimizer(config, steps_per_epoch: int):
+    return optimizers.build_optimizer(
+        config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
+        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay))
+
+
+def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
+                   delta: float, steps: int, noise_multiplier=None) -> edp_tf.DPConfig:
+    """The run's DPConfig; with a target epsilon, z0 is calibrated through the run's Mechanism
+    (or `noise_multiplier`, the z0 a resumed run calibrated before)."""
+    dp = edp_tf.DPConfig(
+        l2_norm_clip=config.l2_norm_clip, noise_multiplier=float(config.noise_multiplier),
+        microbatch_size=k, noise_mode=config.noise_mode, decay=config.decay,
+        decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
+        expected_batch_size=expected_batch,
+        physical_batch_size=int(config.physical_batch_size) or None)
+    if config.target_epsilon <= 0:
+        return dp
+    if noise_multiplier is None:
+        rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
+        extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
+                  if config.scaling == "private" else ())
+        noise_multiplier = Mechanism.from_config(dp, replicas, rows).calibrated(
+            config.target_epsilon, delta, q, int(config.epochs), steps, extras).noise_multiplier
+        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", noise_multiplier,
+                  config.target_epsilon, delta)
+    return dp.replace(noise_multiplier=noise_multiplier)

@@ -1,0 +1,75 @@
+"""Evaluation of a trained joint model: predictions, per-example losses, the loss-threshold
+membership attack and the scores against references (used by `train` and `evaluate`)."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from edp_tf import attacks
+from trainers import builders
+from trainers import metrics as metrics_lib
+
+
+def padded_batches(batch_size: int, *arrays: dict):
+    """Yields (real rows, [batch dict per input]) with the last batch padded (by wrapping) to
+    `batch_size`: one trace of an evaluation function serves every batch (tracing the unrolled
+    CLC costs tens of seconds). Callers keep the first `real rows` outputs."""
+    rows = builders.rows(arrays[0])
+    for start in range(0, rows, batch_size):
+        index = np.arange(start, start + batch_size) % rows
+        yield (min(batch_size, rows - start),
+               [{k: tf.constant(v[index]) for k, v in a.items()} for a in arrays])
+
+
+def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
+    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs.
+
+    Pass the same `step` (a tf.function of model.predict_labels) across calls to trace it once.
+    """
+    step = step or tf.function(model.predict_labels, reduce_retracing=True)
+    intents, tags = [], []
+    intent_names = preprocessor.intent_vocabulary.labels
+    tag_names = preprocessor.tag_vocabulary.labels
+    for real, (batch,) in padded_batches(batch_size, x):
+        out = step(batch)
+        ids = out["tag_ids"].numpy()[:real]
+        kept = out["tag_mask"].numpy()[:real].sum(axis=1)
+        intents.extend(intent_names[i] for i in out["intent_ids"].numpy()[:real])
+        tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
+    return intents, tags
+
+
+def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:
+    """The joint loss of each utterance under the trained model (inference mode).
+
+    Pass the same `step` (see `loss_step`) across calls to trace it once.
+    """
+    step = step or loss_step(model)
+    out = [step(bx, by).numpy()[:real] for real, (bx, by) in padded_batches(batch_size, x, y)]
+    return np.concatenate(out) if out else np.zeros([0], np.float32)
+
+
+def loss_step(model):
+    """The per-example joint loss in inference mode, as one tf.function."""
+    return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
+
+
+def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
+    """Loss-threshold membership inference: as many training utterances as test ones."""
+    test_enc = builders.encode(preprocessor, test_utterances, "test")
+    n = min(builders.rows(train_enc.x), builders.rows(test_enc.x))
+    index = np.random.default_rng(0).permutation(builders.rows(train_enc.x))[:n]
+    step = loss_step(model)
+    members = per_example_losses(model, builders.subset(train_enc.x, index),
+                                 builders.subset(train_enc.y, index), step=step)
+    others = per_example_losses(model, builders.subset(test_enc.x, np.arange(n)),
+                                builders.subset(test_enc.y, np.arange(n)), step=step)
+    summary = attacks.loss_threshold_attack(members, others)
+    summary["roc"] = attacks.roc_points(-members, -others)
+    return summary
+
+
+def score(references, intents, tags) -> dict:
+    """Metrics against the original references; words past the model's length count as 'O'."""
+    full_tags = [list(t) + ["O"] * (len(r.tokens) - len(t)) for r, t in zip(references, tags)]
+    return metrics_lib.evaluate_utterances(references, intents, full_tags)
