@@ -12,7 +12,6 @@ tracing. The wrapped model stays an ordinary Keras model: save or export `wrappe
 from __future__ import annotations
 
 import math
-import secrets
 from typing import Optional
 
 import keras
@@ -194,41 +193,16 @@ class PrivateModel(keras.Model):
         self.train_function = None  # constants changed: retrace
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:
-        cfg = self._dp_config
-        count = len(self.wrapped_model.trainable_variables)
-        if cfg.layer_scales is not None:
-            if len(cfg.layer_scales) != count:
-                raise ValueError(
-                    f"DPConfig.layer_scales has {len(cfg.layer_scales)} values but the model has "
-                    f"{count} trainable variables"
-                )
-            return scaling.normalize(cfg.layer_scales)
-        if cfg.scaling == "uniform":
-            return tuple([1.0] * count)
-        if cfg.scaling == "public":
-            if self._layer_scales is None:
-                raise ValueError(
-                    "DPConfig.scaling='public' needs public scales: call "
-                    "set_public_layer_scales(x, y) with public data, or pass layer_scales"
-                )
-            return self._layer_scales
-        if cfg.scaling == "first_batch":
-            return scaling.normalize(scaling.per_variable_norms(self._eager_gradients(fx, fy, fw)))
-        # private: a Gaussian query on per-example norm shares of the first examples.
-        used = min(cfg.scaling_examples, int(tf.nest.flatten(fx)[0].shape[0]))
-        sub = tf.nest.map_structure(lambda t: t[:used], (fx, fy, fw))
-        norms = self._per_example_variable_norms(*sub)
-        shares = scaling.private_norm_shares(norms, cfg.scaling_noise_multiplier, self._rng)
-        self._extra_events = [{
-            "name": "private_layer_scales",
-            "id": secrets.token_hex(8),  # lets a ledger charge this query once, across processes
-            "noise_multiplier": cfg.scaling_noise_multiplier,
-            "sampling_rate": None,  # no amplification claimed: the examples are fixed
-            "steps": 1,
-            "sensitivity": 1,
-            "examples": used,
-        }]
-        return scaling.normalize(shares)
+        rows = int(tf.nest.flatten(fx)[0].shape[0])
+
+        def per_example_norms(used: int) -> np.ndarray:
+            return self._per_example_variable_norms(
+                *tf.nest.map_structure(lambda t: t[:used], (fx, fy, fw)))
+
+        scales, self._extra_events = scaling.choose(
+            self._dp_config, len(self.wrapped_model.trainable_variables), self._layer_scales,
+            lambda: self._eager_gradients(fx, fy, fw), per_example_norms, rows, self._rng)
+        return scales
 
     def _eager_gradients(self, x, y, w):
         loss_fn = self._require_loss()

@@ -10,7 +10,8 @@ measures it with a Gaussian query of sensitivity 1 whose cost is recorded for th
 """
 from __future__ import annotations
 
-from typing import Sequence
+import secrets
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -52,3 +53,43 @@ def private_norm_shares(
     units = np.where(ok[:, None], v / np.where(lengths > 0, lengths, 1.0), 0.0)
     noisy_sum = units.sum(axis=0) + rng.normal(0.0, noise_multiplier, size=v.shape[1])
     return noisy_sum / v.shape[0]
+
+
+def choose(config, count: int, public: Optional[tuple], first_batch_gradients: Callable[[], list],
+           per_example_norms: Callable[[int], np.ndarray], rows: int,
+           rng: np.random.Generator) -> tuple:
+    """(alpha, extra privacy events): the policy of `DPConfig.scaling` for `count` variables.
+
+    Explicit `layer_scales` win; "uniform" is flat clipping; "public" uses the scales measured
+    on public data (`public`); "first_batch" measures the first private batch (the paper: not
+    covered by epsilon, the ledger says so); "private" asks a Gaussian query of sensitivity 1 on
+    the norm shares of the first `scaling_examples` examples, returned as an event to charge.
+    """
+    if config.layer_scales is not None:
+        if len(config.layer_scales) != count:
+            raise ValueError(
+                f"DPConfig.layer_scales has {len(config.layer_scales)} values but the model has "
+                f"{count} trainable variables")
+        return normalize(config.layer_scales), []
+    if config.scaling == "uniform":
+        return tuple([1.0] * count), []
+    if config.scaling == "public":
+        if public is None:
+            raise ValueError(
+                "DPConfig.scaling='public' needs public scales: call "
+                "set_public_layer_scales(x, y) with public data, or pass layer_scales")
+        return public, []
+    if config.scaling == "first_batch":
+        return normalize(per_variable_norms(first_batch_gradients())), []
+    used = min(config.scaling_examples, rows)
+    shares = private_norm_shares(per_example_norms(used), config.scaling_noise_multiplier, rng)
+    event = {
+        "name": "private_layer_scales",
+        "id": secrets.token_hex(8),  # lets a ledger charge this query once, across processes
+        "noise_multiplier": config.scaling_noise_multiplier,
+        "sampling_rate": None,  # no amplification claimed: the examples are fixed
+        "steps": 1,
+        "sensitivity": 1,
+        "examples": used,
+    }
+    return normalize(shares), [event]
