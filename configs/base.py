@@ -92,6 +92,11 @@ def base_config() -> ml_collections.ConfigDict:
     # 2 by default: with one micro-batch per replica a step sums only N clipped vectors against
     # noise of norm z S sqrt(d), and the default run learned nothing at epsilon 8 (SER 0.96).
     c.microbatch_size = 2
+    # "example", or "user": user-level DP (DP-FedSGD): users are Poisson-sampled, each sampled
+    # user's examples (at most examples_per_user, a random subset when more) make one micro-batch
+    # clipped to C; epsilon then protects a user's whole data. Needs user ids in the data.
+    c.privacy_unit = "example"
+    c.examples_per_user = 8
     # > 0: each replica processes at most this many examples at once (chunks, same mechanism):
     # bounds memory for large batches (a multiple of the micro-batch size).
     c.physical_batch_size = 0

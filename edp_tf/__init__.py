@@ -5,11 +5,11 @@ from edp_tf.config import DPConfig
 from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.private_model import PrivateModel
-from edp_tf.sampling import PoissonSampler
+from edp_tf.sampling import PoissonSampler, UserPoissonSampler
 from edp_tf.strategy import make_strategy
 
 __all__ = [
-    "DPConfig", "Mechanism", "PrivateModel", "make_strategy", "PoissonSampler", "PrivacyLedger",
-    "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
+    "DPConfig", "Mechanism", "PrivateModel", "make_strategy", "PoissonSampler",
+    "UserPoissonSampler", "PrivacyLedger", "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "sampling",
 ]

@@ -9,7 +9,7 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
-from edp_tf.mechanism import DECAYS, NOISE_MODES, noise_multiplier_at
+from edp_tf.mechanism import DECAYS, NOISE_MODES, PRIVACY_UNITS, noise_multiplier_at
 
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")
@@ -58,6 +58,10 @@ class DPConfig:
         or "vectorized" (exact per-example gradients of every variable: the reference), both
         vectorised with `tf.vectorized_map`; or "loop" (one micro-batch at a time in a
         while_loop: exact for every layer, e.g. a recurrent layer that is not unrolled; slower).
+      privacy_unit: "example", or "user" (user-level DP, DP-FedSGD): batches from
+        `edp_tf.sampling.UserPoissonSampler`, one micro-batch per sampled user holding at most
+        `microbatch_size` of their examples, its loss the mean over them; S = C per user, and
+        epsilon protects a user's whole data. Needs expected_batch_size = q x users.
     """
 
     l2_norm_clip: float = 1.0
@@ -74,6 +78,7 @@ class DPConfig:
     scaling_examples: int = 64
     per_example_method: str = "ghost"
     physical_batch_size: Optional[int] = None
+    privacy_unit: str = "example"
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -151,6 +156,14 @@ class DPConfig:
             if self.microbatch_size is not None and p % self.microbatch_size:
                 raise ValueError(f"DPConfig.physical_batch_size={p} must be a multiple of "
                                  f"microbatch_size={self.microbatch_size}")
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(f"DPConfig.privacy_unit must be one of {PRIVACY_UNITS}, "
+                             f"got {self.privacy_unit!r}")
+        if self.privacy_unit == "user" and (self.microbatch_size is None
+                                            or self.expected_batch_size is None):
+            raise ValueError("DPConfig.privacy_unit='user' needs microbatch_size (the cap of "
+                             "examples per user) and expected_batch_size (q x users) from a "
+                             "UserPoissonSampler")
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")

@@ -28,7 +28,9 @@ FILENAME = "privacy.json"
 SAMPLINGS = ("poisson", "shuffle")
 # fields that must agree between a ledger on disk and the run that continues it
 MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch_size", "replicas",
-                    "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling")
+                    "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling",
+                    "privacy_unit")
+FIELD_DEFAULTS = {"privacy_unit": "example"}  # ledgers written before the field existed
 SHUFFLE_SENTENCE = (
     "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
     "sampling at rate q = batch_size / dataset_size, which shuffling does not provide (adding "
@@ -225,11 +227,13 @@ class PrivacyLedger(keras.callbacks.Callback):
         mechanism = self._mechanism(facts)
         if os.path.exists(self.path):
             led = read_ledger(self.path)
-            diff = [k for k in MECHANISM_FIELDS if not _same(led.get(k), mechanism[k])]
+            diff = [k for k in MECHANISM_FIELDS
+                    if not _same(led.get(k, FIELD_DEFAULTS.get(k)), mechanism[k])]
             if diff:
                 raise ValueError(
                     f"{self.path} was written for another mechanism: "
-                    + ", ".join(f"{k} {led.get(k)!r} there vs {mechanism[k]!r} now" for k in diff)
+                    + ", ".join(f"{k} {led.get(k, FIELD_DEFAULTS.get(k))!r} there vs "
+                                f"{mechanism[k]!r} now" for k in diff)
                     + ". Continue it with the same mechanism, or use a new run_dir.")
         else:
             led = dict(mechanism, epochs=[], extra_events=[], not_covered=[], private=True,
@@ -352,7 +356,28 @@ class PrivacyLedger(keras.callbacks.Callback):
                              f"dp_config, mechanism), got {type(model).__name__}")
         return model.privacy_facts()
 
+    def _check_unit(self, mechanism) -> None:
+        """The sampler's unit and micro-batch must be the step's: a user-level step fed
+        example-level batches (or micro-batches holding two users) would claim S = C for a
+        change that can be larger."""
+        if self.sampler is None:
+            return
+        from edp_tf.sampling import UserPoissonSampler
+
+        by_user = isinstance(self.sampler, UserPoissonSampler)
+        if by_user != (mechanism.privacy_unit == "user"):
+            raise ValueError(
+                f"DPConfig.privacy_unit={mechanism.privacy_unit!r} but the ledger's sampler is a "
+                f"{type(self.sampler).__name__}: user-level privacy needs a UserPoissonSampler "
+                "and DPConfig(privacy_unit='user'), example-level neither")
+        if by_user and mechanism.microbatch_size != self.sampler.microbatch_size:
+            raise ValueError(
+                f"DPConfig.microbatch_size={mechanism.microbatch_size} but the sampler gives "
+                f"each user {self.sampler.microbatch_size} rows: they must be equal, so that a "
+                "micro-batch is exactly one user")
+
     def _mechanism(self, facts: dict) -> dict:
+        self._check_unit(self.model.mechanism)
         n, expected = self.dataset_size, self.model.mechanism.expected_batch_size
         batch = facts["global_batch_size"]
         if self.sampling == "poisson":
@@ -378,7 +403,7 @@ class PrivacyLedger(keras.callbacks.Callback):
             "batch_size": batch_size, "replicas": facts["replicas"],
             "microbatch_size": facts["microbatch_size"], "noise_mode": facts["noise_mode"],
             "l2_norm_clip": facts["l2_norm_clip"], "sensitivity": facts["sensitivity"],
-            "scaling": facts["scaling"],
+            "scaling": facts["scaling"], "privacy_unit": facts["privacy_unit"],
         }
 
     def _schedule(self) -> dict:

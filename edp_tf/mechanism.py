@@ -12,6 +12,12 @@ The formulas the step and the accountant share live here and nowhere else (DESIG
   k_e   expected real examples per micro-batch, and D = expected micro-batches per global batch:
         the update is alpha (clipped sum + noise) / D, normalised by the *expected* batch so that
         Poisson padding never changes it (DESIGN.md 2.4).
+
+User-level privacy (McMahan et al. 2018, DP-FedSGD): the unit is a user. Users are Poisson-
+sampled, each sampled user's examples (at most `microbatch_size`) make one micro-batch whose loss
+is the mean over them, so adding or removing a user adds or removes one clipped micro-batch:
+S = 1. D is the expected number of users per step, q W: the fixed-denominator estimator
+sum_k Delta_k / (q W) with weights w_k = 1.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from edp_tf import checks
 
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
+PRIVACY_UNITS = ("example", "user")
 
 
 def sensitivity(examples_per_microbatch: int) -> int:
@@ -72,7 +79,9 @@ class Mechanism:
       noise_multiplier: z0, of epoch 0.
       noise_mode: "calibrated" or "paper" (see the module docstring).
       decay, decay_rate: the per-epoch schedule of z_t.
-      expected_batch_size: q n under Poisson sampling; None: the fixed global batch.
+      expected_batch_size: q n under Poisson sampling (in privacy units); None: the fixed
+        global batch.
+      privacy_unit: "example", or "user" (one micro-batch per sampled user: S = 1).
     """
 
     replicas: int
@@ -84,6 +93,7 @@ class Mechanism:
     decay: str = "none"
     decay_rate: float = 0.0
     expected_batch_size: Optional[float] = None
+    privacy_unit: str = "example"
 
     def __post_init__(self) -> None:
         checks.count("replicas", self.replicas, 1)
@@ -99,13 +109,22 @@ class Mechanism:
         checks.number("decay_rate", self.decay_rate, 0.0)
         if self.expected_batch_size is not None:
             checks.number("expected_batch_size", self.expected_batch_size, 0.0, True)
+        if self.privacy_unit not in PRIVACY_UNITS:
+            raise ValueError(f"privacy_unit must be one of {PRIVACY_UNITS}, "
+                             f"got {self.privacy_unit!r}")
+        if self.privacy_unit == "user" and (self.microbatch_size is None
+                                            or self.expected_batch_size is None
+                                            or self.noise_mode != "calibrated"):
+            raise ValueError("privacy_unit='user' needs micro-batches of one user "
+                             "(microbatch_size = the per-user cap), Poisson sampling over users "
+                             "(expected_batch_size = q x users) and noise_mode='calibrated'")
 
     @classmethod
     def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
         """The mechanism of an `edp_tf.DPConfig` on `replicas` with batches of that many rows."""
         return cls(replicas, global_batch_size, config.microbatch_size, config.l2_norm_clip,
                    config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
-                   config.expected_batch_size)
+                   config.expected_batch_size, config.privacy_unit)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property
@@ -123,7 +142,9 @@ class Mechanism:
 
     @property
     def sensitivity(self) -> int:
-        """S in units of C."""
+        """S in units of C (1 for a user's micro-batch)."""
+        if self.privacy_unit == "user":
+            return 1
         return sensitivity(self.examples_per_microbatch)
 
     @property
@@ -131,14 +152,19 @@ class Mechanism:
         return float(self.expected_batch_size or self.global_batch_size)
 
     @property
-    def expected_examples_per_microbatch(self) -> float:
-        """k_e = k * expected / realised rows (1 for one example per micro-batch)."""
+    def expected_examples_per_microbatch(self) -> Optional[float]:
+        """k_e = k * expected / realised rows (1 for one example per micro-batch); None for
+        users: a user's micro-batch loss is the mean over that user's examples."""
+        if self.privacy_unit == "user":
+            return None
         k = self.examples_per_microbatch
         return 1.0 if k == 1 else k * self.expected_batch / self.global_batch_size
 
     @property
     def expected_microbatches(self) -> float:
-        """D, the normaliser of the update."""
+        """D, the normaliser of the update (q W, the expected users, for users)."""
+        if self.privacy_unit == "user":
+            return self.expected_batch
         return self.expected_batch / self.expected_examples_per_microbatch
 
     # --------------------------------------------------------------- noise and schedule
@@ -187,4 +213,5 @@ class Mechanism:
             "noise_mode": self.noise_mode,
             "l2_norm_clip": self.l2_norm_clip,
             "expected_batch_size": self.expected_batch,
+            "privacy_unit": self.privacy_unit,
         }

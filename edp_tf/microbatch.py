@@ -61,9 +61,11 @@ def as_per_example_loss(loss) -> PerExampleLoss:
 
 
 def _weighted_loss(model, loss_fn, x, y, w, k_e):
+    """sum_i w_i L_i / k_e; k_e None: the mean over the micro-batch's real rows (a user's)."""
     y_pred = model(x, training=True)
     per_example = tf.cast(loss_fn(y, y_pred), tf.float32)
-    return tf.reduce_sum(per_example * w) / k_e, y_pred
+    denominator = tf.maximum(tf.reduce_sum(w), 1.0) if k_e is None else k_e
+    return tf.reduce_sum(per_example * w) / denominator, y_pred
 
 
 def _dense(grads: Sequence) -> list:
@@ -171,7 +173,8 @@ class ClipPlan:
     """How a replica turns its rows into a clipped sum: constants of the traced step."""
 
     microbatch_size: Optional[int]  # None: the replica's rows are one micro-batch (eDP)
-    expected_examples: float  # k_e: a micro-batch's loss is sum_i w_i L_i / k_e
+    expected_examples: Optional[float]  # k_e: a micro-batch's loss is sum_i w_i L_i / k_e
+    # (None: the mean over its real rows, for user-level micro-batches)
     scales: tuple  # alpha_k per trainable variable: clipping happens on g_k / alpha_k
     l2_norm_clip: float  # C
     method: str = "ghost"  # per-example method: "ghost", "vectorized" or "loop"

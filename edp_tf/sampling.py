@@ -161,3 +161,95 @@ def _with_zero_row(array, n: int) -> tf.Tensor:
         raise ValueError(
             f"every array of x and y must have dataset_size={n} rows, got shape {t.shape}")
     return tf.concat([t, tf.zeros_like(t[:1])], axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserPoissonSampler(PoissonSampler):
+    """Poisson sampling over *users*: the batches of user-level DP (DP-FedSGD).
+
+    Each step takes every user independently with probability q (`sampling_rate`); each sampled
+    user fills one micro-batch slot of `microbatch_size` rows (k, the per-user cap) with their
+    examples, a uniformly random k of them when they have more (fresh randomness, independent of
+    the data), the rest padding (mask 0). Users land in uniformly random slots, as rows do in
+    `PoissonSampler`, so adding a user fills one more slot and changes exactly one micro-batch:
+    with `DPConfig(privacy_unit="user", microbatch_size=k)` the sensitivity is C per user.
+
+    `dataset_size` is the number of users; `max_batch_size` counts rows (slots x k). Build it
+    with `UserPoissonSampler.for_users(user_of_each_row, q, k, replicas)`.
+    """
+
+    user_of_row: tuple = ()  # the user index (0 .. dataset_size - 1) of each training row
+
+    def __post_init__(self) -> None:
+        if self.microbatch_size is None:
+            raise ValueError("UserPoissonSampler needs microbatch_size: the cap of rows per user")
+        users = _positive_int("dataset_size", self.dataset_size)
+        if not self.user_of_row or min(self.user_of_row) < 0 or max(self.user_of_row) >= users:
+            raise ValueError(f"user_of_row must give each row a user index in [0, {users})")
+        if self.max_batch_size is None:
+            slots = poisson_max_batch_size(users, check_sampling_rate(self.sampling_rate),
+                                           self.overflow_probability, self.replicas)
+            object.__setattr__(self, "max_batch_size", slots * self.microbatch_size)
+        super().__post_init__()
+
+    @classmethod
+    def for_users(cls, users, sampling_rate: float, examples_per_user: int, replicas: int = 1,
+                  seed: Optional[int] = None, **kwargs) -> "UserPoissonSampler":
+        """A sampler over the distinct values of `users` (one per training row, any hashable)."""
+        index: dict = {}
+        rows = tuple(index.setdefault(u, len(index)) for u in users)
+        return cls(dataset_size=max(1, len(index)), sampling_rate=sampling_rate,
+                   replicas=replicas, microbatch_size=examples_per_user, seed=seed,
+                   user_of_row=rows, **kwargs)
+
+    @property
+    def slots(self) -> int:
+        """Users per batch at most (the binomial quantile over users)."""
+        return self.max_batch_size // self.microbatch_size
+
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+        """`steps` (default steps_per_epoch) batches of (x, y, mask): slot j holds rows
+        [j k, (j + 1) k), one sampled user's or none."""
+        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
+        users, k, slots, q = self.dataset_size, self.microbatch_size, self.slots, self.sampling_rate
+        n = len(self.user_of_row)
+        data = tf.nest.map_structure(lambda a: _with_zero_row(a, n), (x, y))
+        table = _rows_by_user(self.user_of_row, users, n, k)  # [users + 1, width], padded with n
+        key = self.seed if self.seed is not None else secrets.randbits(63)
+
+        def sample(step_seed: tf.Tensor):
+            seeds = tf.random.experimental.stateless_split(
+                tf.stack([step_seed, tf.constant(key, tf.int64)]), num=3)
+            taken = tf.where(tf.random.stateless_uniform([users], seeds[0], dtype=tf.float64) < q)
+            taken = tf.cast(taken[:, 0], tf.int32)
+            count = tf.size(taken)
+            check = tf.debugging.assert_less_equal(count, slots, message=(
+                f"Poisson sample of more than {slots} users (q={q}, users={users}): refusing to "
+                "truncate, which the accounting does not cover; raise max_batch_size"))
+            with tf.control_dependencies([check]):
+                placed = tf.argsort(slot_keys(slots, seeds[1]))[:count]
+            slot_user = tf.tensor_scatter_nd_update(tf.fill([slots], users), placed[:, None],
+                                                    taken)
+            candidates = tf.gather(table, slot_user)  # [slots, width]
+            # a uniformly random k of each user's rows: real rows sorted by random keys first
+            keys = tf.where(candidates < n, tf.random.stateless_uniform(
+                tf.shape(candidates), seeds[2], dtype=tf.float32), 2.0)
+            chosen = tf.gather(candidates, tf.argsort(keys, axis=1)[:, :k], batch_dims=1)
+            rows = tf.reshape(chosen, [slots * k])
+            mask = tf.cast(rows < n, tf.float32)
+            bx, by = tf.nest.map_structure(lambda t: tf.gather(t, rows), data)
+            return bx, by, mask
+
+        seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
+        return seeds.take(steps).map(sample, num_parallel_calls=tf.data.AUTOTUNE,
+                                     deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _rows_by_user(user_of_row, users: int, n: int, k: int) -> tf.Tensor:
+    """[users + 1, max(k, largest user)] row indices per user, padded with n (the zero row); the
+    last user is the empty one that fills unused slots."""
+    by_user: list = [[] for _ in range(users + 1)]
+    for row, user in enumerate(user_of_row):
+        by_user[user].append(row)
+    width = max(k, max(len(r) for r in by_user))
+    return tf.constant([r + [n] * (width - len(r)) for r in by_user], tf.int32)

@@ -71,7 +71,7 @@ def test_longer_header_of_the_annotated_file_works(tmp_path):
               "answer_normalised;answer;question\n")
     path = write_csv(tmp_path / "all.csv",
                      ['1;2;alarm;set;;"[time : six]";;;six;six;q\n'], header=header)
-    assert nlu_csv.read_nlu_csv(path) == (Utterance(("six",), ("B-time",), "alarm_set"),)
+    assert nlu_csv.read_nlu_csv(path) == (Utterance(("six",), ("B-time",), "alarm_set", "1"),)
 
 
 @pytest.mark.parametrize("content, line, message", [
@@ -171,3 +171,16 @@ def test_split_folders_without_test_are_an_error(tmp_path):
         nlu_csv.load_nlu_eval_csv(tmp_path)
     assert caught.value.path == str(tmp_path / "test")
     assert not nlu_csv.is_nlu_csv(tmp_path / "test")
+
+
+def test_userid_column_gives_users_and_its_absence_is_said(tmp_path):
+    header = "userid;answerid;scenario;intent;answer_annotation\n"
+    rows = [f'u{i % 3};{i};alarm;set;"wake me at [time : {i} am]"\n' for i in range(30)]
+    with_users = nlu_csv.load_nlu_eval_csv(write_csv(tmp_path / "u" / "all.csv", rows, header))
+    every = with_users.train + with_users.dev + with_users.test
+    assert {u.user for u in every} == {"u0", "u1", "u2"}
+    assert "users from the userid column" in with_users.source
+    without = nlu_csv.load_nlu_eval_csv(write_csv(tmp_path / "n" / "all.csv",
+                                                  many_rows("alarm", "set", 30)))
+    assert all(u.user is None for u in without.train)
+    assert "no userid column" in without.source

@@ -120,3 +120,14 @@ def test_exhausted_templates_raise_instead_of_looping(monkeypatch):
         1 + len(synthetic.SUFFIXES))
     with pytest.raises(ValueError, match="stopped yielding new utterances after"):
         synthetic.synthetic_corpus(size=distinct + 1)
+
+
+def test_utterances_have_skewed_users_from_their_own_stream():
+    corpus = synthetic.synthetic_corpus(seed=3, size=1200)
+    counts = collections.Counter(u.user for u in corpus.train + corpus.dev + corpus.test)
+    assert None not in counts and len(counts) <= synthetic.users_for(1200)
+    ordered = sorted(counts.values(), reverse=True)
+    # Zipf-like: the heaviest user speaks far more than the median one, and a tail exists
+    assert ordered[0] >= 10 * ordered[len(ordered) // 2] and ordered[-1] <= 2
+    again = synthetic.synthetic_corpus(seed=3, size=1200)
+    assert again == corpus  # deterministic, users included

@@ -465,3 +465,30 @@ def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path
     assert seen["losses"].shape == (7,) and np.all(np.isfinite(seen["losses"]))
     assert read(run_dir, "config.json")["dataset_size"] == len(half.train)
     assert not os.path.exists(os.path.join(run_dir, "saved_model"))
+
+
+# --------------------------------------------------------------------------- user-level privacy
+def test_user_level_run_accounts_users(tmp_path):
+    """privacy_unit=user: Poisson sampling over the synthetic corpus's users, one micro-batch per
+    user, the ledger's n and q over users, S = 1; data without user ids is refused by name."""
+    config = tiny_config(privacy_unit="user", examples_per_user=4, batch_size=8,
+                         target_epsilon=TARGET_EPSILON)
+    users = {u.user for u in corpus(config).train}
+    summary = run.train(config, str(tmp_path / "users"), strategy=strategy(2), export=False)
+    led = read(summary["run_dir"], "privacy.json")
+    assert led["privacy_unit"] == "user" and led["private"] is True
+    assert led["dataset_size"] == len(users) and led["sampling_rate"] == pytest.approx(
+        8 / len(users))
+    assert led["sensitivity"] == 1 and led["microbatch_size"] == 4
+    assert led["epsilon"] <= TARGET_EPSILON
+    from trainers.privacy import statement_from_ledger
+
+    statement = statement_from_ledger(led)
+    assert "add/remove-one-user (all of that user's data)" in statement
+    assert f"n = {len(users)} users" in statement
+    splits = corpus(config)
+    anonymous = dataclasses.replace(splits, train=tuple(
+        dataclasses.replace(u, user=None) for u in splits.train))
+    with pytest.raises(ValueError, match="privacy_unit=user needs user ids"):
+        run.train(config, str(tmp_path / "anonymous"), strategy=strategy(2), splits=anonymous,
+                  export=False)

@@ -29,6 +29,12 @@ _log = logging.getLogger(__name__)
 MECHANISMS = ("sgd", "edp", "dpsgd")
 MODELS = ("clc", "bert")
 SAMPLINGS = ("poisson", "shuffle")
+PRIVACY_UNITS = ("example", "user")
+
+
+def unit(config) -> str:
+    """The config's privacy unit ("example" for configs written before the field existed)."""
+    return config.get("privacy_unit", "example")
 
 
 def check_config(config) -> None:
@@ -41,10 +47,16 @@ def check_config(config) -> None:
     from trainers.optimizers import OPTIMIZERS, SCHEDULES
 
     choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
+               "privacy_unit": PRIVACY_UNITS,
                "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
     for field, allowed in choices.items():
-        if config[field] not in allowed:
-            bad(field, config[field], allowed)
+        value = unit(config) if field == "privacy_unit" else config[field]
+        if value not in allowed:
+            bad(field, value, allowed)
+    if unit(config) == "user" and config.mechanism != "sgd" and (
+            config.sampling != "poisson" or config.examples_per_user < 1):
+        bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
+            "examples_per_user >= 1")
     for field in ("replicas", "max_words"):
         if int(config[field]) < 1:
             bad(field, config[field], "an integer >= 1")
@@ -73,7 +85,9 @@ def check_config(config) -> None:
 
 
 def microbatch_size(config) -> Optional[int]:
-    """The DPConfig micro-batch size of the config's mechanism."""
+    """The DPConfig micro-batch size of the config's mechanism (a user's cap for users)."""
+    if unit(config) == "user":
+        return int(config.examples_per_user)
     if config.mechanism == "dpsgd":
         return 1
     return config.microbatch_size or None
@@ -211,13 +225,36 @@ def subset(arrays: dict, index: np.ndarray) -> dict:
     return {k: v[index] for k, v in arrays.items()}
 
 
-def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed):
-    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None)."""
+def privacy_units(config, train) -> tuple:
+    """(number of privacy units, the user of each training row or None): users for user-level
+    privacy (an error naming the data when it has no user ids), else examples."""
+    if unit(config) != "user" or config.mechanism == "sgd":
+        return len(train), None
+    users = [u.user for u in train]
+    if any(u is None for u in users):
+        raise ValueError(f"--config.privacy_unit=user needs user ids, and "
+                         f"{sum(u is None for u in users)} of {len(users)} training utterances "
+                         "have none (the synthetic corpus and NLU-Evaluation-Data CSVs with a "
+                         "userid column have them; SNIPS and ATIS do not)")
+    return len(set(users)), users
+
+
+def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
+    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None).
+
+    n counts privacy units; `users` (the user of each row) selects Poisson sampling over users.
+    """
     replicas = strategy.num_replicas_in_sync
     batch = int(config.batch_size)
+    unit = "users" if users is not None else "training examples"
     if batch > n:
-        raise ValueError(f"--config.batch_size={batch} exceeds the {n} training examples")
+        raise ValueError(f"--config.batch_size={batch} exceeds the {n} {unit}")
     q = batch / n
+    if users is not None:
+        sampler = sampling.UserPoissonSampler.for_users(users, q, private_cfg_k, replicas,
+                                                        fixed_seed)
+        return (sampler.dataset(x, y).repeat(), sampler.steps_per_epoch, q,
+                sampler.expected_batch_size, sampler)
     if config.mechanism != "sgd" and config.sampling == "poisson":
         sampler = sampling.PoissonSampler(
             dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
@@ -250,7 +287,8 @@ def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler
         microbatch_size=k, noise_mode=config.noise_mode, decay=config.decay,
         decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
         expected_batch_size=expected_batch,
-        physical_batch_size=int(config.physical_batch_size) or None)
+        physical_batch_size=int(config.physical_batch_size) or None,
+        privacy_unit=unit(config))
     if config.target_epsilon <= 0:
         return dp
     if noise_multiplier is None:

@@ -14,11 +14,13 @@ UNKNOWN_INTENT = "[UNK]"  # The same name as models.labels uses.
 
 @dataclasses.dataclass(frozen=True)
 class Utterance:
-    """One annotated utterance: tokens, one BIO tag per token, and an intent."""
+    """One annotated utterance: tokens, one BIO tag per token, an intent, and the user who spoke
+    it when the corpus knows (the unit of user-level privacy)."""
 
     tokens: tuple[str, ...]
     tags: tuple[str, ...]
     intent: str
+    user: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.tags):

@@ -22,6 +22,7 @@ Malformed rows raise `DataFormatError` naming the file and the line; no row is s
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
 import random
@@ -30,6 +31,7 @@ from typing import Sequence
 from trainers.corpus import OUTSIDE, DataFormatError, Splits, Utterance
 
 REQUIRED_COLUMNS = ("scenario", "intent", "answer_annotation")
+USER_COLUMNS = ("userid",)  # optional: who spoke it (the full annotated file has it)
 SPLIT_DIR_NAMES = {
     "train": ("train", "trainset"),
     "dev": ("dev", "valid", "devset"),
@@ -101,7 +103,8 @@ def read_nlu_csv(path: str | os.PathLike) -> tuple[Utterance, ...]:
     missing = [name for name in REQUIRED_COLUMNS if name not in header]
     if missing:
         raise DataFormatError(path, 1, f"header lacks columns {missing} (has {header})")
-    column = {name: header.index(name) for name in REQUIRED_COLUMNS}
+    column = {name: header.index(name) for name in REQUIRED_COLUMNS + USER_COLUMNS
+              if name in header}
     utterances = []
     line = 1
     for row in reader:
@@ -117,7 +120,8 @@ def read_nlu_csv(path: str | os.PathLike) -> tuple[Utterance, ...]:
             tokens, tags = parse_annotation(row[column["answer_annotation"]])
         except ValueError as error:
             raise DataFormatError(path, line, f"answer_annotation: {error}") from None
-        utterances.append(Utterance(tokens, tags, f"{scenario}_{intent}"))
+        user = row[column["userid"]].strip() or None if "userid" in column else None
+        utterances.append(Utterance(tokens, tags, f"{scenario}_{intent}", user))
     if not utterances:
         raise DataFormatError(path, line, "file has a header but no rows")
     return tuple(utterances)
@@ -198,7 +202,19 @@ def split_by_ratio(utterances: Sequence[Utterance], seed: int,
 
 def load_nlu_eval_csv(path: str | os.PathLike, seed: int = 0,
                       ratios: Sequence[float] = (0.8, 0.1, 0.1)) -> Splits:
-    """Loads NLU-Evaluation-Data from a CSV file or directory (see the module docstring)."""
+    """Loads NLU-Evaluation-Data from a CSV file or directory (see the module docstring).
+
+    `Splits.source` says whether the files had a `userid` column (user-level privacy needs it).
+    """
+    splits = _load(path, seed, ratios)
+    users = sum(u.user is not None for part in (splits.train, splits.dev, splits.test)
+                for u in part)
+    note = ("users from the userid column" if users else
+            "no userid column: user-level privacy is not available for this data")
+    return dataclasses.replace(splits, source=f"{splits.source}; {note}")
+
+
+def _load(path, seed: int, ratios) -> Splits:
     path = os.fspath(path)
     ratios = _check_ratios(ratios)
     if not os.path.exists(path):

@@ -53,9 +53,11 @@ def _per_epoch(records, q, delta, extras) -> tuple:
             accounting.epsilon_per_epoch(records, q, delta, extras, "pld"))
 
 
-def _mechanism_line(mode: str, replicas: int, microbatch: Optional[int], sensitivity) -> str:
+def _mechanism_line(mode: str, replicas: int, microbatch: Optional[int], sensitivity,
+                    unit: str = "example") -> str:
     per = ("one micro-batch per replica (eDP-SGD)" if microbatch in (None, 0)
-           else f"micro-batches of {microbatch} example(s)")
+           else f"one micro-batch per sampled user (at most {microbatch} of their examples)"
+           if unit == "user" else f"micro-batches of {microbatch} example(s)")
     return (f"Mechanism: {mode} noise, {replicas} replica(s), {per}; sensitivity S = "
             f"{sensitivity:g} C")
 
@@ -66,10 +68,12 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     q = ledger["sampling_rate"]
     records = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
     extras = accounting.as_extra_events(ledger.get("extra_events", []))
+    unit = ledger.get("privacy_unit", "example")
     lines = ["Privacy statement of a finished run",
              _mechanism_line(ledger["noise_mode"], ledger["replicas"], ledger["microbatch_size"],
-                             ledger["sensitivity"]) + f", C = {ledger['l2_norm_clip']:g}",
-             f"Data: n = {ledger['dataset_size']}, {ledger['sampling']} sampling, q = {q:.6g} "
+                             ledger["sensitivity"], unit) + f", C = {ledger['l2_norm_clip']:g}",
+             f"Data: n = {ledger['dataset_size']} {unit}s, {ledger['sampling']} sampling, "
+             f"q = {q:.6g} "
              f"(batch {ledger['batch_size']:g}), {sum(r.steps for r in records)} steps"]
     recomputed = accounting.compute_epsilon(records, q, delta, extras)
     if delta == ledger["delta"] and not math.isclose(recomputed, ledger["epsilon"],
@@ -78,7 +82,9 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
                      f"{_fmt(recomputed)}: the file was edited or written by another version")
     lines.append(f"Guarantee: epsilon = {_fmt(recomputed)} (PLD; RDP "
                  f"{_fmt(accounting.compute_epsilon(records, q, delta, extras, 'rdp'))}) at "
-                 f"delta = {delta:.3g}, add/remove-one-example, all checkpoints released")
+                 f"delta = {delta:.3g}, add/remove-one-{unit}"
+                 + (" (all of that user's data)" if unit == "user" else "")
+                 + ", all checkpoints released")
     others = accounting.epsilons_at_reported_deltas(records, q, ledger["dataset_size"], extras)
     lines.append("Same run at other deltas: " + ", ".join(
         f"epsilon {_fmt(v['epsilon'])} at delta = {label} ({v['delta']:.3g})"

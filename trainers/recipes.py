@@ -60,7 +60,8 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
                          "[0, 1] (0 = use batch_size)")
     if c.steps < 0:
         raise ValueError(f"--config.steps={c.steps!r} is invalid: expected >= 0 (0 = use epochs)")
-    multiple = int(c.replicas) * (1 if c.mechanism == "dpsgd" else max(1, int(c.microbatch_size)))
+    per_unit = c.mechanism == "dpsgd" or (c.get("privacy_unit") == "user" and private)
+    multiple = int(c.replicas) * (1 if per_unit else max(1, int(c.microbatch_size)))
     if c.batch_size > 0 and c.sampling_rate == 0:
         batch = int(c.batch_size)  # explicit: kept as given (too large is an error later)
     else:  # round(q n) to a multiple of the micro-batches a step needs

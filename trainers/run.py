@@ -34,6 +34,8 @@ class _Data:
 
     config: object  # resolved (automatic fields filled)
     splits: data_lib.Splits
+    units: int  # n: training examples, or users for user-level privacy
+    users: Optional[list]  # the user of each training row (user-level privacy), else None
     labels: object
     unseen: dict
     preprocessor: object
@@ -61,12 +63,12 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
     data = _load_data(config, splits, resume)
-    config, n = data.config, len(data.splits.train)
+    config, n = data.config, data.units
     delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
     ds, steps, q, expected_batch, sampler = builders.datasets(
-        config, data.train.x, data.train.y, n, k, strategy, fixed_seed)
+        config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
     dp = builders.private_config(
         config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q, delta,
         steps, state.get("noise_multiplier")) if private else None
@@ -127,8 +129,9 @@ def _strategy(config, strategy):
 
 def _load_data(config, splits, resume: bool) -> _Data:
     splits = splits or builders.load_splits(config)
+    units, users = builders.privacy_units(config, splits.train)
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
-        config = recipes.resolve(config, len(splits.train))
+        config = recipes.resolve(config, units)
     labels = builders.label_schema(config, splits)
     vocab = data_lib.LabelVocab(labels.tags, (data_lib.UNKNOWN_INTENT, *labels.intents))
     unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
@@ -138,7 +141,7 @@ def _load_data(config, splits, resume: bool) -> _Data:
     def encode(part):
         return preprocessor.encode([u.tokens for u in part])[0] if part else None
 
-    return _Data(config, splits, labels, unseen, preprocessor, vectors,
+    return _Data(config, splits, units, users, labels, unseen, preprocessor, vectors,
                  builders.encode(preprocessor, splits.train, "train"), encode(splits.dev),
                  encode(splits.test))
 

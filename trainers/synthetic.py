@@ -16,6 +16,7 @@ part of the system without a dataset. Properties the experiments rely on:
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from typing import Callable, Sequence
@@ -393,14 +394,32 @@ def synthetic_corpus(seed: int = 0, size: int = 3000, canaries: int = 0,
             seen.add(canary.tokens)
             drawn.append(canary)
     planted, controls = drawn[:canaries], drawn[canaries:]
+    planted = [dataclasses.replace(c, user=f"canary{i:03d}") for i, c in enumerate(planted)]
     for canary in planted:
         for _ in range(canary_repeats):
             train.insert(canary_rng.randrange(len(train) + 1), canary)
+    train, dev, test = (_with_users(part, seed, size, name)
+                        for part, name in ((train, "train"), (dev, "dev"), (test, "test")))
     source = f"synthetic smart-home corpus (seed {seed}, size {size}"
     if canaries:
         source += f", {canaries} canaries x {canary_repeats}"
     return Splits(tuple(train), tuple(dev), tuple(test), source + ")",
                   canaries=tuple(planted), canary_controls=tuple(controls))
+
+
+def users_for(size: int) -> int:
+    """The corpus's number of speakers: one per 12 utterances on average."""
+    return max(2, size // 12)
+
+
+def _with_users(part, seed: int, size: int, name: str) -> list:
+    """Each utterance spoken by one of `users_for(size)` users drawn with Zipf weights
+    (exponent 0.8): a few heavy users with hundreds of utterances, a long tail with one or two,
+    as an assistant's logs have. Planted canaries keep their own user (one user repeating a
+    phrase). Own random stream: the utterances are unchanged."""
+    rng = random.Random(f"edp-tf users {seed} {name}")
+    chooser = _ZipfChooser([f"user{i:05d}" for i in range(users_for(size))], exponent=0.8)
+    return [u if u.user is not None else dataclasses.replace(u, user=chooser(rng)) for u in part]
 
 
 def label_schema():

@@ -1,0 +1,140 @@
+"""User-level DP (DP-FedSGD): the sampler's batches, the sensitivity of one user, the estimator's
+denominator, the per-replica noise, and the ledger's record, on 2 logical CPU replicas."""
+import json
+import math
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import DPConfig, Mechanism, PrivateModel, UserPoissonSampler, ledger, microbatch
+
+N = 2
+K = 3  # rows per user's micro-batch (the cap)
+# 12 users with 1..9 rows each (skewed), 60 rows
+USER_ROWS = [9, 8, 7, 6, 5, 5, 4, 4, 4, 3, 3, 2]
+USER_OF_ROW = [u for u, count in enumerate(USER_ROWS) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def strategy():
+    return edp_tf.make_strategy(N)
+
+
+def data(rows=len(USER_OF_ROW), seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 3)).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]], "float32")).astype("float32")
+    return x, y
+
+
+def mse(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - y_pred), axis=-1)
+
+
+def test_each_micro_batch_is_one_users_rows_and_users_are_poisson_sampled():
+    x, _ = data()
+    ids = np.arange(len(USER_OF_ROW), dtype="float32")[:, None]  # row ids travel as x
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.3, K, replicas=N)
+    assert sampler.dataset_size == 12 and sampler.max_batch_size % (N * K) == 0
+    seen = np.zeros(12)
+    steps = 400
+    for bx, _, mask in sampler.dataset(ids, ids, steps=steps):
+        bx, mask = bx.numpy()[:, 0], mask.numpy()
+        users_here = []
+        for slot in range(sampler.slots):
+            rows = bx[slot * K:(slot + 1) * K][mask[slot * K:(slot + 1) * K] > 0].astype(int)
+            if not len(rows):
+                continue
+            owners = {USER_OF_ROW[r] for r in rows}
+            assert len(owners) == 1  # one user per micro-batch
+            (user,) = owners
+            assert len(rows) == min(K, USER_ROWS[user]) and len(set(rows)) == len(rows)
+            users_here.append(user)
+        assert len(users_here) == len(set(users_here))  # a user at most once per step
+        seen[users_here] += 1
+    # each user is taken with probability q = 0.3 per step: 400 steps give a binomial count
+    # with std sqrt(400 * 0.3 * 0.7) = 9.2; 5 std (46) bounds all 12 with probability > 1 - 1e-5
+    assert np.all(np.abs(seen - 0.3 * steps) < 46)
+
+
+def clipped_sum(model, x, y, w, C):
+    fn = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, mse, model.trainable_variables, x, y, w, K, None, [1.0, 1.0], C))
+    return [g.numpy() for g in fn()[0].clipped_sum]
+
+
+def test_removing_one_user_moves_the_clipped_sum_by_their_clipped_mean_gradient():
+    """Brute force: a batch of one micro-batch per user; removing a user (their slot becomes
+    padding) changes the clipped sum by exactly that user's clipped mean-loss gradient, whose
+    norm is <= C: S = 1 (in units of C) for a user, however many rows they have."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    x, y = data(4 * K, seed=2)
+    x = x * 5.0  # large gradients: every user is clipped
+    w = np.array([1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 1], "float32")  # users of 3, 2, 1, 3 rows
+    C = 0.5
+    full = clipped_sum(model, x, y, w, C)
+    for user in range(4):
+        without = w.copy()
+        without[user * K:(user + 1) * K] = 0.0
+        diff = [a - b for a, b in zip(full, clipped_sum(model, x, y, without, C))]
+        rows = [i for i in range(user * K, (user + 1) * K) if w[i]]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(mse(y[rows], model(x[rows])))
+        grads = tape.gradient(loss, model.trainable_variables)
+        norm = math.sqrt(sum(float(tf.reduce_sum(g * g)) for g in grads))
+        want = [g.numpy() * min(1.0, C / norm) for g in grads]
+        for got, expected in zip(diff, want):
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
+        assert math.sqrt(sum(float(np.sum(d * d)) for d in diff)) <= C * (1 + 1e-5)
+
+
+def test_user_mechanism_denominator_sensitivity_and_noise():
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N)
+    m = Mechanism(N, sampler.max_batch_size, K, l2_norm_clip=0.7, noise_multiplier=1.5,
+                  expected_batch_size=sampler.expected_batch_size, privacy_unit="user")
+    assert m.sensitivity == 1  # not 2, although a micro-batch holds up to 3 examples
+    assert m.expected_microbatches == pytest.approx(0.25 * 12)  # q W: the fixed denominator
+    assert m.expected_examples_per_microbatch is None  # a user's mean loss
+    assert m.per_replica_noise_std(1.5) == pytest.approx(1.5 * 0.7 / math.sqrt(N))
+    with pytest.raises(ValueError, match="privacy_unit"):
+        Mechanism(N, 12, None, expected_batch_size=3.0, privacy_unit="user")
+    with pytest.raises(ValueError, match="privacy_unit"):
+        DPConfig(microbatch_size=K, privacy_unit="user")  # no expected_batch_size
+
+
+def fit(strategy, tmp_path, sampler, **cfg):
+    config = DPConfig(**{"l2_norm_clip": 1.0, "noise_multiplier": 1.0, "microbatch_size": K,
+                         "expected_batch_size": sampler.expected_batch_size, **cfg})
+    with strategy.scope():
+        model = PrivateModel(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]), config)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss=mse)
+    led = ledger.PrivacyLedger.for_sampler(tmp_path, sampler, 1e-3)
+    model.fit(sampler.dataset(*data()), epochs=1, verbose=0, callbacks=[led])
+    with open(os.path.join(tmp_path, "privacy.json")) as f:
+        return json.load(f)
+
+
+def test_ledger_records_the_user_level_mechanism(strategy, tmp_path):
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N)
+    led = fit(strategy, tmp_path, sampler, privacy_unit="user")
+    assert led["privacy_unit"] == "user" and led["private"] is True
+    assert led["dataset_size"] == 12 and led["sampling_rate"] == 0.25  # users, q over users
+    assert led["sensitivity"] == 1 and led["microbatch_size"] == K
+    # the epsilon is the Poisson-subsampled Gaussian over 12 users, recomputed independently
+    records = [edp_tf.accounting.EpochRecord.from_dict(e) for e in led["epochs"]]
+    assert led["epsilon"] == pytest.approx(
+        edp_tf.accounting.compute_epsilon(records, 0.25, 1e-3), rel=1e-9)
+
+
+def test_mismatched_unit_or_cap_is_refused(strategy, tmp_path):
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N)
+    with pytest.raises(ValueError, match="privacy_unit"):  # example-level step, user batches
+        fit(strategy, tmp_path / "a", sampler)
+    with pytest.raises(ValueError, match="exactly one user"):  # two users per micro-batch
+        other = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, 2 * K, replicas=N)
+        fit(strategy, tmp_path / "b", other, privacy_unit="user")
