@@ -15,4 +15,5 @@ def get_config():
     c.batch_size = 0  # auto
     c.epochs = 0  # auto
     c.learning_rate = 0.0  # auto
+    c.max_words = 0  # auto: 20 on the synthetic corpus, 32 on --data_dir (trainers/recipes.py)
     return c

@@ -124,3 +124,22 @@ def dict_update(c, **kw):
     c = c.copy_and_resolve_references()
     c.update(kw)
     return c
+
+
+def test_auto_max_words_is_a_public_constant_per_data_kind():
+    from trainers import synthetic
+
+    assert recipes.resolve(config(max_words=0), n=1000).max_words == 20
+    assert recipes.resolve(config(max_words=0, data_dir="/some/corpus"), n=1000).max_words == 32
+    assert recipes.resolve(config(max_words=7), n=1000).max_words == 7  # explicit wins
+    splits = synthetic.synthetic_corpus(seed=1, size=6000)
+    longest = max(len(u.tokens) for part in (splits.train, splits.dev, splits.test)
+                  for u in part)
+    assert longest <= recipes.MAX_WORDS["synthetic"]  # the generator stays within the constant
+
+
+def test_user_level_batches_count_users_in_multiples_of_the_replicas():
+    c = recipes.resolve(config(batch_size=0, epochs=0, privacy_unit="user", replicas=4,
+                               microbatch_size=2), n=1000)
+    assert c.batch_size % 4 == 0 and c.batch_size == 4 * round(
+        recipes.PRIVATE_SAMPLING_RATE["clc"] * 1000 / 4)

@@ -57,9 +57,10 @@ def check_config(config) -> None:
             config.sampling != "poisson" or config.examples_per_user < 1):
         bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
             "examples_per_user >= 1")
-    for field in ("replicas", "max_words"):
-        if int(config[field]) < 1:
-            bad(field, config[field], "an integer >= 1")
+    if int(config.replicas) < 1:
+        bad("replicas", config.replicas, "an integer >= 1")
+    if int(config.max_words) < 0:
+        bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
