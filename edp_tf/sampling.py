@@ -119,32 +119,46 @@ class PoissonSampler:
         x and y are nests (arrays, dicts, tuples) of arrays with `dataset_size` rows. Padding rows
         are zeros (empty strings) with mask 0. Infinite stream: `.repeat()` the result.
         """
-        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
         n, size, q = self.dataset_size, self.max_batch_size, self.sampling_rate
-        data = tf.nest.map_structure(lambda a: _with_zero_row(a, n), (x, y))
+        return self._stream(x, y, n, steps, 2, lambda seeds: _placed(
+            n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}"))
+
+    def _stream(self, x, y, rows: int, steps: Optional[int], num_seeds: int,
+                rows_of) -> tf.data.Dataset:
+        """`steps` batches of (x, y, mask) whose rows `rows_of(step seeds)` picks (index `rows`:
+        the zero padding row)."""
+        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
+        data = tf.nest.map_structure(lambda a: _with_zero_row(a, rows), (x, y))
         key = self.seed if self.seed is not None else secrets.randbits(63)
 
         def sample(step_seed: tf.Tensor):
             seeds = tf.random.experimental.stateless_split(
-                tf.stack([step_seed, tf.constant(key, tf.int64)]), num=2)
-            # float64: a float32 uniform would round q up to a multiple of 2**-24 and sample
-            # slightly more often than accounted for small q.
-            taken = tf.where(tf.random.stateless_uniform([n], seeds[0], dtype=tf.float64) < q)
-            taken = tf.cast(taken[:, 0], tf.int32)
-            count = tf.size(taken)
-            check = tf.debugging.assert_less_equal(count, size, message=(
-                f"Poisson sample larger than max_batch_size={size} (q={q}, n={n}): refusing to "
-                "truncate, which the accounting does not cover; raise max_batch_size"))
-            with tf.control_dependencies([check]):
-                slots = tf.argsort(slot_keys(size, seeds[1]))[:count]
-            rows = tf.tensor_scatter_nd_update(tf.fill([size], n), slots[:, None], taken)
-            mask = tf.cast(rows < n, tf.float32)
-            bx, by = tf.nest.map_structure(lambda t: tf.gather(t, rows), data)
+                tf.stack([step_seed, tf.constant(key, tf.int64)]), num=num_seeds)
+            index = rows_of(seeds)
+            mask = tf.cast(index < rows, tf.float32)
+            bx, by = tf.nest.map_structure(lambda t: tf.gather(t, index), data)
             return bx, by, mask
 
         seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
         return seeds.take(steps).map(sample, num_parallel_calls=tf.data.AUTOTUNE,
                                      deterministic=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _placed(units: int, q: float, size: int, seeds, what: str) -> tf.Tensor:
+    """[size] slots: each of `units` units, taken with probability q, in a uniformly random
+    slot; empty slots hold `units`. More than `size` taken raises: truncating is not the
+    sampling the accounting covers."""
+    # float64: a float32 uniform would round q up to a multiple of 2**-24 and sample slightly
+    # more often than accounted for small q.
+    taken = tf.where(tf.random.stateless_uniform([units], seeds[0], dtype=tf.float64) < q)
+    taken = tf.cast(taken[:, 0], tf.int32)
+    count = tf.size(taken)
+    check = tf.debugging.assert_less_equal(count, size, message=(
+        f"{what} (q={q}, n={units}): refusing to truncate, which the accounting does not cover; "
+        "raise max_batch_size"))
+    with tf.control_dependencies([check]):
+        slots = tf.argsort(slot_keys(size, seeds[1]))[:count]
+    return tf.tensor_scatter_nd_update(tf.fill([size], units), slots[:, None], taken)
 
 
 def slot_keys(size: int, seed: tf.Tensor) -> tf.Tensor:
@@ -210,39 +224,21 @@ class UserPoissonSampler(PoissonSampler):
     def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
         """`steps` (default steps_per_epoch) batches of (x, y, mask): slot j holds rows
         [j k, (j + 1) k), one sampled user's or none."""
-        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
         users, k, slots, q = self.dataset_size, self.microbatch_size, self.slots, self.sampling_rate
         n = len(self.user_of_row)
-        data = tf.nest.map_structure(lambda a: _with_zero_row(a, n), (x, y))
         table = _rows_by_user(self.user_of_row, users, n, k)  # [users + 1, width], padded with n
-        key = self.seed if self.seed is not None else secrets.randbits(63)
 
-        def sample(step_seed: tf.Tensor):
-            seeds = tf.random.experimental.stateless_split(
-                tf.stack([step_seed, tf.constant(key, tf.int64)]), num=3)
-            taken = tf.where(tf.random.stateless_uniform([users], seeds[0], dtype=tf.float64) < q)
-            taken = tf.cast(taken[:, 0], tf.int32)
-            count = tf.size(taken)
-            check = tf.debugging.assert_less_equal(count, slots, message=(
-                f"Poisson sample of more than {slots} users (q={q}, users={users}): refusing to "
-                "truncate, which the accounting does not cover; raise max_batch_size"))
-            with tf.control_dependencies([check]):
-                placed = tf.argsort(slot_keys(slots, seeds[1]))[:count]
-            slot_user = tf.tensor_scatter_nd_update(tf.fill([slots], users), placed[:, None],
-                                                    taken)
+        def rows_of(seeds):
+            slot_user = _placed(users, q, slots, seeds,
+                                f"Poisson sample of more than {slots} users")
             candidates = tf.gather(table, slot_user)  # [slots, width]
             # a uniformly random k of each user's rows: real rows sorted by random keys first
             keys = tf.where(candidates < n, tf.random.stateless_uniform(
                 tf.shape(candidates), seeds[2], dtype=tf.float32), 2.0)
             chosen = tf.gather(candidates, tf.argsort(keys, axis=1)[:, :k], batch_dims=1)
-            rows = tf.reshape(chosen, [slots * k])
-            mask = tf.cast(rows < n, tf.float32)
-            bx, by = tf.nest.map_structure(lambda t: tf.gather(t, rows), data)
-            return bx, by, mask
+            return tf.reshape(chosen, [slots * k])
 
-        seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
-        return seeds.take(steps).map(sample, num_parallel_calls=tf.data.AUTOTUNE,
-                                     deterministic=True).prefetch(tf.data.AUTOTUNE)
+        return self._stream(x, y, n, steps, 3, rows_of)
 
 
 def _rows_by_user(user_of_row, users: int, n: int, k: int) -> tf.Tensor:

@@ -138,3 +138,11 @@ def test_mismatched_unit_or_cap_is_refused(strategy, tmp_path):
     with pytest.raises(ValueError, match="exactly one user"):  # two users per micro-batch
         other = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, 2 * K, replicas=N)
         fit(strategy, tmp_path / "b", other, privacy_unit="user")
+
+
+def test_more_users_than_slots_raises_instead_of_truncating():
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 1.0, K, replicas=N,
+                                           max_batch_size=N * K)  # 2 slots, 12 users taken
+    x, y = data()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="more than 2 users"):
+        next(iter(sampler.dataset(x, y, steps=1)))
