@@ -142,4 +142,5 @@ def test_user_level_batches_count_users_in_multiples_of_the_replicas():
     c = recipes.resolve(config(batch_size=0, epochs=0, privacy_unit="user", replicas=4,
                                microbatch_size=2), n=1000)
     assert c.batch_size % 4 == 0 and c.batch_size == 4 * round(
-        recipes.PRIVATE_SAMPLING_RATE["clc"] * 1000 / 4)
+        recipes.USER_SAMPLING_RATE * 1000 / 4)
+    assert c.epochs == math.ceil(recipes.USER_STEPS / math.ceil(1000 / c.batch_size))
