@@ -1,11 +1,12 @@
-"""Joint-format loader, label vocabulary and format detection, on fixtures and real data."""
+"""Joint-format loader, `conform` and format detection, on fixtures and real data."""
 import logging
 import pathlib
 
 import pytest
 
-from trainers import data
-from trainers.data import DataFormatError, LabelVocab, Utterance
+from models.labels import LabelVocabulary
+from trainers import data, schema
+from trainers.data import DataFormatError, Utterance
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SECRET = "zanzibarquux"  # A token that must never appear in an error or log message.
@@ -115,27 +116,24 @@ TRAIN = (Utterance(("a", "b", "c"), ("B-x", "I-x", "O"), "one"),
          Utterance(("a",), ("B-z",), "one"))
 
 
-def test_label_vocab_from_train_is_ordered():
-    vocab = LabelVocab.from_train(TRAIN)
-    assert vocab.tags == ("O", "B-x", "I-x", "B-y", "I-y", "B-z")
-    assert vocab.intents == (data.UNKNOWN_INTENT, "one", "two")
-    assert (vocab.num_tags, vocab.num_intents, vocab.slot_types) == (6, 3, ("x", "y", "z"))
-    assert vocab.tag_ids(["O", "I-x", "B-z"]) == [0, 2, 5]
-    assert vocab.decode_tags([5, 0]) == ["B-z", "O"]
-    assert (vocab.intent_id("two"), vocab.intent_id("never seen")) == (2, 0)
-    assert vocab.decode_intent(1) == "one"
-    with pytest.raises(KeyError):
-        vocab.tag_ids(["B-w"])
+def test_training_schema_vocabularies_are_ordered():
+    labels = schema.schema_from_training_data(TRAIN)
+    tags, intents = labels.tag_vocabulary, labels.intent_vocabulary
+    assert tags.labels == ("O", "B-x", "I-x", "B-y", "I-y", "B-z", "I-z")  # B and I of each type
+    assert intents.labels == (data.UNKNOWN_INTENT, "one", "two")
+    assert [tags.id(t) for t in ("O", "I-x", "B-z", "B-w")] == [0, 2, 5, 0]
+    assert (intents.id("two"), intents.id("never seen")) == (2, 0)
 
 
 def test_conform_maps_unseen_labels_counts_and_logs_without_text(caplog):
-    vocab = LabelVocab.from_train(TRAIN)
+    tags = LabelVocabulary(("O", "B-x", "I-x", "B-y", "I-y", "B-z"))  # no I-z
+    intents = LabelVocabulary((data.UNKNOWN_INTENT, "one", "two"))
     dev = (Utterance((SECRET, "b", "c"), ("B-w", "I-w", "B-x"), "one"),  # unseen type w
            Utterance(("a", "b", "c"), ("B-x", "I-x", "I-x"), "three"),   # unseen intent
            Utterance(("a", "b", "c"), ("B-q", "I-y", "O"), "two"),       # seen I-y loses B-q
            Utterance(("a", "b"), ("B-z", "I-z"), "one"))                 # I-z never in train
     with caplog.at_level(logging.WARNING, logger="trainers.data"):
-        conformed, counts = vocab.conform(dev, "dev")
+        conformed, counts = data.conform(dev, tags, intents, "dev")
     assert [u.tags for u in conformed] == [("O", "O", "B-x"), ("B-x", "I-x", "I-x"),
                                            ("O", "B-y", "O"), ("B-z", "O")]
     assert [u.intent for u in conformed] == ["one", data.UNKNOWN_INTENT, "two", "one"]
@@ -149,26 +147,13 @@ def test_conform_maps_unseen_labels_counts_and_logs_without_text(caplog):
 
 
 def test_conform_is_silent_and_identity_on_train(caplog):
-    vocab = LabelVocab.from_train(TRAIN)
+    labels = schema.schema_from_training_data(TRAIN)
     with caplog.at_level(logging.WARNING, logger="trainers.data"):
-        conformed, counts = vocab.conform(TRAIN, "train")
+        conformed, counts = data.conform(TRAIN, labels.tag_vocabulary, labels.intent_vocabulary,
+                                         "train")
     assert conformed == TRAIN
     assert counts.remapped_tag_tokens == counts.unknown_intent_utterances == 0
     assert caplog.text == ""
-
-
-def test_label_vocab_save_load_and_validation(tmp_path):
-    vocab = LabelVocab.from_train(TRAIN)
-    vocab.save(tmp_path / "labels.json")
-    assert LabelVocab.load(tmp_path / "labels.json") == vocab
-    with pytest.raises(ValueError, match="start with 'O'"):
-        LabelVocab(["B-x", "O"], [data.UNKNOWN_INTENT])
-    with pytest.raises(ValueError, match="duplicates"):
-        LabelVocab(["O", "B-x", "B-x"], [data.UNKNOWN_INTENT])
-    with pytest.raises(ValueError, match="B-<type>"):
-        LabelVocab(["O", "PAD"], [data.UNKNOWN_INTENT])
-    with pytest.raises(ValueError, match="empty"):
-        LabelVocab.from_train([])
 
 
 def test_load_data_detects_formats(tmp_path):
@@ -215,11 +200,13 @@ def test_snips_counts_match_source_md():
     assert [stats[s]["intents"] for s in ("train", "dev", "test")] == [7, 7, 7]
     assert (stats["train"]["slot_types"], stats["train"]["tags"]) == (39, 72)
     assert (stats["all"]["slot_types"], stats["all"]["tags"]) == (39, 72)
-    vocab = LabelVocab.from_train(splits.train)
-    assert set(vocab.tags) == set(_labels_file(path / "slot_label.txt")) - {"PAD", "UNK"}
-    assert set(vocab.intents[1:]) == set(_labels_file(path / "intent_label.txt")) - {"UNK"}
+    labels = schema.read_data_dir_schema(path)  # What the trainer uses: B- and I- of each type.
+    assert set(labels.tags) >= set(_labels_file(path / "slot_label.txt")) - {"PAD", "UNK"}
+    assert set(labels.slot_types) == {t[2:] for u in splits.train for t in u.tags if t != "O"}
+    assert set(labels.intents) == set(_labels_file(path / "intent_label.txt")) - {"UNK"}
     for name in ("dev", "test"):
-        _, counts = vocab.conform(getattr(splits, name), name)
+        _, counts = data.conform(getattr(splits, name), labels.tag_vocabulary,
+                                 labels.intent_vocabulary, name)
         assert counts.remapped_tag_tokens == counts.unknown_intent_utterances == 0
 
 
@@ -234,13 +221,13 @@ def test_atis_counts_and_unseen_labels_match_source_md():
     assert (stats["all"]["slot_types"], stats["all"]["tags"]) == (83, 127)
     assert [sum("#" in u.intent for u in getattr(splits, s)) for s in ("train", "dev", "test")] \
         == [23, 3, 15]
-    vocab = LabelVocab.from_train(splits.train)
-    assert set(vocab.tags) == set(_labels_file(path / "slot_label.txt")) - {"PAD", "UNK"}
-    _, dev = vocab.conform(splits.dev, "dev")
-    _, test = vocab.conform(splits.test, "test")
+    labels = schema.read_data_dir_schema(path)  # What the trainer uses: B- and I- of each type.
+    assert set(labels.tags) >= set(_labels_file(path / "slot_label.txt")) - {"PAD", "UNK"}
+    _, dev = data.conform(splits.dev, labels.tag_vocabulary, labels.intent_vocabulary, "dev")
+    _, test = data.conform(splits.test, labels.tag_vocabulary, labels.intent_vocabulary, "test")
+    # SOURCE.md lists 7 tags absent from train; 3 are I- tags of types train has (in the schema).
     assert set(dev.unseen_tags + test.unseen_tags) == {
-        "B-booking_class", "B-compartment", "B-flight", "B-stoploc.airport_code",
-        "I-flight_number", "I-return_date.day_number", "I-state_name"}
+        "B-booking_class", "B-compartment", "B-flight", "B-stoploc.airport_code"}
     assert dev.unseen_intents == ("atis_airfare#atis_flight_time",)
     assert dev.unknown_intent_utterances == 1
     assert test.unseen_intents == ("atis_airfare#atis_flight", "atis_day_name",

@@ -4,8 +4,9 @@ import collections
 import pytest
 
 from trainers import synthetic
-from trainers.data import LabelVocab, bio_error, describe
+from trainers.data import bio_error, conform, describe
 from trainers.metrics import slot_spans
+from trainers.schema import schema_from_training_data
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +34,15 @@ def test_default_sizes_labels_and_format(corpus):
     everything = corpus.train + corpus.dev + corpus.test
     assert {u.intent for u in everything} == set(synthetic.TEMPLATES)
     assert len(synthetic.TEMPLATES) == 12
-    vocab = LabelVocab.from_train(corpus.train)
-    assert set(vocab.slot_types) == set(synthetic.SLOT_GENERATORS)  # every slot type in train
-    assert len(vocab.slot_types) == 10
+    labels = schema_from_training_data(corpus.train)
+    assert set(labels.slot_types) == set(synthetic.SLOT_GENERATORS)  # every slot type in train
+    assert len(labels.slot_types) == 10
     for utterance in everything:
         assert utterance.tokens and bio_error(utterance.tags) is None
         assert all(t == t.lower() and t.strip() == t and t for t in utterance.tokens)
     for split in (corpus.dev, corpus.test):
-        _, counts = vocab.conform(split, "held out")
+        _, counts = conform(split, labels.tag_vocabulary, labels.intent_vocabulary,
+                            "held out")
         assert counts.remapped_tag_tokens == counts.unknown_intent_utterances == 0
     assert corpus.canaries == corpus.canary_controls == ()
     assert "seed 0" in corpus.source

@@ -113,14 +113,11 @@ def minilm_path() -> str:
 def build_preprocessor(config, train: tuple, schema):
     """The model's preprocessor: public vocabulary unless the config asks for the training one;
     labels from `schema` (trainers/schema.py)."""
-    from models import labels as labels_lib
-
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
-    label_kwargs = dict(
-        tag_vocabulary=labels_lib.LabelVocabulary(tuple(schema.tags)),
-        intent_vocabulary=labels_lib.LabelVocabulary((labels_lib.UNKNOWN_INTENT, *schema.intents)))
+    label_kwargs = dict(tag_vocabulary=schema.tag_vocabulary,
+                        intent_vocabulary=schema.intent_vocabulary)
     if config.model == "clc":
         from models.clc.clc_preprocessor import CLCPreprocessor
         from models.clc.word_vectors import load_word_vectors

@@ -1,5 +1,6 @@
 """Joint IC/NER data: the one entry point that loads every corpus (`load_data`), the standard
-joint-format loader, label vocabularies. The corpus types are in trainers/corpus.py.
+joint-format loader, and `conform` (maps dev/test labels a model's vocabularies lack). The
+corpus types are in trainers/corpus.py; the one label vocabulary class is models.labels'.
 
 The joint format (SNIPS, ATIS as in Goo et al. 2018 / JointBERT) is a directory holding
 `train/`, `dev/` (or `valid/`) and `test/`, each with three line-aligned files:
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import os
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
+from models.labels import LabelVocabulary
 from trainers import nlu_csv, synthetic
 from trainers.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError, Splits,  # noqa: F401
                              Utterance, bio_error)
@@ -152,7 +153,7 @@ def load_data(data_dir: str | os.PathLike | None, seed: int = 0, synthetic_size:
 
 @dataclasses.dataclass(frozen=True)
 class UnseenCounts:
-    """What `LabelVocab.conform` changed in one split (label names only, no text)."""
+    """What `conform` changed in one split (label names only, no text)."""
 
     split: str
     utterances: int
@@ -166,142 +167,53 @@ class UnseenCounts:
         return dataclasses.asdict(self)
 
 
-class LabelVocab:
-    """Tag and intent ids, fixed by the training split.
+def conform(utterances: Sequence[Utterance], tags: LabelVocabulary, intents: LabelVocabulary,
+            split: str) -> tuple[tuple[Utterance, ...], UnseenCounts]:
+    """Maps dev/test labels the label vocabularies lack, and logs the counts (never text).
 
-    Tag id 0 is `O` and intent id 0 is `UNKNOWN_INTENT` (a class no training example has).
-    Dev/test labels the training split never had are mapped by `conform`: unseen tags to `O`
-    (repairing any `I-X` left without its `B-X`) and unseen intents to `UNKNOWN_INTENT`; the
-    counts are logged and returned. Score models against the *original* references, so that
+    Unseen tags become `O` (an `I-X` left without its `B-X` starts the chunk, or becomes `O`),
+    unseen intents `UNKNOWN_INTENT`. Score models against the *original* references, so that
     unseen labels still count as errors.
     """
+    conformed, changed_tokens, changed_intents = [], 0, 0
+    unseen_tags, unseen_intents = collections.Counter(), collections.Counter()
+    for utterance in utterances:
+        new_tags, changed = _conform_tags(utterance.tags, tags)
+        changed_tokens += changed
+        unseen_tags.update(t for t in utterance.tags if t not in tags)
+        intent = utterance.intent
+        if intent not in intents or intent == UNKNOWN_INTENT:
+            unseen_intents[intent] += 1
+            changed_intents += 1
+            intent = UNKNOWN_INTENT
+        conformed.append(Utterance(utterance.tokens, new_tags, intent))
+    counts = UnseenCounts(
+        split=split, utterances=len(conformed),
+        tokens=sum(len(u.tokens) for u in conformed),
+        remapped_tag_tokens=changed_tokens, unknown_intent_utterances=changed_intents,
+        unseen_tags=tuple(sorted(unseen_tags)), unseen_intents=tuple(sorted(unseen_intents)))
+    if changed_tokens or changed_intents:
+        _log.warning(
+            "%s: %d of %d tokens had tags unseen in train (mapped to O: %s); "
+            "%d of %d utterances had intents unseen in train (mapped to %s: %s)",
+            split, changed_tokens, counts.tokens, ", ".join(counts.unseen_tags) or "-",
+            changed_intents, counts.utterances, UNKNOWN_INTENT,
+            ", ".join(counts.unseen_intents) or "-")
+    return tuple(conformed), counts
 
-    def __init__(self, tags: Sequence[str], intents: Sequence[str]):
-        tags, intents = tuple(tags), tuple(intents)
-        if not tags or tags[0] != OUTSIDE:
-            raise ValueError(f"tags must start with {OUTSIDE!r}")
-        if not intents or intents[0] != UNKNOWN_INTENT:
-            raise ValueError(f"intents must start with {UNKNOWN_INTENT!r}")
-        for name, labels in (("tags", tags), ("intents", intents)):
-            if len(set(labels)) != len(labels):
-                raise ValueError(f"{name} contain duplicates")
-        malformed = [t for t in tags[1:] if t[:2] not in ("B-", "I-") or len(t) < 3]
-        if malformed:
-            raise ValueError(f"tags must be O, B-<type> or I-<type>, got {malformed[:3]}")
-        self.tags = tags
-        self.intents = intents
-        self._tag_ids = {tag: i for i, tag in enumerate(tags)}
-        self._intent_ids = {intent: i for i, intent in enumerate(intents)}
 
-    @classmethod
-    def from_train(cls, train: Iterable[Utterance]) -> "LabelVocab":
-        """The labels of the training split, in a deterministic order."""
-        tags, intents = set(), set()
-        for utterance in train:
-            tags.update(utterance.tags)
-            intents.add(utterance.intent)
-        if not intents:
-            raise ValueError("train split is empty")
-        tags.discard(OUTSIDE)
-        intents.discard(UNKNOWN_INTENT)
-        ordered_tags = sorted(tags, key=lambda tag: (tag[2:], tag[0]))  # B-x before I-x
-        return cls((OUTSIDE, *ordered_tags), (UNKNOWN_INTENT, *sorted(intents)))
-
-    @property
-    def num_tags(self) -> int:
-        return len(self.tags)
-
-    @property
-    def num_intents(self) -> int:
-        return len(self.intents)
-
-    @property
-    def slot_types(self) -> tuple[str, ...]:
-        """The slot types (tag names without B-/I-), sorted."""
-        return tuple(sorted({tag[2:] for tag in self.tags if tag != OUTSIDE}))
-
-    def tag_ids(self, tags: Sequence[str]) -> list[int]:
-        """Ids of already conformed tags; an unknown tag is a KeyError (call `conform` first)."""
-        return [self._tag_ids[tag] for tag in tags]
-
-    def intent_id(self, intent: str) -> int:
-        """The intent's id; unseen intents get the unknown class (id 0)."""
-        return self._intent_ids.get(intent, 0)
-
-    def decode_tags(self, ids: Iterable[int]) -> list[str]:
-        return [self.tags[int(i)] for i in ids]
-
-    def decode_intent(self, intent_id: int) -> str:
-        return self.intents[int(intent_id)]
-
-    def _conform_tags(self, tags: Sequence[str]) -> tuple[tuple[str, ...], int]:
-        conformed = []
-        changed = 0
-        for tag in tags:
-            new = tag if tag in self._tag_ids else OUTSIDE
-            previous = conformed[-1] if conformed else OUTSIDE
-            if new.startswith("I-") and previous not in ("B-" + new[2:], new):
-                begin = "B-" + new[2:]  # Its predecessor was unseen: start the chunk here.
-                new = begin if begin in self._tag_ids else OUTSIDE
-            changed += new != tag
-            conformed.append(new)
-        return tuple(conformed), changed
-
-    def conform(self, utterances: Sequence[Utterance],
-                split: str) -> tuple[tuple[Utterance, ...], UnseenCounts]:
-        """Maps labels unseen in training (see the class docstring) and logs the counts."""
-        conformed, changed_tokens, changed_intents = [], 0, 0
-        unseen_tags, unseen_intents = collections.Counter(), collections.Counter()
-        for utterance in utterances:
-            tags, changed = self._conform_tags(utterance.tags)
-            changed_tokens += changed
-            unseen_tags.update(t for t in utterance.tags if t not in self._tag_ids)
-            intent = utterance.intent
-            if intent not in self._intent_ids or intent == UNKNOWN_INTENT:
-                unseen_intents[intent] += 1
-                changed_intents += 1
-                intent = UNKNOWN_INTENT
-            conformed.append(Utterance(utterance.tokens, tags, intent))
-        counts = UnseenCounts(
-            split=split, utterances=len(conformed),
-            tokens=sum(len(u.tokens) for u in conformed),
-            remapped_tag_tokens=changed_tokens, unknown_intent_utterances=changed_intents,
-            unseen_tags=tuple(sorted(unseen_tags)), unseen_intents=tuple(sorted(unseen_intents)))
-        if changed_tokens or changed_intents:
-            _log.warning(
-                "%s: %d of %d tokens had tags unseen in train (mapped to O: %s); "
-                "%d of %d utterances had intents unseen in train (mapped to %s: %s)",
-                split, changed_tokens, counts.tokens, ", ".join(counts.unseen_tags) or "-",
-                changed_intents, counts.utterances, UNKNOWN_INTENT,
-                ", ".join(counts.unseen_intents) or "-")
-        return tuple(conformed), counts
-
-    def to_dict(self) -> dict:
-        return {"tags": list(self.tags), "intents": list(self.intents)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping) -> "LabelVocab":
-        return cls(data["tags"], data["intents"])
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the vocabulary as JSON (the run directory keeps it beside the model)."""
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(self.to_dict(), handle, indent=1)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "LabelVocab":
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_dict(json.load(handle))
-
-    def __eq__(self, other: object) -> bool:
-        return (isinstance(other, LabelVocab) and self.tags == other.tags
-                and self.intents == other.intents)
-
-    def __hash__(self) -> int:
-        return hash((self.tags, self.intents))
-
-    def __repr__(self) -> str:
-        return f"LabelVocab({self.num_tags} tags, {self.num_intents} intents)"
+def _conform_tags(tags: Sequence[str], vocabulary: LabelVocabulary) -> tuple[tuple[str, ...], int]:
+    conformed = []
+    changed = 0
+    for tag in tags:
+        new = tag if tag in vocabulary else OUTSIDE
+        previous = conformed[-1] if conformed else OUTSIDE
+        if new.startswith("I-") and previous not in ("B-" + new[2:], new):
+            begin = "B-" + new[2:]  # Its predecessor was unseen: start the chunk here.
+            new = begin if begin in vocabulary else OUTSIDE
+        changed += new != tag
+        conformed.append(new)
+    return tuple(conformed), changed
 
 
 def slot_types_of(utterances: Iterable[Utterance]) -> set[str]:

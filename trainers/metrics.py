@@ -28,7 +28,8 @@ from typing import Sequence
 
 from seqeval import metrics as seqeval_metrics
 
-OUTSIDE = "O"
+from models.labels import OUTSIDE_TAG as OUTSIDE
+
 Span = tuple[str, int, int]  # (slot type, start token, end token exclusive)
 
 

@@ -133,8 +133,8 @@ def _load_data(config, splits, resume: bool) -> _Data:
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, units)
     labels = builders.label_schema(config, splits)
-    vocab = data_lib.LabelVocab(labels.tags, (data_lib.UNKNOWN_INTENT, *labels.intents))
-    unseen = {name: vocab.conform(getattr(splits, name), name)[1].to_dict()
+    unseen = {name: data_lib.conform(getattr(splits, name), labels.tag_vocabulary,
+                                     labels.intent_vocabulary, name)[1].to_dict()
               for name in ("dev", "test")}
     preprocessor, vectors = builders.build_preprocessor(config, splits.train, labels)
 

@@ -19,8 +19,9 @@ import json
 import os
 from typing import Iterable, Optional, Sequence
 
-OUTSIDE = "O"
-UNKNOWN_INTENT = "[UNK]"
+from models.labels import OUTSIDE_TAG as OUTSIDE
+from models.labels import UNKNOWN_INTENT, LabelVocabulary
+
 SCHEMA_FILE = "schema.json"
 _RESERVED = {"UNK", "PAD", "[UNK]", "[PAD]", OUTSIDE}
 
@@ -49,6 +50,16 @@ class LabelSchema:
     def tags(self) -> tuple:
         """'O', then B-/I- of every slot type."""
         return (OUTSIDE,) + tuple(f"{p}-{s}" for s in self.slot_types for p in ("B", "I"))
+
+    @property
+    def tag_vocabulary(self) -> LabelVocabulary:
+        """The tags' ids as the model and its export use them."""
+        return LabelVocabulary(self.tags)
+
+    @property
+    def intent_vocabulary(self) -> LabelVocabulary:
+        """`UNKNOWN_INTENT` at id 0 (a class no training example has), then the intents."""
+        return LabelVocabulary((UNKNOWN_INTENT, *self.intents))
 
     def to_dict(self) -> dict:
         return {"intents": list(self.intents), "slot_types": list(self.slot_types)}
