@@ -16,7 +16,7 @@ def number(name: str, value, low: float = -math.inf, low_open: bool = False,
         raise ValueError(f"{name} must be a number, got {value!r}") from None
     too_low = v <= low if low_open else v < low
     too_high = v >= high if high_open else v > high
-    if math.isnan(v) or too_low or too_high or (math.isinf(v) and math.isinf(high)):
+    if not math.isfinite(v) or too_low or too_high:
         lo = "(" if low_open else "["
         hi = ")" if high_open else "]"
         raise ValueError(f"{name} must be in {lo}{low}, {high}{hi} and finite, got {value!r}")
