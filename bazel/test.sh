@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Offline `bazel test` with Debian's bazel-bootstrap (4.2.3) and the project's virtualenv; see BAZEL.md.
 #   bazel/test.sh                              # bazel test //...
-#   bazel/test.sh //tests:test_config          # any `bazel test` arguments
+#   bazel/test.sh //edp_tf:config_test        # any `bazel test` arguments
 #   PYTHON=/path/to/venv/bin/python bazel/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 """Per-example clipping is exact for the Keras layers users reach for, or refused before training.
 
 Each model's clipped sum (every per-example method it is allowed with) is compared with the
-definition computed by a plain loop of one GradientTape per micro-batch (tests/reference.py).
+definition computed by a plain loop of one GradientTape per micro-batch (edp_tf/testing.py).
 """
 import keras
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch
-from tests.reference import loop_clipped_sum, loop_gradients, mse
+from edp_tf.testing import loop_clipped_sum, loop_gradients, mse
 
 
 def _ids_input():

@@ -253,37 +253,3 @@ def test_make_dp_event_is_the_run_as_one_event():
     rdp = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
     assert acc.compute_epsilon(records, 0.05, 1e-5, extra, accountant="rdp") == pytest.approx(
         rdp, rel=1e-12)
-
-
-# ------------------------------------------------------------------ the privacy command
-def test_planned_statement_shows_both_modes_per_epoch():
-    from trainers import privacy
-
-    text = privacy.plan_statement(3000, 64, 3, 1.0, noise_mode="both", replicas=4)
-    records = acc.plan_schedule(1.0, 3, 47, noise_mode="paper", replicas=4, sensitivity=2)
-    paper_pld = acc.epsilon_per_epoch(records, 64 / 3000, 0.1 / 3000)  # default delta 0.1/n
-    rows = [line for line in text.splitlines() if line.strip()[:1].isdigit()]
-    assert len(rows) == 3 and "sensitivity S = 2 C" in text
-    assert rows[-1].split()[-1] == f"{paper_pld[-1]:.4g}"
-    assert "Guarantee (calibrated)" in text and "Guarantee (paper)" in text
-    assert "at delta = 1/n" in text and "at delta = 1e-06" in text
-    assert "Private: yes" in text
-    shuffled = privacy.plan_statement(3000, 64, 1, 1.0, sampling="shuffle")
-    assert "assumes Poisson sampling" in shuffled and "sensitivity S = 2 C" in shuffled
-    assert "Private: NO" in shuffled
-    with pytest.raises(ValueError, match="batch_size"):
-        privacy.plan_statement(100, 200, 1, 1.0)
-
-
-def test_privacy_command_runs(tmp_path):
-    import subprocess
-
-    out = subprocess.run(
-        [sys.executable, "-m", "trainers.privacy", "--dataset_size=3000", "--batch_size=64",
-         "--epochs=2", "--replicas=4", "--noise_multiplier=1.0", "--microbatch_size=1"],
-        capture_output=True, text=True, timeout=120,
-        cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "sensitivity S = 1 C" in out.stdout and "Cumulative epsilon per epoch" in out.stdout
-    want = acc.compute_epsilon(acc.plan_schedule(1.0, 2, 47), 64 / 3000, 0.1 / 3000)  # 0.1/n
-    assert f"epsilon = {want:.4g} (PLD" in out.stdout

@@ -1,0 +1,68 @@
+"""Micro-batch gradients: the fast clipped sum equals the plain loop's (scales, a non-finite
+example, a padded row), method names are checked, a single clip zeroes a non-finite gradient."""
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edp_tf import microbatch
+from edp_tf.testing import (data_for, loop_clipped_sum, loop_gradients, mixed_model,
+                            mse, squared_norms_by_ghost, variable_names)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_clipped_sum_matches_plain_loop_with_scales_and_a_nonfinite_example(k):
+    keras.utils.set_random_seed(5)
+    model = mixed_model()
+    variables = model.trainable_variables
+    x, y = data_for(model)
+    x = x % 13
+    y[5, 0] = np.nan  # example 5 (micro-batch 5 // k) has a NaN loss
+    w = np.ones(len(x), "float32")
+    w[6] = 0.0  # a padded row (Poisson sampling) contributes nothing
+    k_e = float(k)
+    rng = np.random.default_rng(0)
+    alpha = tuple(float(a) for a in rng.uniform(0.5, 2.0, len(variables)))
+    reference = loop_gradients(model, mse, x, y, w, k, k_e)
+    finite_norms = [n for n in loop_clipped_sum(reference, alpha, 1e9)[1] if math.isfinite(n)]
+    C = float(np.median(finite_norms))  # about half the micro-batches are clipped
+    want, want_norms, want_finite = loop_clipped_sum(reference, alpha, C)
+
+    fn = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, C))
+    result, losses, _ = fn()
+    np.testing.assert_array_equal(result.finite.numpy(), want_finite)
+    assert not want_finite[5 // k] and want_finite.sum() == len(want_finite) - 1
+    np.testing.assert_allclose(result.norms.numpy()[want_finite], want_norms[want_finite],
+                               rtol=1e-4)
+    for v, got, expected in zip(variables, result.clipped_sum, want):
+        got = got.numpy()
+        assert np.all(np.isfinite(got)), v.path
+        np.testing.assert_allclose(got, expected, rtol=2e-4, atol=1e-6, err_msg=v.path)
+    plan_squares, ghost_indices = squared_norms_by_ghost(model, mse, x, np.nan_to_num(y), w, k, k_e)
+    assert variable_names(model, ghost_indices) == sorted(
+        ["emb/embeddings", "qkv/kernel", "dense/kernel", "head/kernel"]
+        + [f"bi/{d}_lstm/lstm_cell/{v}" for d in ("forward", "backward")
+           for v in ("kernel", "recurrent_kernel")])
+
+
+def test_per_example_method_names_are_checked():
+    from edp_tf import DPConfig
+
+    with pytest.raises(ValueError, match="per_example_method"):
+        DPConfig(microbatch_size=1, per_example_method="jacobian")
+    with pytest.raises(ValueError, match="per-example method"):
+        microbatch.clipped_gradient_sum(None, None, [], {}, {}, None, 1, 1.0, [], 1.0, "jacobian")
+
+
+def test_single_clip_zeroes_a_nonfinite_gradient_exactly():
+    def clip(grads):
+        return microbatch.SingleGradient(grads, None, None, [1.0] * len(grads)).clip(1.0)
+
+    result = clip([tf.constant([1.0, np.nan]), tf.constant([[2.0]])])
+    assert not bool(result.finite[0])
+    assert all(np.all(g.numpy() == 0.0) for g in result.clipped_sum)
+    result = clip([tf.constant([3.0, 4.0])])
+    np.testing.assert_allclose(result.clipped_sum[0].numpy(), [0.6, 0.8], rtol=1e-6)

@@ -1,0 +1,135 @@
+"""PrivateModel's step on 4 logical CPU devices (conftest.py): ordinary training when nothing is
+clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from edp_tf import DPConfig, PrivateModel
+from edp_tf.testing import mse, per_example_update, small_model, small_regression
+
+
+@pytest.mark.parametrize("microbatch_size, physical", [(None, None), (1, None), (2, None),
+                                                      (None, 2), (2, 2)])
+def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size, physical):
+    """physical: replica batches processed in chunks of that many examples (same update)."""
+    x, y = small_regression()
+    reference = small_model()
+    init = reference.get_weights()
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+
+    with strategy.scope():
+        inner = small_model()
+        inner.set_weights(init)
+        private = PrivateModel(
+            inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0,
+                            microbatch_size=microbatch_size, physical_batch_size=physical))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())
+    history = private.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+    for got, want in zip(inner.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert history.history["clipped_fraction"] == [0.0, 0.0]
+
+
+def test_nonfinite_microbatch_contributes_zero_and_is_counted(strategy):
+    x, y = small_regression(seed=5)
+    x, y = x[:16].copy(), y[:16]
+    x[3, 0] = np.nan
+    C, lr = 1e9, 0.1
+    reference = small_model()
+    init = reference.get_weights()
+    with strategy.scope():
+        inner = small_model()
+        inner.set_weights(init)
+        private = PrivateModel(inner, DPConfig(l2_norm_clip=C, noise_multiplier=0.0,
+                                               microbatch_size=1))
+        private.compile(optimizer=keras.optimizers.SGD(lr), loss=mse)
+    history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert history.history["nonfinite_microbatches"] == [1.0]
+    weights = inner.get_weights()
+    assert all(np.all(np.isfinite(w)) for w in weights)
+    keep = np.arange(16) != 3
+    # the NaN example adds zero but the normaliser stays the batch size (16)
+    want = per_example_update(reference, x[keep], y[keep], (1.0,) * 4, C, lr * 15 / 16)
+    for got, w in zip(weights, want):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-6)
+
+
+def test_edp_nonfinite_replica_batch_is_dropped(strategy):
+    x, y = small_regression(seed=6)
+    x, y = x[:16].copy(), y[:16]
+    x[0, 0] = np.inf  # replica 0's whole micro-batch becomes non-finite
+    with strategy.scope():
+        inner = small_model()
+        private = PrivateModel(inner, DPConfig(noise_multiplier=0.5))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    assert history.history["nonfinite_microbatches"] == [1.0]
+    assert all(np.all(np.isfinite(w)) for w in inner.get_weights())
+
+
+def test_decay_reaches_the_step(strategy):
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(noise_multiplier=2.0, decay="exponential",
+                                                       decay_rate=0.3))
+        private.compile(optimizer=keras.optimizers.SGD(0.01), loss=mse)
+    history = private.fit(x, y, batch_size=16, epochs=3, verbose=0)
+    want = [2.0 * math.exp(-0.3 * t) for t in range(3)]
+    np.testing.assert_allclose(history.history["noise_multiplier"], want, rtol=1e-6)
+    # a resumed run continues the schedule at its absolute epoch
+    history = private.fit(x, y, batch_size=16, initial_epoch=3, epochs=4, verbose=0)
+    np.testing.assert_allclose(history.history["noise_multiplier"], [2.0 * math.exp(-0.9)],
+                               rtol=1e-6)
+
+
+def test_indivisible_batch_is_a_clear_error(strategy):
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(microbatch_size=3))
+        private.compile(optimizer="sgd", loss=mse)
+    with pytest.raises(ValueError, match="divisible by replicas x microbatch_size"):
+        private.fit(x, y, batch_size=16, verbose=0)
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig())
+        private.compile(optimizer="sgd", loss=mse)
+    with pytest.raises(ValueError, match="divisible"):
+        private.fit(x, y, batch_size=10, verbose=0)
+
+
+def test_compile_errors():
+    private = PrivateModel(small_model(), DPConfig())
+    with pytest.raises(ValueError, match="loss"):
+        private.compile(optimizer="sgd")
+    with pytest.raises(ValueError, match="clipnorm"):
+        private.compile(optimizer=keras.optimizers.SGD(clipnorm=1.0), loss=mse)
+    with pytest.raises(ValueError, match="DPConfig"):
+        PrivateModel(small_model(), {"l2_norm_clip": 1.0})
+
+
+def test_wrapped_model_is_free_of_privacy_machinery(strategy):
+    with strategy.scope():
+        inner = small_model()
+        private = PrivateModel(inner, DPConfig())
+    assert private.wrapped_model is inner
+    assert len(inner.weights) == 4
+
+
+def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
+    """The chunked path really runs: one unchunked_gradients per chunk and replica when traced."""
+    from edp_tf import microbatch
+
+    calls = []
+    original = microbatch.unchunked_gradients
+    monkeypatch.setattr(microbatch, "unchunked_gradients",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(noise_multiplier=0.0, microbatch_size=1,
+                                                       physical_batch_size=2))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    per_replica = 16 // strategy.num_replicas_in_sync
+    assert len(calls) == strategy.num_replicas_in_sync * per_replica // 2
