@@ -7,9 +7,10 @@ from edp_tf.mechanism import Mechanism
 from edp_tf.private_model import PrivateModel
 from edp_tf.sampling import PoissonSampler, UserPoissonSampler
 from edp_tf.strategy import make_strategy
+from edp_tf.streaming import StreamingPoissonSampler
 
 __all__ = [
     "DPConfig", "Mechanism", "PrivateModel", "make_strategy", "PoissonSampler",
-    "UserPoissonSampler", "PrivacyLedger", "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
+    "UserPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger", "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "sampling",
 ]

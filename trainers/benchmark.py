@@ -30,6 +30,13 @@ _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps per mode (>= 20 for repo
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps per mode after tracing.")
 _MODES = flags.DEFINE_list("modes", ["sgd", "edp", "dpsgd", "edp_k4"], "Modes, see the docstring.")
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
+_SCALE = flags.DEFINE_bool(
+    "scale", False, "Instead of step times: memory and time of one epoch of streaming Poisson "
+    "sampling over 100k and 1M synthetic utterances on disk (trainers/scale.py).")
+_SCALE_SIZES = flags.DEFINE_list("scale_sizes", ["100000", "1000000"], "Corpus sizes for --scale.")
+_SCALE_DIR = flags.DEFINE_string(
+    "scale_dir", None, "Where --scale writes its corpora (kept and reused; default: a new "
+    "temporary directory).")
 _PROFILE_STEPS = flags.DEFINE_integer(
     "profile_steps", 0, "Also trace this many steps per mode with tf.profiler and report the "
     "ops that take the time.")
@@ -366,6 +373,16 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
 
 def main(argv):
     del argv
+    if _SCALE.value:
+        from trainers import scale
+
+        directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
+        results = scale.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
+        print(scale.table(results))
+        if _OUTPUT.value:
+            with open(_OUTPUT.value, "w") as f:
+                json.dump(results, f, indent=2)
+        return
     results = run_benchmark(_MODEL.value, _REPLICAS.value, _BATCH.value, _STEPS.value,
                             _WARMUP.value, _MODES.value, _PROFILE_STEPS.value, _PROFILE_DIR.value)
     print(f"{results['model']} on {results['device']}, {results['replicas']} replica(s), batch "

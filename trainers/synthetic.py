@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from trainers.corpus import OUTSIDE, Splits, Utterance
 
@@ -405,6 +405,15 @@ def synthetic_corpus(seed: int = 0, size: int = 3000, canaries: int = 0,
         source += f", {canaries} canaries x {canary_repeats}"
     return Splits(tuple(train), tuple(dev), tuple(test), source + ")",
                   canaries=tuple(planted), canary_controls=tuple(controls))
+
+
+def utterances(seed: int = 0) -> Iterator[Utterance]:
+    """An endless stream of generated utterances (repeats allowed), in constant memory: the
+    corpus of the streaming benchmark (`python -m trainers.benchmark --scale`)."""
+    _check_int("seed", seed, -2**63)
+    sample = _sampler(random.Random(seed))
+    while True:
+        yield sample()
 
 
 def users_for(size: int) -> int:
