@@ -14,8 +14,10 @@ Field meanings (all overridable with `--config.FIELD=value`):
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
   slot_loss        "sum" (CRF NLL of the utterance) or "mean" (per word: long utterances do not
                    dominate the clipped gradient)
-  bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen) or "bias"
-                   (BitFit: only biases); the heads, pooler and layer norms always train
+  bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen), "bias"
+                   (BitFit: only biases) or "lora" (rank `bert.lora_rank` updates of the frozen
+                   attention and feed-forward kernels, scaled by lora_alpha / lora_rank; tables
+                   frozen, biases train); the heads, pooler and layer norms always train
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
@@ -59,6 +61,8 @@ def base_config() -> ml_collections.ConfigDict:
         intermediate_dim=1200,
         dropout=0.1,
         finetune="all",
+        lora_rank=8,
+        lora_alpha=16.0,
     ))
     # training
     c.mechanism = "edp"

@@ -82,8 +82,8 @@ def data_for(model, n=8, seed=0):
 
 
 def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
-    """The fast path's per-micro-batch squared norms equal the loop's, and exactly the variables
-    named in `covered` (paths without keras' suffixes) used a ghost rule."""
+    """The fast path's per-micro-batch squared norms and clipped sum equal the loop's, and
+    exactly the variables named in `covered` (paths without keras' suffixes) used a ghost rule."""
     x, y = data_for(model)
     w = np.ones(len(x), "float32")
     squares, ghost_indices = squared_norms_by_ghost(model, loss_fn, x, y, w, k, float(k))
@@ -93,6 +93,19 @@ def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     assert squares.shape == want.shape
     # float32 sums of a few hundred terms: relative error ~1e-6; 1e-4 leaves margin.
     np.testing.assert_allclose(squares, want, rtol=1e-4, atol=1e-9)
+    # The clipped sum the step uses (each rule's weighted sum, in its variable's shape), with
+    # C at the median norm so that about half the micro-batches are clipped.
+    from edp_tf import microbatch
+
+    variables = model.trainable_variables
+    alpha = (1.0,) * len(variables)
+    reference = loop_gradients(model, loss_fn, x, y, w, k, float(k))
+    C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))
+    expected, _, _ = loop_clipped_sum(reference, alpha, C)
+    result = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, loss_fn, variables, x, y, tf.constant(w), k, float(k), alpha, C))()[0]
+    for v, got, want_sum in zip(variables, result.clipped_sum, expected):
+        np.testing.assert_allclose(got.numpy(), want_sum, rtol=2e-4, atol=1e-6, err_msg=v.path)
 
 
 def small_regression(seed=0, batch=16):

@@ -171,7 +171,7 @@ def build_model(config, preprocessor, vectors=None):
                                         **task, **size)
     from models.bert.finetuning import set_finetuning
 
-    set_finetuning(model, c.finetune)
+    set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha)
     return model
 
 

@@ -1,4 +1,10 @@
-"""Ghost rules for `Dense` and `EinsumDense` kernels: z = a @ W with a the micro-batch's rows."""
+"""Ghost rules for `Dense` and `EinsumDense` kernels: z = a @ W with a the micro-batch's rows.
+
+With LoRA (`layer.enable_lora(r)`: W frozen, W + s A B used, s = alpha / r) both factors are
+matmul uses of the same output z: dL/dA = a^T (s dz B^T) has rows a and output gradient
+s dz B^T, and dL/dB = (s a A)^T dz has rows s a A; so their per-example norms are ghost norms
+too, and the noise is drawn only for the r (Din + Dout) factor entries.
+"""
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -18,6 +24,8 @@ def dense_call(cap: Capture, layer, inputs, training=None):
     if inputs.dtype != kernel.dtype:
         inputs = tf.cast(inputs, kernel.dtype)
     rows, z = flat_matmul(cap, inputs, kernel)
+    if layer.lora_enabled:
+        z = lora(cap, layer, rows, z, [], kernel.shape[-1])
     if layer.bias is not None:
         z = ops.add(z, layer.bias)
     cap.add(w, Use("matmul", rows, z, lambda dz: dz))
@@ -55,6 +63,12 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
             w.reason = f"einsum {layer.equation!r} is not a plain contraction"
         return original_call(keras.layers.EinsumDense)(layer, inputs, training=training)
     inp, ker, out = plan
+    if layer.lora_enabled and ker[-1] not in out:
+        for factor in (layer.lora_kernel_a, layer.lora_kernel_b):
+            f = cap.weight(factor, "matmul")
+            if f is not None:
+                f.reason = f"LoRA on einsum {layer.equation!r}, whose last kernel axis is summed"
+        return original_call(keras.layers.EinsumDense)(layer, inputs, training=training)
     w = cap.weight(layer._kernel, "matmul")
     kernel = cap.read(w, layer._kernel)
     if inputs.dtype != kernel.dtype:
@@ -67,6 +81,9 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
     kernel2d = tf.reshape(transpose(kernel, [ker.index(c) for c in con + kout]),
                           [product(k_size[c] for c in con), product(k_size[c] for c in kout)])
     rows, z = flat_matmul(cap, x, kernel2d)
+    if layer.lora_enabled:
+        z = lora(cap, layer, rows, z, [k_size[c] for c in kout[:-1]], k_size[kout[-1]],
+                 [ker[:-1].index(c) for c in con + kout[:-1]])
     cap.add(w, Use("matmul", rows, z, lambda dz: dz))
     grad_letters = con + kout
     if w is not None:
@@ -80,6 +97,34 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
     if layer.activation is not None:
         y = layer.activation(y)
     return y
+
+
+def lora(cap: Capture, layer, rows, z, heads: List[int], dout: int, a_perm=None):
+    """z + s (rows A) B for the LoRA factors A [..., r] and B [r, dout], recording both.
+
+    `rows` [P, Din] and `z` [P, H * dout] are the kernel's 2-D view; `heads` are the output
+    axes H before the last (EinsumDense: A has them too, each block of dout sharing B), and
+    `a_perm` orders A's axes as (Din axes, head axes, r) (None: A is already [Din, r]).
+    """
+    s = layer.lora_alpha / layer.lora_rank
+    wa = cap.weight(layer.lora_kernel_a, "matmul")
+    wb = cap.weight(layer.lora_kernel_b, "matmul")
+    a = cap.read(wa, layer.lora_kernel_a)
+    b = cap.read(wb, layer.lora_kernel_b)
+    r, h = int(b.shape[0]), product(heads)
+    a_order = list(range(a.shape.rank - 1)) if a_perm is None else a_perm
+    a2d = tf.reshape(transpose(a, a_order + [a.shape.rank - 1]), [rows.shape[-1], h * r])
+    if wa is not None:
+        a_shape = [int(a.shape[i]) for i in a_order] + [r]
+        wa.to_variable = lambda g: transpose(tf.reshape(g, a_shape),
+                                             [a_order.index(i) for i in range(len(a_order))]
+                                             + [len(a_order)])
+    u = tf.reshape(tf.matmul(rows, a2d), [-1, r])  # [P * H, r]: rows A, one row per head
+    z = ops.add(z, tf.reshape(s * tf.matmul(u, b), [-1, h * dout]))
+    cap.add(wa, Use("matmul", rows, z, lambda dz: tf.reshape(
+        s * tf.matmul(tf.reshape(dz, [-1, dout]), b, transpose_b=True), [-1, h * r])))
+    cap.add(wb, Use("matmul", s * u, z, lambda dz: tf.reshape(dz, [-1, dout])))
+    return z
 
 
 def shape_with(static, dynamic, tail: List[int]):

@@ -1,10 +1,12 @@
 """Dense and EinsumDense ghost rules: per-example norms equal the plain loop's, on both the Gram
-and the direct branch, and the einsum plans the rule accepts or refuses."""
+and the direct branch and with LoRA factors, and the einsum plans the rule accepts or refuses."""
 import keras
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from edp_tf import ghost
-from edp_tf.testing import assert_fast_norms_exact
+from edp_tf.testing import assert_fast_norms_exact, mse
 
 
 def dense_model(din, dout):
@@ -21,12 +23,29 @@ def einsum_model(equation, output_shape, bias_axes, input_shape):
     return keras.Model(inp, keras.layers.Dense(2, name="head")(h)), ["covered/kernel", "head/kernel"]
 
 
+def with_lora(build, rank=2):
+    """`build`'s model with LoRA on its covered layer; B random (Keras starts it at 0, where A's
+    gradient would be 0 and the test would prove nothing)."""
+    def lora_build():
+        model, _ = build()
+        layer = model.get_layer("covered")
+        layer.enable_lora(rank, lora_alpha=3)
+        b = layer.lora_kernel_b
+        b.assign(np.random.default_rng(1).normal(size=b.shape).astype("float32"))
+        return model, ["covered/lora_kernel_a", "covered/lora_kernel_b", "head/kernel"]
+    return lora_build
+
+
 MODELS = {
     "dense_gram": lambda: dense_model(24, 24),  # P (Din + Dout) < Din Dout: Gram matrices
     "dense_direct": lambda: dense_model(3, 2),  # tiny weight: per-micro-batch gradient is cheaper
     "einsum_qkv": lambda: einsum_model("abc,cde->abde", (6, 2, 3), "de", (6, 4)),
     "einsum_attention_output": lambda: einsum_model("abcd,cde->abe", (6, 5), "e", (6, 2, 3)),
     "einsum_ellipsis_transposed_kernel": lambda: einsum_model("...b,cb->...c", 4, None, (6, 3)),
+    "dense_lora": with_lora(lambda: dense_model(5, 4)),
+    "einsum_qkv_lora": with_lora(lambda: einsum_model("abc,cde->abde", (6, 2, 3), "de", (6, 4))),
+    "einsum_attention_output_lora": with_lora(
+        lambda: einsum_model("abcd,cde->abe", (6, 5), "e", (6, 2, 3))),
 }
 
 
@@ -35,6 +54,48 @@ MODELS = {
 def test_fast_norms_match_per_example_gradients(name, k):
     keras.utils.set_random_seed(3)
     assert_fast_norms_exact(*MODELS[name](), k)
+
+
+def test_lora_rule_keeps_the_forward_pass():
+    """The rule's z + s (a A) B equals Keras' own LoRA forward (merged kernel) for each case."""
+    from edp_tf.ghost import capture
+
+    for name in ("dense_lora", "einsum_qkv_lora", "einsum_attention_output_lora"):
+        keras.utils.set_random_seed(4)
+        model, _ = MODELS[name]()
+        x = np.random.default_rng(0).normal(size=(3,) + tuple(model.inputs[0].shape[1:]))
+        x = x.astype("float32")
+
+        @tf.function
+        def hooked():
+            with capture(model, model.trainable_variables):
+                return model(x)
+
+        np.testing.assert_allclose(hooked().numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_lora_on_a_summed_kernel_axis_falls_back_with_a_reason():
+    """"abc,dc->abd": the last kernel axis (c) is contracted, which the rule does not cover."""
+    from edp_tf import microbatch
+
+    keras.utils.set_random_seed(2)
+    inp = keras.Input((6, 3))
+    layer = keras.layers.EinsumDense("abc,dc->abd", (6, 4), name="covered")
+    model = keras.Model(inp, keras.layers.Dense(2, name="head")(
+        keras.layers.Flatten()(layer(inp))))
+    layer.enable_lora(2)
+    x, y = np.ones((4, 6, 3), "float32"), np.ones((4, 2), "float32")
+    variables = model.trainable_variables
+    reasons = {}
+
+    @tf.function
+    def run():
+        p = microbatch.ghost_pass(model, mse, variables, x, y, tf.ones([4]), 1, 1.0)
+        reasons.update({variables[i].path: r for i, r in p.plan.reasons.items()})
+        return 0
+
+    run()
+    assert "last kernel axis is summed" in reasons["covered/lora_kernel_a"]
 
 
 def test_einsum_plans():

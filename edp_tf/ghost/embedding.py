@@ -28,7 +28,10 @@ def embedding_call(cap: Capture, layer, inputs, reverse=False):
 
 
 def _plain_forward(layer) -> bool:
-    # ReversibleEmbedding attaches its mask inside call: not re-implemented here
+    # ReversibleEmbedding attaches its mask inside call, and LoRA adds a low-rank table: neither
+    # is re-implemented here (exact per-example gradients instead)
+    if getattr(layer, "lora_enabled", False):
+        return False
     return type(layer) is keras.layers.Embedding or not getattr(layer, "mask_zero", False)
 
 

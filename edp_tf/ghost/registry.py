@@ -73,7 +73,7 @@ def rule_for(layer) -> Optional[Rule]:
             break
     else:
         return None
-    if getattr(layer, "lora_enabled", False) or getattr(layer, "quantization_mode", None):
+    if getattr(layer, "quantization_mode", None):
         return None
     if getattr(layer, "_remat_mode", None):
         return None

@@ -40,7 +40,13 @@ def test_policy_trains_what_it_says(data, policy):
         assert not names & tables
     kernels = {n for n in everything if "transformer_layer" in n and n.endswith("kernel")}
     assert kernels
-    if policy == "bias":
+    if policy == "lora":
+        factors = {n for n in names if "lora_kernel" in n}
+        assert len(factors) == 2 * len(kernels)  # A and B beside every projection kernel
+        assert not names & kernels and all(
+            n.endswith(("bias", "gamma", "beta")) or "lora_kernel" in n
+            for n in names if "transformer_layer" in n)
+    elif policy == "bias":
         assert not names & kernels
         assert {n for n in names if "transformer_layer" in n} and all(
             n.endswith(("bias", "gamma", "beta")) for n in names if "transformer_layer" in n)
@@ -50,11 +56,11 @@ def test_policy_trains_what_it_says(data, policy):
 
 def test_unknown_policy_names_the_field(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
-    with pytest.raises(ValueError, match=r"--config\.bert\.finetune='lora'"):
-        set_finetuning(model, "lora")
+    with pytest.raises(ValueError, match=r"--config\.bert\.finetune='prefix'"):
+        set_finetuning(model, "prefix")
 
 
-@pytest.mark.parametrize("policy", ["no_embeddings", "bias"])
+@pytest.mark.parametrize("policy", ["no_embeddings", "bias", "lora"])
 def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy):
     """Per-example DP-SGD (ghost norms) touches only what trains: noise is drawn for nothing else."""
     pre, x, y = data
@@ -76,3 +82,41 @@ def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy):
     moved = [p for p in trained if not np.array_equal(
         [v for v in model.trainable_variables if v.path == p][0].numpy(), trained[p])]
     assert len(moved) == len(trained)  # noise reaches every trained weight
+
+
+def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path):
+    """Every LoRA factor takes the ghost path (no exact per-example fallback), and a
+    tf.train.Checkpoint (what `--resume` restores) keeps the factors themselves: Keras'
+    own weight files would merge them into the kernel and zero them, stalling training."""
+    from edp_tf import microbatch
+
+    pre, x, y = data
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    set_finetuning(model, "lora", lora_rank=2)
+    variables = model.trainable_variables
+    reasons = {}
+
+    @tf.function
+    def plan():
+        p = microbatch.ghost_pass(model, model.per_example_loss, variables, x, y,
+                                  tf.ones([len(testing.TOKENS)]), 1, 1.0)
+        reasons.update({variables[i].path: r for i, r in p.plan.reasons.items()})
+        return 0
+
+    plan()
+    assert not {path: r for path, r in reasons.items() if "lora" in path}
+    factors = [v for v in variables if "lora_kernel_b" in v.path]
+    for v in factors:
+        v.assign(tf.fill(v.shape, 0.25))
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    clone = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    set_finetuning(clone, "lora", lora_rank=2)
+    tf.train.Checkpoint(model=clone).restore(path).assert_existing_objects_matched()
+    restored = {v.path: v.numpy() for v in clone.trainable_variables if "lora_kernel" in v.path}
+    assert restored and all(np.all(restored[v.path] == 0.25) for v in factors)
+
+
+def test_lora_rank_is_checked(data):
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match="lora_rank=0"):
+        set_finetuning(model, "lora", lora_rank=0)
