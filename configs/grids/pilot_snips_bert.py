@@ -20,4 +20,6 @@ def get_config():
         cell("dpsgd_steps300", "per-example, 300 steps", "per-example", BERT, *DP, "steps=300"),
         cell("dpsgd_bias", "per-example, bias-only (BitFit)", "per-example", BERT, *DP,
              "bert.finetune=bias", "learning_rate=0.005"),
+        cell("dpsgd_lora", "per-example, LoRA r 8, 300 steps", "per-example", BERT, *DP,
+             "bert.finetune=lora", "steps=300", "learning_rate=0.005"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
