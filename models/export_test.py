@@ -99,11 +99,18 @@ def test_clc_export_reloads_with_tensorflow_only(tmp_path):
     _check_export(tmp_path, model, pre, needs_text=False)
 
 
-def test_bert_export_reloads_with_tensorflow_text(tmp_path):
+@pytest.mark.parametrize("lora", [False, True])
+def test_bert_export_reloads_with_tensorflow_text(tmp_path, lora):
+    """With LoRA the export serves the kernel plus its low-rank update (B randomised too, so
+    an export that dropped the update would predict differently)."""
     pre = BertPreprocessor.from_training_data(
         testing.TOKENS, testing.TAGS, testing.INTENTS, vocabulary_size=200, sequence_length=32
     )
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    if lora:
+        from models.bert.finetuning import set_finetuning
+
+        set_finetuning(model, "lora", lora_rank=2)
     _randomise(model)
     _check_export(tmp_path, model, pre, needs_text=True)
 
