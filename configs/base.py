@@ -101,6 +101,12 @@ def base_config() -> ml_collections.ConfigDict:
     # clipped to C; epsilon then protects a user's whole data. Needs user ids in the data.
     c.privacy_unit = "example"
     c.examples_per_user = 8
+    # user-level only: 0 = DP-FedSGD (each user's gradient); E >= 1 = DP-FedAvg: each user's
+    # update is E epochs of local SGD (local_learning_rate, local batches of local_batch_size
+    # rows, 0 = all of the user's rows), clipped; the optimizer is then the server optimizer.
+    c.local_epochs = 0
+    c.local_batch_size = 0
+    c.local_learning_rate = 0.1
     # > 0: each replica processes at most this many examples at once (chunks, same mechanism):
     # bounds memory for large batches (a multiple of the micro-batch size).
     c.physical_batch_size = 0

@@ -62,6 +62,10 @@ class DPConfig:
         `edp_tf.sampling.UserPoissonSampler`, one micro-batch per sampled user holding at most
         `microbatch_size` of their examples, its loss the mean over them; S = C per user, and
         epsilon protects a user's whole data. Needs expected_batch_size = q x users.
+      local_epochs: 0 (DP-FedSGD: the user's gradient), or E >= 1 with privacy_unit="user"
+        (DP-FedAvg, edp_tf/local_training.py): each user's contribution is theta - theta_local
+        after E epochs of local SGD (`local_learning_rate`, batches of `local_batch_size` rows,
+        None: all of the user's rows at once); the optimizer is the server optimizer.
     """
 
     l2_norm_clip: float = 1.0
@@ -79,6 +83,9 @@ class DPConfig:
     per_example_method: str = "ghost"
     physical_batch_size: Optional[int] = None
     privacy_unit: str = "example"
+    local_epochs: int = 0
+    local_batch_size: Optional[int] = None
+    local_learning_rate: float = 0.1
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -164,6 +171,19 @@ class DPConfig:
             raise ValueError("DPConfig.privacy_unit='user' needs microbatch_size (the cap of "
                              "examples per user) and expected_batch_size (q x users) from a "
                              "UserPoissonSampler")
+        e = self.local_epochs
+        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+            raise ValueError(f"DPConfig.local_epochs must be an integer >= 0, got {e!r}")
+        if e and self.privacy_unit != "user":
+            raise ValueError("DPConfig.local_epochs (DP-FedAvg) needs privacy_unit='user': local "
+                             "training is per user")
+        b = self.local_batch_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ValueError(f"DPConfig.local_batch_size must be None or an integer >= 1, "
+                             f"got {b!r}")
+        lr = self.local_learning_rate
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+            raise ValueError(f"DPConfig.local_learning_rate must be a positive number, got {lr!r}")
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping, ghost
+from edp_tf import clipping, ghost, local_training
 from edp_tf.config import PER_EXAMPLE_METHODS
 
 _log = logging.getLogger(__name__)
@@ -179,6 +179,7 @@ class ClipPlan:
     l2_norm_clip: float  # C
     method: str = "ghost"  # per-example method: "ghost", "vectorized" or "loop"
     chunk: Optional[int] = None  # at most this many rows at once (memory), None: all
+    local: Optional[local_training.LocalTraining] = None  # DP-FedAvg: a user's local epochs
 
     def __post_init__(self) -> None:
         if self.method not in PER_EXAMPLE_METHODS:
@@ -325,6 +326,8 @@ def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> M
     check = tf.debugging.assert_equal(
         rows % k, 0, message=f"per-replica batch not divisible by microbatch_size={k}")
     with tf.control_dependencies([check]):
+        if plan.local is not None:  # DP-FedAvg: each user's local training, one after another
+            return _looped(model, loss_fn, variables, x, y, w, plan)
         if plan.method == "ghost":
             return GhostGradients(ghost_pass(model, loss_fn, variables, x, y, w, k, k_e),
                                   variables, plan.scales)
@@ -346,8 +349,13 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
 
     def one(j):
         xj, yj, wj = tf.nest.map_structure(lambda t: t[j], (xs, ys, ws))
-        g = SingleGradient(*single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
-                                                       plan.expected_examples), plan.scales)
+        if plan.local is not None:
+            update = local_training.pseudo_gradient(model, loss_fn, variables, xj, yj, wj,
+                                                    plan.local)
+        else:
+            update = single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
+                                                plan.expected_examples)
+        g = SingleGradient(*update, plan.scales)
         return g.clip(plan.l2_norm_clip), g.losses[0], tf.nest.flatten(g.y_pred), g.y_pred
 
     first, loss0, preds0, structure = one(0)

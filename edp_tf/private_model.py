@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import clipping, microbatch, noise, scaling
+from edp_tf import clipping, local_training, microbatch, noise, scaling
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
@@ -187,9 +187,13 @@ class PrivateModel(keras.Model):
             [int(np.prod(v.shape)) for v in self.wrapped_model.trainable_variables], n)
         if self._layer_scales is None or changed:
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
+        local = None
+        if cfg.local_epochs:
+            local = local_training.LocalTraining(cfg.local_epochs, cfg.local_batch_size or k,
+                                                 float(cfg.local_learning_rate))
         self._clip_plan = microbatch.ClipPlan(
             k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
-            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size)
+            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local)
         self.train_function = None  # constants changed: retrace
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:

@@ -57,6 +57,13 @@ def check_config(config) -> None:
             config.sampling != "poisson" or config.examples_per_user < 1):
         bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
             "examples_per_user >= 1")
+    if int(config.get("local_epochs", 0)) < 0 or (
+            config.get("local_epochs", 0) and unit(config) != "user"):
+        bad("local_epochs", config.local_epochs, "0, or >= 1 with privacy_unit='user' (DP-FedAvg)")
+    if int(config.get("local_batch_size", 0)) < 0:
+        bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
+    if not config.get("local_learning_rate", 0.1) > 0:
+        bad("local_learning_rate", config.local_learning_rate, "> 0")
     if int(config.replicas) < 1:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
@@ -286,7 +293,9 @@ def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler
         decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
         expected_batch_size=expected_batch,
         physical_batch_size=int(config.physical_batch_size) or None,
-        privacy_unit=unit(config))
+        privacy_unit=unit(config), local_epochs=int(config.get("local_epochs", 0)),
+        local_batch_size=int(config.get("local_batch_size", 0)) or None,
+        local_learning_rate=float(config.get("local_learning_rate", 0.1)))
     if config.target_epsilon <= 0:
         return dp
     if noise_multiplier is None:
