@@ -105,6 +105,9 @@ def base_config() -> ml_collections.ConfigDict:
     # update is E epochs of local SGD (local_learning_rate, local batches of local_batch_size
     # rows, 0 = all of the user's rows), clipped; the optimizer is then the server optimizer.
     c.local_epochs = 0
+    # user-level only: "fixed" divides the clipped sum by q W (expected users; S = C), "clipped"
+    # by max(q W, users drawn) (less variance, S = 2C).
+    c.user_estimator = "fixed"
     c.local_batch_size = 0
     c.local_learning_rate = 0.1
     # > 0: each replica processes at most this many examples at once (chunks, same mechanism):

@@ -66,6 +66,9 @@ class DPConfig:
         (DP-FedAvg, edp_tf/local_training.py): each user's contribution is theta - theta_local
         after E epochs of local SGD (`local_learning_rate`, batches of `local_batch_size` rows,
         None: all of the user's rows at once); the optimizer is the server optimizer.
+      user_estimator: with privacy_unit="user", "fixed" (the update is divided by q W, the
+        expected users: S = C) or "clipped" (by max(q W, users drawn in the step): S = 2C, the
+        noise fixed on the average).
     """
 
     l2_norm_clip: float = 1.0
@@ -86,6 +89,7 @@ class DPConfig:
     local_epochs: int = 0
     local_batch_size: Optional[int] = None
     local_learning_rate: float = 0.1
+    user_estimator: str = "fixed"
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -184,6 +188,11 @@ class DPConfig:
         lr = self.local_learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
             raise ValueError(f"DPConfig.local_learning_rate must be a positive number, got {lr!r}")
+        if self.user_estimator not in ("fixed", "clipped"):
+            raise ValueError(f"DPConfig.user_estimator must be 'fixed' or 'clipped', "
+                             f"got {self.user_estimator!r}")
+        if self.user_estimator == "clipped" and self.privacy_unit != "user":
+            raise ValueError("DPConfig.user_estimator='clipped' needs privacy_unit='user'")
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")

@@ -29,8 +29,9 @@ SAMPLINGS = ("poisson", "shuffle")
 # fields that must agree between a ledger on disk and the run that continues it
 MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch_size", "replicas",
                     "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling",
-                    "privacy_unit")
-FIELD_DEFAULTS = {"privacy_unit": "example"}  # ledgers written before the field existed
+                    "privacy_unit", "user_estimator")
+FIELD_DEFAULTS = {"privacy_unit": "example",  # ledgers written before the fields existed
+                  "user_estimator": "fixed"}
 SHUFFLE_SENTENCE = (
     "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
     "sampling at rate q = batch_size / dataset_size, which shuffling does not provide (adding "
@@ -404,6 +405,7 @@ class PrivacyLedger(keras.callbacks.Callback):
             "microbatch_size": facts["microbatch_size"], "noise_mode": facts["noise_mode"],
             "l2_norm_clip": facts["l2_norm_clip"], "sensitivity": facts["sensitivity"],
             "scaling": facts["scaling"], "privacy_unit": facts["privacy_unit"],
+            "user_estimator": facts["user_estimator"],
         }
 
     def _schedule(self) -> dict:

@@ -17,7 +17,11 @@ User-level privacy (McMahan et al. 2018, DP-FedSGD): the unit is a user. Users a
 sampled, each sampled user's examples (at most `microbatch_size`) make one micro-batch whose loss
 is the mean over them, so adding or removing a user adds or removes one clipped micro-batch:
 S = 1. D is the expected number of users per step, q W: the fixed-denominator estimator
-sum_k Delta_k / (q W) with weights w_k = 1.
+sum_k Delta_k / (q W) with weights w_k = 1. The clipped-denominator estimator divides by
+max(q W, users in the step) instead (less variance when more users than expected are drawn);
+adding a user then moves both sum and denominator, and the sensitivity of the average is
+2 C / (q W) (McMahan et al. 2018, Lemma 1 with w_k = 1 and W_min = W): S = 2, and the noise is
+added to the average at std z S C / (q W) whatever the denominator.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from edp_tf import checks
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
 PRIVACY_UNITS = ("example", "user")
+USER_ESTIMATORS = ("fixed", "clipped")
 
 
 def sensitivity(examples_per_microbatch: int) -> int:
@@ -82,6 +87,8 @@ class Mechanism:
       expected_batch_size: q n under Poisson sampling (in privacy units); None: the fixed
         global batch.
       privacy_unit: "example", or "user" (one micro-batch per sampled user: S = 1).
+      user_estimator: users only: "fixed" (divide by q W) or "clipped" (by max(q W, users
+        drawn): S = 2).
     """
 
     replicas: int
@@ -94,6 +101,7 @@ class Mechanism:
     decay_rate: float = 0.0
     expected_batch_size: Optional[float] = None
     privacy_unit: str = "example"
+    user_estimator: str = "fixed"
 
     def __post_init__(self) -> None:
         checks.count("replicas", self.replicas, 1)
@@ -118,13 +126,18 @@ class Mechanism:
             raise ValueError("privacy_unit='user' needs micro-batches of one user "
                              "(microbatch_size = the per-user cap), Poisson sampling over users "
                              "(expected_batch_size = q x users) and noise_mode='calibrated'")
+        if self.user_estimator not in USER_ESTIMATORS:
+            raise ValueError(f"user_estimator must be one of {USER_ESTIMATORS}, "
+                             f"got {self.user_estimator!r}")
+        if self.user_estimator != "fixed" and self.privacy_unit != "user":
+            raise ValueError("user_estimator='clipped' needs privacy_unit='user'")
 
     @classmethod
     def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
         """The mechanism of an `edp_tf.DPConfig` on `replicas` with batches of that many rows."""
         return cls(replicas, global_batch_size, config.microbatch_size, config.l2_norm_clip,
                    config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
-                   config.expected_batch_size, config.privacy_unit)
+                   config.expected_batch_size, config.privacy_unit, config.user_estimator)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property
@@ -142,9 +155,9 @@ class Mechanism:
 
     @property
     def sensitivity(self) -> int:
-        """S in units of C (1 for a user's micro-batch)."""
+        """S in units of C (for users: 1, or 2 with the clipped denominator)."""
         if self.privacy_unit == "user":
-            return 1
+            return 1 if self.user_estimator == "fixed" else 2
         return sensitivity(self.examples_per_microbatch)
 
     @property
@@ -214,4 +227,5 @@ class Mechanism:
             "l2_norm_clip": self.l2_norm_clip,
             "expected_batch_size": self.expected_batch,
             "privacy_unit": self.privacy_unit,
+            "user_estimator": self.user_estimator,
         }

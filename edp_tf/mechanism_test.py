@@ -81,4 +81,5 @@ def test_to_dict_holds_the_ledgers_fields():
     d = Mechanism(2, 64, 4, l2_norm_clip=0.5, expected_batch_size=48.0).to_dict()
     assert d == {"replicas": 2, "global_batch_size": 64, "microbatch_size": 4,
                  "microbatches_per_replica": 8, "sensitivity": 2, "noise_mode": "calibrated",
-                 "l2_norm_clip": 0.5, "expected_batch_size": 48.0, "privacy_unit": "example"}
+                 "l2_norm_clip": 0.5, "expected_batch_size": 48.0, "privacy_unit": "example",
+                 "user_estimator": "fixed"}

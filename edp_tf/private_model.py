@@ -260,10 +260,15 @@ class PrivateModel(keras.Model):
         # 3. noise: each variable's draw on one owner replica, std sqrt(N) x the per-replica std,
         #    so the replicas' sum carries exactly the mechanism's std z_t S C
         z_t = self.dp_noise_multiplier
-        noisy = noise.add_owned_noise(clip.clipped_sum, mechanism.per_replica_noise_std(z_t),
-                                      self._noise_generator, self._noise_owners, self.num_replicas)
+        std, denominator = mechanism.per_replica_noise_std(z_t), mechanism.expected_microbatches
+        if mechanism.user_estimator == "clipped":  # divide by max(D, users drawn), noise on the
+            std, denominator = _clipped_denominator(std, denominator, w, plan)  # average fixed
+        noisy = noise.add_owned_noise(clip.clipped_sum, std, self._noise_generator,
+                                      self._noise_owners, self.num_replicas)
         # 4. back to gradient space, normalised by the expected number of micro-batches D
-        updates = clipping.to_update(noisy, plan.scales, mechanism.expected_microbatches)
+        if mechanism.user_estimator == "clipped":
+            noisy, denominator = [g / tf.cast(denominator, g.dtype) for g in noisy], 1.0
+        updates = clipping.to_update(noisy, plan.scales, denominator)
         # 5. the optimizer SUMs the replicas' updates (all-reduce), then applies them
         self.optimizer.apply_gradients(zip(updates, variables))
 
@@ -355,3 +360,14 @@ def _first_batch(x, y, sample_weight, batch_size):
             f"fit got {rows} examples but batch_size={batch_size}: there is no full batch"
         )
     return first
+
+
+def _clipped_denominator(std, expected_users: float, w, plan):
+    """(per-replica noise std, denominator) of the clipped-denominator estimator: the step
+    divides by D_t = max(D, users drawn in the whole step) and the noise is scaled by D_t / D,
+    so that the average carries noise of std z S C / D whatever D_t is (S = 2)."""
+    present = tf.reduce_any(tf.reshape(w, [-1, plan.microbatch_size]) > 0, axis=1)
+    users = tf.distribute.get_replica_context().all_reduce(
+        tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(present, tf.float32)))
+    denominator = tf.maximum(float(expected_users), users)
+    return std * denominator / float(expected_users), denominator

@@ -338,7 +338,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     ("target_epsilon", -1.0), ("microbatch_size", -1), ("steps", -1), ("sampling_rate", 1.5),
     ("slot_loss", "max"), ("lr_schedule", "step"), ("warmup_fraction", 1.0),
     ("weight_decay", -0.1), ("local_epochs", 1), ("local_batch_size", -1),
-    ("local_learning_rate", 0.0),
+    ("local_learning_rate", 0.0), ("user_estimator", "clipped"),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})

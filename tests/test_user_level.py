@@ -146,3 +146,76 @@ def test_more_users_than_slots_raises_instead_of_truncating():
     x, y = data()
     with pytest.raises(tf.errors.InvalidArgumentError, match="more than 2 users"):
         next(iter(sampler.dataset(x, y, steps=1)))
+
+
+# ----------------------------------------------------------- the clipped-denominator estimator
+def one_user_step(strategy, users, present, width, estimator, z, C, loss):
+    """One step over `users` micro-batches of K rows (the first `present` hold a user, the rest
+    padding) with D = 4 expected users; returns the update of SGD(1)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(users * K, 3)).astype("float32")
+    y = rng.normal(size=(users * K, width)).astype("float32")
+    w = np.zeros(users * K, "float32")
+    w[:present * K] = 1.0
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(width)])
+        model = PrivateModel(inner, DPConfig(
+            l2_norm_clip=C, noise_multiplier=z, microbatch_size=K, privacy_unit="user",
+            expected_batch_size=4.0, user_estimator=estimator))
+        model.compile(optimizer=keras.optimizers.SGD(1.0), loss=loss)
+    before = [v.numpy().copy() for v in inner.trainable_variables]
+    model.fit(tf.data.Dataset.from_tensors((x, y, w)), epochs=1, verbose=0)
+    return [v.numpy() - b for v, b in zip(inner.trainable_variables, before)], (x, y, w), inner
+
+
+def zero_loss(y_true, y_pred):
+    return 0.0 * keras.ops.sum(y_pred, axis=-1)
+
+
+@pytest.mark.parametrize("present", [2, 8])  # fewer and more users than the expected 4
+def test_clipped_estimator_noise_on_the_average_is_z_2C_over_D(strategy, present):
+    """Zero loss: the update is the noise alone. Whatever the denominator max(4, users), the
+    average carries std z S C / D with S = 2 (D = 4). 1,250 x 4 kernel entries: the sample std
+    has relative error 1% (1/sqrt(2 x 5000)); 5% is 5 of them, while dividing the noise by 8
+    users instead of 4 would be off by 2x."""
+    update, _, _ = one_user_step(strategy, 8, present, 1250, "clipped", 1.3, 0.7, zero_loss)
+    assert float(np.std(update[0])) == pytest.approx(1.3 * 2 * 0.7 / 4, rel=0.05)
+    fixed, _, _ = one_user_step(strategy, 8, present, 1250, "fixed", 1.3, 0.7, zero_loss)
+    assert float(np.std(fixed[0])) == pytest.approx(1.3 * 1 * 0.7 / 4, rel=0.05)
+
+
+@pytest.mark.parametrize("present, denominator", [(2, 4.0), (6, 6.0)])
+def test_clipped_estimator_divides_by_max_of_expected_and_drawn_users(strategy, present,
+                                                                      denominator):
+    """z = 0, C large: the update is minus the sum of the users' mean-loss gradients over
+    max(D, users drawn), D = 4 (users spread over both replicas)."""
+    update, (x, y, w), inner = one_user_step(strategy, 8, present, 2, "clipped", 0.0, 1e6, mse)
+    keras.utils.set_random_seed(0)
+    reference = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    total = [np.zeros(v.shape) for v in reference.trainable_variables]
+    for u in range(present):
+        rows = slice(u * K, (u + 1) * K)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(mse(y[rows], reference(x[rows])))
+        for t, g in zip(total, tape.gradient(loss, reference.trainable_variables)):
+            t += g.numpy()
+    for got, t in zip(update, total):
+        np.testing.assert_allclose(got, -t / denominator, rtol=1e-4, atol=1e-6)
+
+
+def test_clipped_estimator_is_recorded_and_checked(strategy, tmp_path):
+    m = Mechanism(N, 12, K, expected_batch_size=3.0, privacy_unit="user",
+                  user_estimator="clipped")
+    assert m.sensitivity == 2 and m.to_dict()["user_estimator"] == "clipped"
+    with pytest.raises(ValueError, match="needs privacy_unit='user'"):
+        DPConfig(microbatch_size=K, user_estimator="clipped")
+    with pytest.raises(ValueError, match="user_estimator"):
+        DPConfig(microbatch_size=K, privacy_unit="user", expected_batch_size=3.0,
+                 user_estimator="median")
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N)
+    led = fit(strategy, tmp_path, sampler, privacy_unit="user", user_estimator="clipped")
+    assert led["user_estimator"] == "clipped" and led["sensitivity"] == 2
+    from trainers import privacy
+
+    assert "clipped-denominator estimator" in privacy.statement_from_ledger(led)

@@ -60,6 +60,10 @@ def check_config(config) -> None:
     if int(config.get("local_epochs", 0)) < 0 or (
             config.get("local_epochs", 0) and unit(config) != "user"):
         bad("local_epochs", config.local_epochs, "0, or >= 1 with privacy_unit='user' (DP-FedAvg)")
+    if config.get("user_estimator", "fixed") not in ("fixed", "clipped") or (
+            config.get("user_estimator", "fixed") == "clipped" and unit(config) != "user"):
+        bad("user_estimator", config.user_estimator, "'fixed', or 'clipped' with "
+            "privacy_unit='user'")
     if int(config.get("local_batch_size", 0)) < 0:
         bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
     if not config.get("local_learning_rate", 0.1) > 0:
@@ -295,7 +299,8 @@ def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler
         physical_batch_size=int(config.physical_batch_size) or None,
         privacy_unit=unit(config), local_epochs=int(config.get("local_epochs", 0)),
         local_batch_size=int(config.get("local_batch_size", 0)) or None,
-        local_learning_rate=float(config.get("local_learning_rate", 0.1)))
+        local_learning_rate=float(config.get("local_learning_rate", 0.1)),
+        user_estimator=config.get("user_estimator", "fixed"))
     if config.target_epsilon <= 0:
         return dp
     if noise_multiplier is None:

@@ -54,10 +54,13 @@ def _per_epoch(records, q, delta, extras) -> tuple:
 
 
 def _mechanism_line(mode: str, replicas: int, microbatch: Optional[int], sensitivity,
-                    unit: str = "example") -> str:
+                    unit: str = "example", estimator: str = "fixed") -> str:
     per = ("one micro-batch per replica (eDP-SGD)" if microbatch in (None, 0)
            else f"one micro-batch per sampled user (at most {microbatch} of their examples)"
            if unit == "user" else f"micro-batches of {microbatch} example(s)")
+    if unit == "user":
+        per += (", the average over max(q W, users drawn) (clipped-denominator estimator)"
+                if estimator == "clipped" else ", the average over q W expected users")
     return (f"Mechanism: {mode} noise, {replicas} replica(s), {per}; sensitivity S = "
             f"{sensitivity:g} C")
 
@@ -71,7 +74,8 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     unit = ledger.get("privacy_unit", "example")
     lines = ["Privacy statement of a finished run",
              _mechanism_line(ledger["noise_mode"], ledger["replicas"], ledger["microbatch_size"],
-                             ledger["sensitivity"], unit) + f", C = {ledger['l2_norm_clip']:g}",
+                             ledger["sensitivity"], unit, ledger.get("user_estimator", "fixed"))
+             + f", C = {ledger['l2_norm_clip']:g}",
              f"Data: n = {ledger['dataset_size']} {unit}s, {ledger['sampling']} sampling, "
              f"q = {q:.6g} "
              f"(batch {ledger['batch_size']:g}), {sum(r.steps for r in records)} steps"]
