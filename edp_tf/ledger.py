@@ -406,6 +406,8 @@ class PrivacyLedger(keras.callbacks.Callback):
             "l2_norm_clip": facts["l2_norm_clip"], "sensitivity": facts["sensitivity"],
             "scaling": facts["scaling"], "privacy_unit": facts["privacy_unit"],
             "user_estimator": facts["user_estimator"],
+            # informational (epsilon does not depend on it): DP-FedAvg's local epochs per user
+            "local_epochs": facts.get("local_epochs", 0),
         }
 
     def _schedule(self) -> dict:

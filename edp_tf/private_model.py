@@ -123,6 +123,7 @@ class PrivateModel(keras.Model):
                 "is not private."
             )
         return mechanism.to_dict() | {
+            "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,

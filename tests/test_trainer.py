@@ -493,7 +493,8 @@ def test_user_level_run_accounts_users(tmp_path):
         local_epochs=2, local_batch_size=2, local_learning_rate=0.5),
         str(tmp_path / "fedavg"), strategy=strategy(2), export=False)
     led = read(fedavg["run_dir"], "privacy.json")  # DP-FedAvg: the same accounting per user
-    assert led["privacy_unit"] == "user" and led["sensitivity"] == 1
+    assert led["privacy_unit"] == "user" and led["sensitivity"] == 1 and led["local_epochs"] == 2
+    assert "after 2 local epoch(s) (DP-FedAvg)" in statement_from_ledger(led)
     assert led["epsilon"] <= TARGET_EPSILON and led["private"] is True
     anonymous = dataclasses.replace(splits, train=tuple(
         dataclasses.replace(u, user=None) for u in splits.train))

@@ -54,11 +54,13 @@ def _per_epoch(records, q, delta, extras) -> tuple:
 
 
 def _mechanism_line(mode: str, replicas: int, microbatch: Optional[int], sensitivity,
-                    unit: str = "example", estimator: str = "fixed") -> str:
+                    unit: str = "example", estimator: str = "fixed", local_epochs: int = 0) -> str:
     per = ("one micro-batch per replica (eDP-SGD)" if microbatch in (None, 0)
            else f"one micro-batch per sampled user (at most {microbatch} of their examples)"
            if unit == "user" else f"micro-batches of {microbatch} example(s)")
     if unit == "user":
+        per += (f", each user's update after {local_epochs} local epoch(s) (DP-FedAvg)"
+                if local_epochs else ", each user's gradient (DP-FedSGD)")
         per += (", the average over max(q W, users drawn) (clipped-denominator estimator)"
                 if estimator == "clipped" else ", the average over q W expected users")
     return (f"Mechanism: {mode} noise, {replicas} replica(s), {per}; sensitivity S = "
@@ -74,7 +76,8 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     unit = ledger.get("privacy_unit", "example")
     lines = ["Privacy statement of a finished run",
              _mechanism_line(ledger["noise_mode"], ledger["replicas"], ledger["microbatch_size"],
-                             ledger["sensitivity"], unit, ledger.get("user_estimator", "fixed"))
+                             ledger["sensitivity"], unit, ledger.get("user_estimator", "fixed"),
+                             ledger.get("local_epochs", 0))
              + f", C = {ledger['l2_norm_clip']:g}",
              f"Data: n = {ledger['dataset_size']} {unit}s, {ledger['sampling']} sampling, "
              f"q = {q:.6g} "
