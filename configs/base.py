@@ -108,6 +108,9 @@ def base_config() -> ml_collections.ConfigDict:
     # user-level only: "fixed" divides the clipped sum by q W (expected users; S = C), "clipped"
     # by max(q W, users drawn) (less variance, S = 2C).
     c.user_estimator = "fixed"
+    # user-level only: w_hat > 0 weighs user k by min(n_k / w_hat, 1) after clipping (users with
+    # few utterances count less; S stays C); 0 = every user weighs 1.
+    c.user_weight_cap = 0.0
     c.local_batch_size = 0
     c.local_learning_rate = 0.1
     # > 0: each replica processes at most this many examples at once (chunks, same mechanism):

@@ -388,9 +388,13 @@ class PrivacyLedger(keras.callbacks.Callback):
                     "normalises by the expected batch, not the padded one")
             q = self.sampling_rate or expected / n
             batch_size = expected
-            if not math.isclose(q * n, batch_size, rel_tol=1e-6):
+            # q n, or q W for weighted users (the sampler knows W)
+            want = self.sampler.expected_batch_size if self.sampler is not None else q * n
+            if not math.isclose(want, batch_size, rel_tol=1e-6):
+                what = ("the users' total weight" if getattr(self.sampler, "user_weights", ())
+                        else f"dataset_size={n}")
                 raise ValueError(
-                    f"sampling_rate={q} x dataset_size={n} = {q * n} but "
+                    f"sampling_rate={q} x {what} = {want} but "
                     f"DPConfig.expected_batch_size={batch_size}: they must agree")
         else:
             q, batch_size = batch / n, batch

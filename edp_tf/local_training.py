@@ -57,7 +57,8 @@ def pseudo_gradient(model, loss_fn, variables, x, y, w, local: LocalTraining):
                 tape.watch(params)
                 y_pred, _ = model.stateless_call(params, non_trainable, xb, training=True)
                 per_example = tf.cast(loss_fn(yb, y_pred), tf.float32)
-                loss = tf.reduce_sum(per_example * wb) / tf.maximum(tf.reduce_sum(wb), 1.0)
+                real = tf.cast(wb > 0, tf.float32)  # a user's weight scales the clipped update
+                loss = tf.reduce_sum(per_example * real) / tf.maximum(tf.reduce_sum(real), 1.0)
             grads = tape.gradient(loss, params, unconnected_gradients=tf.UnconnectedGradients.ZERO)
             if first_pred is None:
                 first_loss, first_pred = loss, y_pred
@@ -66,5 +67,6 @@ def pseudo_gradient(model, loss_fn, variables, x, y, w, local: LocalTraining):
     if local.batch_size < rows:  # the first local batch saw part of the rows only
         first_pred, _ = model.stateless_call(theta, non_trainable, x, training=True)
         per_example = tf.cast(loss_fn(y, first_pred), tf.float32)
-        first_loss = tf.reduce_sum(per_example * w) / tf.maximum(tf.reduce_sum(w), 1.0)
+        real = tf.cast(w > 0, tf.float32)
+        first_loss = tf.reduce_sum(per_example * real) / tf.maximum(tf.reduce_sum(real), 1.0)
     return [t - p for t, p in zip(theta, params)], first_loss[None], first_pred

@@ -61,11 +61,19 @@ def as_per_example_loss(loss) -> PerExampleLoss:
 
 
 def _weighted_loss(model, loss_fn, x, y, w, k_e):
-    """sum_i w_i L_i / k_e; k_e None: the mean over the micro-batch's real rows (a user's)."""
+    """sum_i w_i L_i / k_e; k_e None: the mean over the micro-batch's real rows (a user's: w > 0
+    marks them, the user's weight scales the clipped update instead, `user_weights`)."""
     y_pred = model(x, training=True)
     per_example = tf.cast(loss_fn(y, y_pred), tf.float32)
-    denominator = tf.maximum(tf.reduce_sum(w), 1.0) if k_e is None else k_e
-    return tf.reduce_sum(per_example * w) / denominator, y_pred
+    if k_e is None:
+        real = tf.cast(w > 0, tf.float32)
+        return tf.reduce_sum(per_example * real) / tf.maximum(tf.reduce_sum(real), 1.0), y_pred
+    return tf.reduce_sum(per_example * w) / k_e, y_pred
+
+
+def user_weights(w: tf.Tensor, k: int) -> tf.Tensor:
+    """[m] the weight w_k of each micro-batch's user (its rows' mask value; 0 for no user)."""
+    return tf.reduce_max(tf.reshape(w, [-1, k]), axis=1)
 
 
 def _dense(grads: Sequence) -> list:
@@ -195,6 +203,7 @@ class MicrobatchGradients:
 
     losses: tf.Tensor
     y_pred: object
+    weights: Optional[tf.Tensor] = None  # [m] users' weights: scale each *clipped* update
 
     def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
         raise NotImplementedError
@@ -214,6 +223,8 @@ class _Materialised(MicrobatchGradients):
     def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
         norms = tf.sqrt(self.squared_norms())
         factors, finite = clipping.clip_factors(norms, l2_norm_clip)
+        if self.weights is not None:  # w_k <= 1: each user still moves the sum by <= C
+            factors = factors * tf.cast(self.weights, factors.dtype)
         return clipping.ClipResult(self.weighted_sum(factors, finite), norms, finite)
 
 
@@ -326,15 +337,17 @@ def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> M
     check = tf.debugging.assert_equal(
         rows % k, 0, message=f"per-replica batch not divisible by microbatch_size={k}")
     with tf.control_dependencies([check]):
-        if plan.local is not None:  # DP-FedAvg: each user's local training, one after another
+        if plan.local is not None or plan.method == "loop":  # (DP-FedAvg: local training)
             return _looped(model, loss_fn, variables, x, y, w, plan)
         if plan.method == "ghost":
-            return GhostGradients(ghost_pass(model, loss_fn, variables, x, y, w, k, k_e),
-                                  variables, plan.scales)
-        if plan.method == "loop":
-            return _looped(model, loss_fn, variables, x, y, w, plan)
-        return StackedGradients(*stacked_microbatch_gradients(model, loss_fn, variables, x, y, w,
-                                                              k, k_e), plan.scales)
+            grads = GhostGradients(ghost_pass(model, loss_fn, variables, x, y, w, k, k_e),
+                                   variables, plan.scales)
+        else:
+            grads = StackedGradients(*stacked_microbatch_gradients(
+                model, loss_fn, variables, x, y, w, k, k_e), plan.scales)
+        if k_e is None:  # user-level: one user per micro-batch, weighted after clipping
+            grads.weights = user_weights(w, k)
+        return grads
 
 
 def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWent:
@@ -356,6 +369,8 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
             update = single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
                                                 plan.expected_examples)
         g = SingleGradient(*update, plan.scales)
+        if plan.expected_examples is None:  # user-level: the user's weight, after clipping
+            g.weights = user_weights(wj, plan.microbatch_size)
         return g.clip(plan.l2_norm_clip), g.losses[0], tf.nest.flatten(g.y_pred), g.y_pred
 
     first, loss0, preds0, structure = one(0)

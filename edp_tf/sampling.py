@@ -124,9 +124,9 @@ class PoissonSampler:
             n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}"))
 
     def _stream(self, x, y, rows: int, steps: Optional[int], num_seeds: int,
-                rows_of) -> tf.data.Dataset:
+                rows_of, row_weights=None) -> tf.data.Dataset:
         """`steps` batches of (x, y, mask) whose rows `rows_of(step seeds)` picks (index `rows`:
-        the zero padding row)."""
+        the zero padding row); the mask is 1 per real row, or `row_weights[row]`."""
         steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
         data = tf.nest.map_structure(lambda a: _with_zero_row(a, rows), (x, y))
         key = self.seed if self.seed is not None else secrets.randbits(63)
@@ -135,7 +135,8 @@ class PoissonSampler:
             seeds = tf.random.experimental.stateless_split(
                 tf.stack([step_seed, tf.constant(key, tf.int64)]), num=num_seeds)
             index = rows_of(seeds)
-            mask = tf.cast(index < rows, tf.float32)
+            mask = (tf.cast(index < rows, tf.float32) if row_weights is None else
+                    tf.gather(tf.constant(list(row_weights) + [0.0], tf.float32), index))
             bx, by = tf.nest.map_structure(lambda t: tf.gather(t, index), data)
             return bx, by, mask
 
@@ -190,9 +191,16 @@ class UserPoissonSampler(PoissonSampler):
 
     `dataset_size` is the number of users; `max_batch_size` counts rows (slots x k). Build it
     with `UserPoissonSampler.for_users(user_of_each_row, q, k, replicas)`.
+
+    Weights (McMahan et al. 2018): with `user_weights` (w_k = min(n_k / w_hat, 1), from
+    `for_users(..., weight_cap=w_hat)`) a user's rows carry mask value w_k instead of 1; the step
+    then scales that user's *clipped* update by w_k (so it moves the sum by at most w_k C <= C:
+    S stays 1) and the expected batch, the fixed denominator, is q W with W = sum_k w_k. Users
+    with few examples count less, without any user counting more than C.
     """
 
     user_of_row: tuple = ()  # the user index (0 .. dataset_size - 1) of each training row
+    user_weights: tuple = ()  # w_k in (0, 1] per user; empty: every user weighs 1
 
     def __post_init__(self) -> None:
         if self.microbatch_size is None:
@@ -200,6 +208,9 @@ class UserPoissonSampler(PoissonSampler):
         users = _positive_int("dataset_size", self.dataset_size)
         if not self.user_of_row or min(self.user_of_row) < 0 or max(self.user_of_row) >= users:
             raise ValueError(f"user_of_row must give each row a user index in [0, {users})")
+        if self.user_weights and (len(self.user_weights) != users or not all(
+                0.0 < float(w) <= 1.0 for w in self.user_weights)):
+            raise ValueError(f"user_weights must hold one weight in (0, 1] per user ({users})")
         if self.max_batch_size is None:
             slots = poisson_max_batch_size(users, check_sampling_rate(self.sampling_rate),
                                            self.overflow_probability, self.replicas)
@@ -208,13 +219,29 @@ class UserPoissonSampler(PoissonSampler):
 
     @classmethod
     def for_users(cls, users, sampling_rate: float, examples_per_user: int, replicas: int = 1,
-                  seed: Optional[int] = None, **kwargs) -> "UserPoissonSampler":
-        """A sampler over the distinct values of `users` (one per training row, any hashable)."""
+                  seed: Optional[int] = None, weight_cap: Optional[float] = None,
+                  **kwargs) -> "UserPoissonSampler":
+        """A sampler over the distinct values of `users` (one per training row, any hashable);
+        with `weight_cap` w_hat > 0, user k weighs min(n_k / w_hat, 1) (n_k: their rows)."""
         index: dict = {}
         rows = tuple(index.setdefault(u, len(index)) for u in users)
+        weights = ()
+        if weight_cap is not None:
+            if isinstance(weight_cap, bool) or not float(weight_cap) > 0:
+                raise ValueError(f"weight_cap must be a number > 0, got {weight_cap!r}")
+            counts = [0] * len(index)
+            for r in rows:
+                counts[r] += 1
+            weights = tuple(min(c / float(weight_cap), 1.0) for c in counts)
         return cls(dataset_size=max(1, len(index)), sampling_rate=sampling_rate,
                    replicas=replicas, microbatch_size=examples_per_user, seed=seed,
-                   user_of_row=rows, **kwargs)
+                   user_of_row=rows, user_weights=weights, **kwargs)
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q W: the expected total weight of a step's users (q x users without weights)."""
+        total = sum(self.user_weights) if self.user_weights else self.dataset_size
+        return total * self.sampling_rate
 
     @property
     def slots(self) -> int:
@@ -238,7 +265,9 @@ class UserPoissonSampler(PoissonSampler):
             chosen = tf.gather(candidates, tf.argsort(keys, axis=1)[:, :k], batch_dims=1)
             return tf.reshape(chosen, [slots * k])
 
-        return self._stream(x, y, n, steps, 3, rows_of)
+        row_weights = ([self.user_weights[u] for u in self.user_of_row] if self.user_weights
+                       else None)
+        return self._stream(x, y, n, steps, 3, rows_of, row_weights)
 
 
 def _rows_by_user(user_of_row, users: int, n: int, k: int) -> tf.Tensor:

@@ -338,7 +338,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     ("target_epsilon", -1.0), ("microbatch_size", -1), ("steps", -1), ("sampling_rate", 1.5),
     ("slot_loss", "max"), ("lr_schedule", "step"), ("warmup_fraction", 1.0),
     ("weight_decay", -0.1), ("local_epochs", 1), ("local_batch_size", -1),
-    ("local_learning_rate", 0.0), ("user_estimator", "clipped"),
+    ("local_learning_rate", 0.0), ("user_estimator", "clipped"), ("user_weight_cap", 4.0),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})
@@ -490,7 +490,7 @@ def test_user_level_run_accounts_users(tmp_path):
     splits = corpus(config)
     fedavg = run.train(tiny_config(
         privacy_unit="user", examples_per_user=4, batch_size=8, target_epsilon=TARGET_EPSILON,
-        local_epochs=2, local_batch_size=2, local_learning_rate=0.5),
+        local_epochs=2, local_batch_size=2, local_learning_rate=0.5, user_weight_cap=4.0),
         str(tmp_path / "fedavg"), strategy=strategy(2), export=False)
     led = read(fedavg["run_dir"], "privacy.json")  # DP-FedAvg: the same accounting per user
     assert led["privacy_unit"] == "user" and led["sensitivity"] == 1 and led["local_epochs"] == 2

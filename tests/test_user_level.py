@@ -219,3 +219,55 @@ def test_clipped_estimator_is_recorded_and_checked(strategy, tmp_path):
     from trainers import privacy
 
     assert "clipped-denominator estimator" in privacy.statement_from_ledger(led)
+
+
+# ------------------------------------------------------------------- per-user weights
+def test_weighted_users_scale_their_clipped_update_and_the_denominator():
+    """w_k = min(n_k / w_hat, 1) with w_hat = 6: users of 9..2 rows weigh 1..1/3. The sampler's
+    masks carry w_k, the expected batch is q sum w_k, and in the clipped sum each user moves it
+    by w_k x their clipped mean-loss gradient (norm <= w_k C <= C) for every method."""
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.3, K, replicas=N, weight_cap=6)
+    weights = [min(c / 6, 1.0) for c in USER_ROWS]
+    assert sampler.user_weights == pytest.approx(weights)
+    assert sampler.expected_batch_size == pytest.approx(0.3 * sum(weights))
+    ids = np.arange(len(USER_OF_ROW), dtype="float32")[:, None]
+    for bx, _, mask in sampler.dataset(ids, ids, steps=20):
+        for row, m in zip(bx.numpy()[:, 0], mask.numpy()):
+            if m > 0:
+                assert m == pytest.approx(weights[USER_OF_ROW[int(row)]])
+    with pytest.raises(ValueError, match="weight_cap"):
+        UserPoissonSampler.for_users(USER_OF_ROW, 0.3, K, weight_cap=0)
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    x, y = data(4 * K, seed=2)
+    x = x * 5.0  # every user clipped
+    user_w = [1.0, 0.5, 0.25, 0.75]
+    w = np.array([1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 1], "float32")
+    weighted = w * np.repeat(user_w, K).astype("float32")
+    C = 0.5
+    want = [np.zeros(v.shape) for v in model.trainable_variables]
+    for user in range(4):
+        rows = [i for i in range(user * K, (user + 1) * K) if w[i]]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(mse(y[rows], model(x[rows])))
+        grads = tape.gradient(loss, model.trainable_variables)
+        norm = math.sqrt(sum(float(tf.reduce_sum(g * g)) for g in grads))
+        for t, g in zip(want, grads):
+            t += user_w[user] * g.numpy() * min(1.0, C / norm)
+    for method in ("ghost", "vectorized", "loop"):
+        fn = tf.function(lambda: microbatch.clipped_gradient_sum(
+            model, mse, model.trainable_variables, x, y, weighted, K, None, [1.0, 1.0], C,
+            method=method))
+        for got, expected in zip(fn()[0].clipped_sum, want):
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-6,
+                                       err_msg=method)
+
+
+def test_weighted_sampler_needs_the_weighted_denominator(strategy, tmp_path):
+    sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N, weight_cap=6)
+    led = fit(strategy, tmp_path / "ok", sampler, privacy_unit="user")
+    assert led["batch_size"] == pytest.approx(sampler.expected_batch_size) and led["private"]
+    with pytest.raises(ValueError, match="total weight"):
+        fit(strategy, tmp_path / "bad", sampler, privacy_unit="user",
+            expected_batch_size=0.25 * 12)  # q x users, not q W

@@ -64,6 +64,10 @@ def check_config(config) -> None:
             config.get("user_estimator", "fixed") == "clipped" and unit(config) != "user"):
         bad("user_estimator", config.user_estimator, "'fixed', or 'clipped' with "
             "privacy_unit='user'")
+    if config.get("user_weight_cap", 0.0) < 0 or (
+            config.get("user_weight_cap", 0.0) and unit(config) != "user"):
+        bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
+            "with privacy_unit='user'")
     if int(config.get("local_batch_size", 0)) < 0:
         bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
     if not config.get("local_learning_rate", 0.1) > 0:
@@ -260,8 +264,9 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
         raise ValueError(f"--config.batch_size={batch} exceeds the {n} {unit}")
     q = batch / n
     if users is not None:
+        cap = float(config.get("user_weight_cap", 0.0)) or None
         sampler = sampling.UserPoissonSampler.for_users(users, q, private_cfg_k, replicas,
-                                                        fixed_seed)
+                                                        fixed_seed, weight_cap=cap)
         return (sampler.dataset(x, y).repeat(), sampler.steps_per_epoch, q,
                 sampler.expected_batch_size, sampler)
     if config.mechanism != "sgd" and config.sampling == "poisson":
