@@ -36,4 +36,7 @@ def rows(m: str, config: str) -> list:
 def get_config():
     return grid("snips", rows("bert", "configs/snips_bert.py") + rows("clc", "configs/snips_clc.py"),
                 schedule_reference="bert_dpsgd_eps8",
-                notes="Cells run in the order listed; BERT first (the issue's headline goal).")
+                notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
+                       "bert_dpsgd_eps8 ran before snips_bert's default became 300 private steps "
+                       "(commit eb1013d): its row is the earlier 150-step default (12 epochs); the "
+                       "300-step default's run is in results/pilot_snips_bert (dpsgd_steps300)."))
