@@ -113,6 +113,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.user_weight_cap = 0.0
     c.local_batch_size = 0
     c.local_learning_rate = 0.1
+    # DP-AdaFEST (edp_tf/selection.py): embedding tables are updated, and noised, only at rows
+    # whose noisy count of touching micro-batches (each micro-batch's count vector clipped to
+    # selection_clip, noise sigma_c = selection_noise_multiplier x S x selection_clip) exceeds
+    # selection_threshold x sigma_c; epsilon charges the joint multiplier (z^-2 + z_c^-2)^-1/2.
+    c.sparse_embeddings = False
+    c.selection_noise_multiplier = 5.0
+    c.selection_clip = 1.0
+    c.selection_threshold = 3.0
     # > 0: each replica processes at most this many examples at once (chunks, same mechanism):
     # bounds memory for large batches (a multiple of the micro-batch size).
     c.physical_batch_size = 0

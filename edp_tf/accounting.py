@@ -22,7 +22,7 @@ import numpy as np
 
 from edp_tf import checks
 from edp_tf.mechanism import (  # noqa: F401  (re-exported: the accountant's vocabulary)
-    DECAYS, NOISE_MODES, effective_noise_multiplier, noise_multiplier_at)
+    DECAYS, NOISE_MODES, effective_noise_multiplier, joint_noise_multiplier, noise_multiplier_at)
 from edp_tf.mechanism import sensitivity as sensitivity_for  # noqa: F401
 
 ACCOUNTANTS = ("pld", "rdp")
@@ -171,8 +171,10 @@ def plan_schedule(
     replicas: int = 1,
     sensitivity: float = 1,
     first_epoch: int = 0,
+    selection_noise_multiplier: Optional[float] = None,
 ) -> tuple:
-    """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py)."""
+    """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py); with sparse
+    embedding noise each step's multiplier joins the row selection's z_c."""
     checks.count("epochs", epochs)
     checks.count("steps_per_epoch", steps_per_epoch)
     if decay not in DECAYS:
@@ -181,7 +183,9 @@ def plan_schedule(
     records = []
     for t in range(first_epoch, first_epoch + epochs):
         z_t = noise_multiplier_at(t, noise_multiplier, decay, decay_rate)
-        z_eff = effective_noise_multiplier(z_t, noise_mode, replicas, sensitivity)
+        z_eff = joint_noise_multiplier(
+            effective_noise_multiplier(z_t, noise_mode, replicas, sensitivity),
+            selection_noise_multiplier)
         records.append(EpochRecord(t, steps_per_epoch, z_t, z_eff))
     return tuple(records)
 
@@ -405,6 +409,7 @@ def calibrate_noise(
     accountant: str = "pld",
     extra_events: Iterable = (),
     tolerance: float = 1e-3,
+    selection_noise_multiplier: Optional[float] = None,
 ) -> float:
     """The smallest z0 (within relative `tolerance`) whose schedule has epsilon <= target.
 
@@ -422,15 +427,23 @@ def calibrate_noise(
 
     def eps(z0: float, acct: str = accountant) -> float:
         records = plan_schedule(z0, epochs, steps_per_epoch, decay, decay_rate, noise_mode,
-                                replicas, sensitivity)
+                                replicas, sensitivity, 0, selection_noise_multiplier)
         return compute_epsilon(records, q, delta, extras, acct)
 
     if extras and compute_epsilon((), q, delta, extras, accountant) >= target:
         raise ValueError(
             f"the extra events alone spend epsilon >= target_epsilon={target}: no z0 can meet it")
+    if selection_noise_multiplier is not None:  # z0 -> inf leaves the selection's z_c alone
+        z_c = checks.number("selection_noise_multiplier", selection_noise_multiplier, 0.0, True)
+        alone = tuple(EpochRecord(t, steps_per_epoch, z_c, z_c) for t in range(epochs))
+        if compute_epsilon(alone, q, delta, extras, accountant) >= target:
+            raise ValueError(
+                f"the row selection's noise alone (selection_noise_multiplier={z_c:g}) spends "
+                f"epsilon >= target_epsilon={target}: raise selection_noise_multiplier")
     if accountant == "pld":  # PLD is tighter: its answer lies a little below RDP's
         hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
-                             noise_mode, replicas, sensitivity, "rdp", extras, tolerance)
+                             noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
+                             selection_noise_multiplier)
         factor = 1.25
     else:
         hi, factor = 1.0, 2.0

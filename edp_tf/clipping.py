@@ -13,7 +13,7 @@ A micro-batch whose gradient is NaN/Inf contributes exactly zero: it is counted,
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import tensorflow as tf
 
@@ -22,6 +22,7 @@ class ClipResult(NamedTuple):
     clipped_sum: list  # per variable: sum_j c_jk (scaled space)
     norms: tf.Tensor  # [m] pre-clip norms of the scaled micro-batch gradients
     finite: tf.Tensor  # [m] bool, False for NaN/Inf micro-batches (they contribute zero)
+    counts: Optional[list] = None  # sparse embedding noise: per table, the clipped row counts
 
 
 def scale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:

@@ -69,6 +69,16 @@ class DPConfig:
       user_estimator: with privacy_unit="user", "fixed" (the update is divided by q W, the
         expected users: S = C) or "clipped" (by max(q W, users drawn in the step): S = 2C, the
         noise fixed on the average).
+      sparse_embeddings: DP-AdaFEST (edp_tf/selection.py): the tables of the model's `Embedding`
+        layers are updated only at rows whose noisy count of touching micro-batches exceeds
+        `selection_threshold`, with noise drawn for those rows only; every other row's update is
+        exactly 0 (so its weights stay unchanged under plain SGD; Keras' Adam and momentum still
+        move a row by its moments). Each micro-batch's count vector is clipped to
+        `selection_clip` (C1) and the summed counts get noise of std
+        sigma_c = `selection_noise_multiplier` x S x C1; a row is selected when its noisy count
+        exceeds `selection_threshold` x sigma_c (3: an untouched row passes with probability
+        0.13%). The accountant charges the joint multiplier (z^-2 + z_c^-2)^-1/2 per step.
+        Example-level only; not with the loop method.
     """
 
     l2_norm_clip: float = 1.0
@@ -90,6 +100,10 @@ class DPConfig:
     local_batch_size: Optional[int] = None
     local_learning_rate: float = 0.1
     user_estimator: str = "fixed"
+    sparse_embeddings: bool = False
+    selection_noise_multiplier: float = 5.0
+    selection_clip: float = 1.0
+    selection_threshold: float = 3.0
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -196,6 +210,20 @@ class DPConfig:
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")
+        if not isinstance(self.sparse_embeddings, bool):
+            raise ValueError(f"DPConfig.sparse_embeddings must be True or False, "
+                             f"got {self.sparse_embeddings!r}")
+        for name in ("selection_noise_multiplier", "selection_clip"):
+            if _finite(name, getattr(self, name)) <= 0:
+                raise ValueError(f"DPConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        _finite("selection_threshold", self.selection_threshold)
+        if self.sparse_embeddings and self.privacy_unit != "example":
+            raise ValueError("DPConfig.sparse_embeddings is example-level only (privacy_unit="
+                             f"'example'), got privacy_unit={self.privacy_unit!r}")
+        if self.sparse_embeddings and self.microbatch_size is not None and (
+                self.per_example_method == "loop"):
+            raise ValueError("DPConfig.sparse_embeddings does not support per_example_method="
+                             "'loop': use 'ghost' or 'vectorized'")
 
     def noise_multiplier_at(self, epoch: int) -> float:
         """z_t for the 0-based epoch t of the decay schedule."""

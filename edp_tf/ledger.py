@@ -29,9 +29,9 @@ SAMPLINGS = ("poisson", "shuffle")
 # fields that must agree between a ledger on disk and the run that continues it
 MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch_size", "replicas",
                     "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling",
-                    "privacy_unit", "user_estimator")
+                    "privacy_unit", "user_estimator", "selection_noise_multiplier")
 FIELD_DEFAULTS = {"privacy_unit": "example",  # ledgers written before the fields existed
-                  "user_estimator": "fixed"}
+                  "user_estimator": "fixed", "selection_noise_multiplier": None}
 SHUFFLE_SENTENCE = (
     "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
     "sampling at rate q = batch_size / dataset_size, which shuffling does not provide (adding "
@@ -410,6 +410,9 @@ class PrivacyLedger(keras.callbacks.Callback):
             "l2_norm_clip": facts["l2_norm_clip"], "sensitivity": facts["sensitivity"],
             "scaling": facts["scaling"], "privacy_unit": facts["privacy_unit"],
             "user_estimator": facts["user_estimator"],
+            # sparse embedding noise: z_c of the row counts (joined into each epoch's z_eff)
+            "selection_noise_multiplier": facts.get("selection_noise_multiplier"),
+            "sparse_embeddings": facts.get("sparse_embeddings"),  # informational: C1, tau, tables
             # informational (epsilon does not depend on it): DP-FedAvg's local epochs per user
             "local_epochs": facts.get("local_epochs", 0),
         }

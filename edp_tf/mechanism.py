@@ -22,6 +22,10 @@ max(q W, users in the step) instead (less variance when more users than expected
 adding a user then moves both sum and denominator, and the sensitivity of the average is
 2 C / (q W) (McMahan et al. 2018, Lemma 1 with w_k = 1 and W_min = W): S = 2, and the noise is
 added to the average at std z S C / (q W) whatever the denominator.
+
+Sparse embedding noise (DP-AdaFEST, edp_tf/selection.py) adds a second Gaussian release on the
+same sample each step, the noisy row counts (multiplier z_c relative to S C1): the accountant
+charges the joint multiplier (z_eff^-2 + z_c^-2)^-1/2, `joint_noise_multiplier`.
 """
 from __future__ import annotations
 
@@ -72,6 +76,18 @@ def effective_noise_multiplier(noise_multiplier: float, noise_mode: str, replica
     raise ValueError(f"noise_mode must be one of {NOISE_MODES}, got {noise_mode!r}")
 
 
+def joint_noise_multiplier(effective: float, selection: Optional[float]) -> float:
+    """The multiplier of one Gaussian that dominates a step releasing the gradient (z_eff) and
+    the noisy row counts (z_c) of the same sample: (z_eff^-2 + z_c^-2)^-1/2 (Gaussian DP
+    composition; edp_tf/selection.py). No selection (None): z_eff; a zero multiplier: 0."""
+    if selection is None:
+        return effective
+    z_c = checks.number("selection_noise_multiplier", selection, 0.0)
+    if effective == 0.0 or z_c == 0.0:
+        return 0.0
+    return 1.0 / math.sqrt(effective ** -2 + z_c ** -2)
+
+
 @dataclasses.dataclass(frozen=True)
 class Mechanism:
     """What one run's private step does, completely: geometry, clipping, noise and schedule.
@@ -102,6 +118,7 @@ class Mechanism:
     expected_batch_size: Optional[float] = None
     privacy_unit: str = "example"
     user_estimator: str = "fixed"
+    selection_noise_multiplier: Optional[float] = None
 
     def __post_init__(self) -> None:
         checks.count("replicas", self.replicas, 1)
@@ -131,13 +148,20 @@ class Mechanism:
                              f"got {self.user_estimator!r}")
         if self.user_estimator != "fixed" and self.privacy_unit != "user":
             raise ValueError("user_estimator='clipped' needs privacy_unit='user'")
+        if self.selection_noise_multiplier is not None:
+            checks.number("selection_noise_multiplier", self.selection_noise_multiplier, 0.0,
+                          True)
+            if self.privacy_unit != "example":
+                raise ValueError("sparse embedding noise (selection_noise_multiplier) is "
+                                 "example-level only")
 
     @classmethod
     def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
         """The mechanism of an `edp_tf.DPConfig` on `replicas` with batches of that many rows."""
         return cls(replicas, global_batch_size, config.microbatch_size, config.l2_norm_clip,
                    config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
-                   config.expected_batch_size, config.privacy_unit, config.user_estimator)
+                   config.expected_batch_size, config.privacy_unit, config.user_estimator,
+                   config.selection_noise_multiplier if config.sparse_embeddings else None)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property
@@ -185,14 +209,18 @@ class Mechanism:
         return noise_multiplier_at(epoch, self.noise_multiplier, self.decay, self.decay_rate)
 
     def effective_noise_multiplier(self, noise_multiplier: Optional[float] = None) -> float:
-        """z_eff of multiplier z (default z0)."""
+        """The multiplier the accountant charges per step at z (default z0): z_eff, joined with
+        the row selection's z_c when embedding noise is sparse."""
         z = self.noise_multiplier if noise_multiplier is None else noise_multiplier
+        return joint_noise_multiplier(self._gradient_multiplier(z), self.selection_noise_multiplier)
+
+    def _gradient_multiplier(self, z: float) -> float:
         return effective_noise_multiplier(z, self.noise_mode, self.replicas, self.sensitivity)
 
     def per_replica_noise_std(self, noise_multiplier):
         """std one replica's draws would need so that N independent ones sum to the mechanism's
         std (works on a float or a tensor z_t: one multiply by a constant)."""
-        summed = self.effective_noise_multiplier(1.0) * self.sensitivity * self.l2_norm_clip
+        summed = self._gradient_multiplier(1.0) * self.sensitivity * self.l2_norm_clip
         return noise_multiplier * (summed / math.sqrt(self.replicas))
 
     def schedule(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> tuple:
@@ -201,7 +229,8 @@ class Mechanism:
 
         return accounting.plan_schedule(self.noise_multiplier, epochs, steps_per_epoch, self.decay,
                                         self.decay_rate, self.noise_mode, self.replicas,
-                                        self.sensitivity, first_epoch)
+                                        self.sensitivity, first_epoch,
+                                        self.selection_noise_multiplier)
 
     def calibrated(self, target_epsilon: float, delta: float, sampling_rate: float, epochs: int,
                    steps_per_epoch: int, extra_events: Iterable = (),
@@ -212,7 +241,7 @@ class Mechanism:
         z0 = accounting.calibrate_noise(
             target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, self.decay,
             self.decay_rate, self.noise_mode, self.replicas, self.sensitivity, accountant,
-            extra_events)
+            extra_events, selection_noise_multiplier=self.selection_noise_multiplier)
         return dataclasses.replace(self, noise_multiplier=z0)
 
     def to_dict(self) -> dict:
@@ -228,4 +257,5 @@ class Mechanism:
             "expected_batch_size": self.expected_batch,
             "privacy_unit": self.privacy_unit,
             "user_estimator": self.user_estimator,
+            "selection_noise_multiplier": self.selection_noise_multiplier,
         }

@@ -82,4 +82,17 @@ def test_to_dict_holds_the_ledgers_fields():
     assert d == {"replicas": 2, "global_batch_size": 64, "microbatch_size": 4,
                  "microbatches_per_replica": 8, "sensitivity": 2, "noise_mode": "calibrated",
                  "l2_norm_clip": 0.5, "expected_batch_size": 48.0, "privacy_unit": "example",
-                 "user_estimator": "fixed"}
+                 "user_estimator": "fixed", "selection_noise_multiplier": None}
+
+
+def test_sparse_embedding_noise_is_charged_at_the_joint_multiplier_not_drawn_at_it():
+    plain = Mechanism(1, 64, 1, noise_multiplier=1.2, expected_batch_size=64.0)
+    sparse = Mechanism(1, 64, 1, noise_multiplier=1.2, expected_batch_size=64.0,
+                       selection_noise_multiplier=2.0)
+    assert sparse.effective_noise_multiplier() == pytest.approx((1.2 ** -2 + 2.0 ** -2) ** -0.5)
+    assert sparse.per_replica_noise_std(1.2) == plain.per_replica_noise_std(1.2)
+    assert [r.effective_noise_multiplier for r in sparse.schedule(2, 5)] == pytest.approx(
+        [sparse.effective_noise_multiplier()] * 2)
+    with pytest.raises(ValueError, match="example-level only"):
+        Mechanism(1, 8, 4, expected_batch_size=2.0, privacy_unit="user",
+                  selection_noise_multiplier=2.0)

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping, ghost, local_training
+from edp_tf import clipping, ghost, local_training, selection as row_selection
 from edp_tf.config import PER_EXAMPLE_METHODS
 
 _log = logging.getLogger(__name__)
@@ -188,6 +188,7 @@ class ClipPlan:
     method: str = "ghost"  # per-example method: "ghost", "vectorized" or "loop"
     chunk: Optional[int] = None  # at most this many rows at once (memory), None: all
     local: Optional[local_training.LocalTraining] = None  # DP-FedAvg: a user's local epochs
+    selection: Optional[row_selection.RowSelection] = None  # sparse embedding noise (AdaFEST)
 
     def __post_init__(self) -> None:
         if self.method not in PER_EXAMPLE_METHODS:
@@ -205,7 +206,10 @@ class MicrobatchGradients:
     y_pred: object
     weights: Optional[tf.Tensor] = None  # [m] users' weights: scale each *clipped* update
 
-    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+    def clip(self, l2_norm_clip: float,
+             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
+        """The clipped sum; with `selection`, also the clipped counts of the rows each
+        micro-batch touches in the selection's tables."""
         raise NotImplementedError
 
 
@@ -220,12 +224,21 @@ class _Materialised(MicrobatchGradients):
         """sum_j f_j g_j / alpha per variable; non-finite micro-batches contribute exactly 0."""
         raise NotImplementedError
 
-    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+    def presence(self, index: int) -> tf.Tensor:
+        """[m, rows] 1.0 where micro-batch j's gradient of table `index` has a nonzero row."""
+        raise NotImplementedError
+
+    def clip(self, l2_norm_clip: float,
+             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
         norms = tf.sqrt(self.squared_norms())
         factors, finite = clipping.clip_factors(norms, l2_norm_clip)
         if self.weights is not None:  # w_k <= 1: each user still moves the sum by <= C
             factors = factors * tf.cast(self.weights, factors.dtype)
-        return clipping.ClipResult(self.weighted_sum(factors, finite), norms, finite)
+        counts = None
+        if selection is not None:
+            counts = row_selection.clipped_counts(
+                [self.presence(i) for i in selection.indices], selection.clip, finite)
+        return clipping.ClipResult(self.weighted_sum(factors, finite), norms, finite, counts)
 
 
 class SingleGradient(_Materialised):
@@ -244,6 +257,9 @@ class SingleGradient(_Materialised):
         # a select over the whole gradient
         return [tf.math.multiply_no_nan(g, tf.cast(factors[0], g.dtype)) for g in self.scaled]
 
+    def presence(self, index: int) -> tf.Tensor:
+        return row_selection.rows_of_dense(self.scaled[index][None])
+
 
 class StackedGradients(_Materialised):
     """Exact gradients of m micro-batches stacked on a leading axis [m, ...]."""
@@ -257,6 +273,9 @@ class StackedGradients(_Materialised):
 
     def weighted_sum(self, factors, finite) -> list:
         return clipping.weighted_sum(self.scaled, factors, finite)
+
+    def presence(self, index: int) -> tf.Tensor:
+        return row_selection.rows_of_dense(self.scaled[index])
 
 
 class GhostGradients(_Materialised):
@@ -301,6 +320,17 @@ class GhostGradients(_Materialised):
             summed[weight.index] = g
         return summed
 
+    def presence(self, index: int) -> tf.Tensor:
+        p = self.pass_
+        if index in p.plan.fallback_indices:
+            return row_selection.rows_of_dense(
+                self.fallback[p.plan.fallback_indices.index(index)])
+        for weight, (ia, iz) in zip(p.plan.ghost, p.plan.layout):
+            if weight.index == index and weight.kind == "gather":
+                return row_selection.rows_of_gather(p.rows[ia], p.rows[iz],
+                                                    int(self.variables[index].shape[0]))
+        raise ValueError(f"variable {index} is not an embedding lookup: no rows to select")
+
 
 class ClippedAsItWent(MicrobatchGradients):
     """A sum clipped while the gradients were computed (the loop method; memory-bounded chunks):
@@ -310,9 +340,13 @@ class ClippedAsItWent(MicrobatchGradients):
         self._result, self._clip = result, l2_norm_clip
         self.losses, self.y_pred = losses, y_pred
 
-    def clip(self, l2_norm_clip: float) -> clipping.ClipResult:
+    def clip(self, l2_norm_clip: float,
+             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
         if l2_norm_clip != self._clip:
             raise ValueError(f"these gradients were clipped to {self._clip}, not {l2_norm_clip}")
+        if selection is not None and self._result.counts is None:
+            raise ValueError("these gradients were clipped without row counts (the loop "
+                             "method does not support sparse embedding noise)")
         return self._result
 
 
@@ -408,7 +442,7 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
     rows = tf.nest.flatten(x)[0].shape[0]
     take = lambda t, s, e: tf.nest.map_structure(lambda a: a[s:e], t)  # noqa: E731
     done = []  # tensors the next chunk waits for
-    sums, norms, finite, losses, preds = None, [], [], [], []
+    sums, norms, finite, losses, preds, counts = None, [], [], [], [], None
     for start in range(0, rows, plan.chunk):
         end = min(start + plan.chunk, rows)
         with tf.control_dependencies(done):
@@ -418,10 +452,13 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         if plan.microbatch_size is None:
             chunk_sum = part.scaled  # summed before the one clip
         else:
-            clip = part.clip(plan.l2_norm_clip)
+            clip = part.clip(plan.l2_norm_clip, plan.selection)
             chunk_sum = clip.clipped_sum
             norms.append(clip.norms)
             finite.append(clip.finite)
+            if clip.counts is not None:
+                counts = clip.counts if counts is None else [
+                    a + b for a, b in zip(counts, clip.counts)]
         sums = chunk_sum if sums is None else [a + b for a, b in zip(sums, chunk_sum)]
         losses.append(part.losses)
         preds.append(part.y_pred)
@@ -429,10 +466,10 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
     y_pred = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *preds)
     if plan.microbatch_size is None:  # one micro-batch: its loss is the chunks' summed loss, [1]
         whole = SingleGradient(sums, tf.add_n(losses), y_pred, [1.0] * len(sums))
-        return ClippedAsItWent(whole.clip(plan.l2_norm_clip), plan.l2_norm_clip, whole.losses,
-                               y_pred)
+        return ClippedAsItWent(whole.clip(plan.l2_norm_clip, plan.selection), plan.l2_norm_clip,
+                               whole.losses, y_pred)
     return ClippedAsItWent(
-        clipping.ClipResult(sums, tf.concat(norms, 0), tf.concat(finite, 0)),
+        clipping.ClipResult(sums, tf.concat(norms, 0), tf.concat(finite, 0), counts),
         plan.l2_norm_clip, tf.concat(losses, 0), y_pred)
 
 

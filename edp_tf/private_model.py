@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import clipping, local_training, microbatch, noise, scaling
+from edp_tf import clipping, local_training, microbatch, noise, scaling, selection
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
@@ -64,6 +64,7 @@ class PrivateModel(keras.Model):
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
             for name in ("noise_multiplier", "clipped_fraction", "preclip_norm")
+            + (("selected_rows",) if config.sparse_embeddings else ())
         }
         self._nonfinite_tracker = keras.metrics.Sum(name="nonfinite_microbatches")
 
@@ -122,7 +123,14 @@ class PrivateModel(keras.Model):
                 f"The noise seed was fixed (seed={cfg.seed}): the noise is predictable, so the run "
                 "is not private."
             )
+        plan = self._clip_plan
+        variables = self.wrapped_model.trainable_variables
+        sparse = None if plan is None or plan.selection is None else {
+            "selection_clip": cfg.selection_clip, "selection_threshold": cfg.selection_threshold,
+            "tables": [getattr(variables[i], "path", variables[i].name)
+                       for i in plan.selection.indices]}
         return mechanism.to_dict() | {
+            "sparse_embeddings": sparse,  # informational: epsilon depends on z_c only
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
@@ -194,8 +202,24 @@ class PrivateModel(keras.Model):
                                                  float(cfg.local_learning_rate))
         self._clip_plan = microbatch.ClipPlan(
             k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
-            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local)
+            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local,
+            self._row_selection())
         self.train_function = None  # constants changed: retrace
+
+    def _row_selection(self) -> Optional[selection.RowSelection]:
+        cfg = self._dp_config
+        if not cfg.sparse_embeddings:
+            return None
+        indices = selection.embedding_table_indices(self.wrapped_model,
+                                                    self.wrapped_model.trainable_variables)
+        if not indices:
+            raise ValueError("DPConfig.sparse_embeddings=True but the model has no trainable "
+                             "Embedding table")
+        summed_std = selection.per_replica_std(cfg.selection_noise_multiplier,
+                                               self._mechanism.sensitivity, cfg.selection_clip, 1)
+        return selection.RowSelection(indices, cfg.selection_clip,
+                                      summed_std / math.sqrt(self.num_replicas),
+                                      cfg.selection_threshold * summed_std)
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:
         rows = int(tf.nest.flatten(fx)[0].shape[0])
@@ -257,15 +281,14 @@ class PrivateModel(keras.Model):
         grads = microbatch.gradients(self.wrapped_model, self._require_loss(), variables, x, y, w,
                                      plan)
         # 2. sum_j clip_C(g_j / alpha): every term has norm <= C, so the sum moves by <= S C
-        clip = grads.clip(plan.l2_norm_clip)
+        clip = grads.clip(plan.l2_norm_clip, plan.selection)
         # 3. noise: each variable's draw on one owner replica, std sqrt(N) x the per-replica std,
         #    so the replicas' sum carries exactly the mechanism's std z_t S C
         z_t = self.dp_noise_multiplier
         std, denominator = mechanism.per_replica_noise_std(z_t), mechanism.expected_microbatches
         if mechanism.user_estimator == "clipped":  # divide by max(D, users drawn), noise on the
             std, denominator = _clipped_denominator(std, denominator, w, plan)  # average fixed
-        noisy = noise.add_owned_noise(clip.clipped_sum, std, self._noise_generator,
-                                      self._noise_owners, self.num_replicas)
+        noisy = self._noisy_sum(clip, std)
         # 4. back to gradient space, normalised by the expected number of micro-batches D
         if mechanism.user_estimator == "clipped":
             noisy, denominator = [g / tf.cast(denominator, g.dtype) for g in noisy], 1.0
@@ -277,6 +300,27 @@ class PrivateModel(keras.Model):
         if self._compile_metrics is not None:
             self._compile_metrics.update_state(y, grads.y_pred, w)
         return self._step_logs()
+
+    def _noisy_sum(self, clip: clipping.ClipResult, std) -> list:
+        """clipped sum + noise; with sparse embedding noise, the tables keep only the rows whose
+        noisy counts pass the threshold, with noise for those rows only (edp_tf/selection.py)."""
+        plan, n = self._clip_plan, self.num_replicas
+        sparse = plan.selection.indices if plan.selection is not None else ()
+        dense = [i for i in range(len(clip.clipped_sum)) if i not in sparse]
+        noisy = list(clip.clipped_sum)
+        for i, t in zip(dense, noise.add_owned_noise(
+                [noisy[i] for i in dense], std, self._noise_generator,
+                [self._noise_owners[i] for i in dense], n)):
+            noisy[i] = t
+        if sparse:
+            chosen = selection.select(clip.counts, plan.selection, self._noise_generator, n)
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            for i, mask in zip(sparse, chosen):
+                draws = None if n == 1 else tf.equal(replica, self._noise_owners[i])
+                noisy[i] = selection.noisy_selected_rows(
+                    noisy[i], mask, std * math.sqrt(n), self._noise_generator, draws)
+            self._metric_trackers["selected_rows"].update_state(selection.selected_fraction(chosen))
+        return noisy
 
     def _record_metrics(self, losses, clip: clipping.ClipResult, z_t) -> None:
         finite = tf.cast(clip.finite, tf.float32)

@@ -501,3 +501,23 @@ def test_user_level_run_accounts_users(tmp_path):
     with pytest.raises(ValueError, match="privacy_unit=user needs user ids"):
         run.train(config, str(tmp_path / "anonymous"), strategy=strategy(2), splits=anonymous,
                   export=False)
+
+
+def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
+    """--config.sparse_embeddings: BERT's trainable tables (token, segment) get DP-AdaFEST;
+    the ledger records z_c and every epoch is charged at (z^-2 + z_c^-2)^-1/2; z0 is calibrated
+    with the selection included, so the target still holds."""
+    config = tiny_config("bert", "dpsgd", replicas=2, epochs=2, target_epsilon=TARGET_EPSILON,
+                         sparse_embeddings=True, selection_noise_multiplier=3.0)
+    config.bert.finetune = "all"
+    summary = run.train(config, str(tmp_path / "sparse"), strategy=strategy(2), export=False)
+    led = read(summary["run_dir"], "privacy.json")
+    assert led["selection_noise_multiplier"] == 3.0 and led["private"] is True
+    assert any("token_embedding" in t for t in led["sparse_embeddings"]["tables"])
+    for e in led["epochs"]:
+        assert e["effective_noise_multiplier"] == pytest.approx(
+            (e["noise_multiplier"] ** -2 + 3.0 ** -2) ** -0.5)
+    assert TARGET_EPSILON * 0.95 < led["epsilon"] <= TARGET_EPSILON
+    from trainers.privacy import statement_from_ledger
+
+    assert "DP-AdaFEST" in statement_from_ledger(led)

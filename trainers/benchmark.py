@@ -10,7 +10,9 @@ call of the compiled train function plus reading one scalar back (the sync point
 
 Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica), `dpsgd`
 (per-example: ghost norms), `dpsgd_vectorized` (per-example gradients of every variable, the
-pre-ghost path), `edp_k<k>` (micro-batches of k examples).
+pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
+`_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
+DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
 """
 from __future__ import annotations
 
@@ -154,14 +156,19 @@ def synthetic_batch(name: str, sizes: dict, batch: int, seed: int = 0):
 
 
 # ------------------------------------------------------------------------------ modes
+SPARSE = "_sparse"
+
+
 def microbatch_of(mode: str) -> Optional[int]:
+    mode = mode[: -len(SPARSE)] if mode.endswith(SPARSE) else mode
     if mode == "edp":
         return None
     if mode in ("dpsgd", "dpsgd_vectorized"):
         return 1
     if mode.startswith("edp_k") and mode[5:].isdigit() and int(mode[5:]) >= 1:
         return int(mode[5:])
-    raise ValueError(f"--modes: unknown mode {mode!r} (sgd, edp, dpsgd, dpsgd_vectorized, edp_k<k>)")
+    raise ValueError(f"--modes: unknown mode {mode!r} (sgd, edp, dpsgd, dpsgd_vectorized, "
+                     "edp_k<k>, each optionally with the suffix _sparse)")
 
 
 class Mode:
@@ -188,7 +195,8 @@ class Mode:
             else:
                 config = edp_tf.DPConfig(
                     l2_norm_clip=1.0, noise_multiplier=1.0, microbatch_size=microbatch_of(name),
-                    per_example_method="vectorized" if name == "dpsgd_vectorized" else "ghost")
+                    per_example_method="vectorized" if name.startswith("dpsgd_vectorized")
+                    else "ghost", sparse_embeddings=name.endswith(SPARSE))
                 self.model = edp_tf.PrivateModel(inner, config)
                 self.model.compile(optimizer=optimizer, loss=loss)
         start = time.perf_counter()
@@ -362,6 +370,12 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
         r["peak_memory_mb"] = peaks[name]
         r["first_step_s"] = modes[name].first_step_s
         r["what"] = MODE_HELP.get(name) or f"micro-batches of {microbatch_of(name)} examples"
+        if name.endswith(SPARSE):
+            base = name[: -len(SPARSE)]
+            r["what"] = (MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} "
+                         "examples") + ", sparse embedding noise (DP-AdaFEST)"
+            r["selected_rows_fraction"] = float(
+                modes[name].model.get_metrics_result()["selected_rows"])
     if profile_steps:
         import tempfile
 

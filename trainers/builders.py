@@ -68,6 +68,12 @@ def check_config(config) -> None:
             config.get("user_weight_cap", 0.0) and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
+    if config.get("sparse_embeddings", False) and unit(config) != "example":
+        bad("sparse_embeddings", config.sparse_embeddings, "False with privacy_unit='user' "
+            "(sparse embedding noise is example-level)")
+    for field in ("selection_noise_multiplier", "selection_clip"):
+        if not config.get(field, 1.0) > 0:
+            bad(field, config[field], "> 0")
     if int(config.get("local_batch_size", 0)) < 0:
         bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
     if not config.get("local_learning_rate", 0.1) > 0:
@@ -305,7 +311,11 @@ def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler
         privacy_unit=unit(config), local_epochs=int(config.get("local_epochs", 0)),
         local_batch_size=int(config.get("local_batch_size", 0)) or None,
         local_learning_rate=float(config.get("local_learning_rate", 0.1)),
-        user_estimator=config.get("user_estimator", "fixed"))
+        user_estimator=config.get("user_estimator", "fixed"),
+        sparse_embeddings=bool(config.get("sparse_embeddings", False)),
+        selection_noise_multiplier=float(config.get("selection_noise_multiplier", 5.0)),
+        selection_clip=float(config.get("selection_clip", 1.0)),
+        selection_threshold=float(config.get("selection_threshold", 3.0)))
     if config.target_epsilon <= 0:
         return dp
     if noise_multiplier is None:

@@ -82,6 +82,11 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
              f"Data: n = {ledger['dataset_size']} {unit}s, {ledger['sampling']} sampling, "
              f"q = {q:.6g} "
              f"(batch {ledger['batch_size']:g}), {sum(r.steps for r in records)} steps"]
+    z_c = ledger.get("selection_noise_multiplier")
+    if z_c is not None:
+        lines.append(f"Sparse embedding noise (DP-AdaFEST): noisy row counts, z_c = {z_c:g}, on "
+                     "the same sample as the gradient: each step charged at the joint multiplier "
+                     "(z_eff^-2 + z_c^-2)^-1/2")
     recomputed = accounting.compute_epsilon(records, q, delta, extras)
     if delta == ledger["delta"] and not math.isclose(recomputed, ledger["epsilon"],
                                                      rel_tol=1e-6, abs_tol=1e-9):
