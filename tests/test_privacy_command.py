@@ -29,6 +29,16 @@ def test_planned_statement_shows_both_modes_per_epoch():
         privacy.plan_statement(100, 200, 1, 1.0)
 
 
+def test_planned_statement_with_sparse_embedding_noise_charges_the_joint_multiplier():
+    text = privacy.plan_statement(3000, 64, 2, 1.0, microbatch_size=1,
+                                  selection_noise_multiplier=2.0)
+    joint = (1.0 + 2.0 ** -2) ** -0.5
+    want = acc.compute_epsilon(acc.plan_schedule(joint, 2, 47), 64 / 3000, 0.1 / 3000)
+    dense = acc.compute_epsilon(acc.plan_schedule(1.0, 2, 47), 64 / 3000, 0.1 / 3000)
+    assert f"epsilon = {want:.4g} (PLD" in text and want > dense
+    assert "DP-AdaFEST" in text
+
+
 def test_privacy_command_runs(tmp_path):
     import subprocess
 

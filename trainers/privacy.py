@@ -128,17 +128,20 @@ def _extras_and_caveats(extras, not_covered, private: bool) -> list:
 
 def planned_mechanism(batch_size: float, replicas: int, microbatch_size: int,
                       noise_multiplier: float, noise_mode: str, decay: str,
-                      decay_rate: float) -> Mechanism:
-    """The mechanism of a planned run (microbatch_size 0: one micro-batch per replica)."""
+                      decay_rate: float, selection_noise_multiplier: float = 0.0) -> Mechanism:
+    """The mechanism of a planned run (microbatch_size 0: one micro-batch per replica;
+    selection_noise_multiplier 0: dense embedding noise)."""
     return Mechanism(replicas, max(1, int(batch_size)), microbatch_size or None, 1.0,
-                     noise_multiplier, noise_mode, decay, decay_rate)
+                     noise_multiplier, noise_mode, decay, decay_rate,
+                     selection_noise_multiplier=selection_noise_multiplier or None)
 
 
 def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_multiplier: float,
                    delta: Optional[float] = None, decay: str = "none", decay_rate: float = 0.0,
                    noise_mode: str = "calibrated", replicas: int = 1, microbatch_size: int = 0,
                    sampling: str = "poisson", steps_per_epoch: Optional[int] = None,
-                   scaling_noise_multiplier: float = 0.0) -> str:
+                   scaling_noise_multiplier: float = 0.0,
+                   selection_noise_multiplier: float = 0.0) -> str:
     """The statement of a planned run; noise_mode="both" shows calibrated and paper side by side."""
     if isinstance(dataset_size, bool) or dataset_size < 1:
         raise ValueError(f"--dataset_size must be >= 1, got {dataset_size!r}")
@@ -155,7 +158,7 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
     columns = {}
     for mode in modes:
         mechanism = planned_mechanism(batch_size, replicas, microbatch_size, noise_multiplier, mode,
-                                      decay, decay_rate)
+                                      decay, decay_rate, selection_noise_multiplier)
         columns[mode] = _per_epoch(mechanism.schedule(epochs, steps), q, delta, extras)
     sensitivity = mechanism.sensitivity
     first = next(iter(columns.values()))[0]
@@ -164,7 +167,10 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
              f"Data: n = {dataset_size}, {sampling} sampling, q = {q:.6g} (batch {batch_size:g}), "
              f"{steps} steps per epoch, {epochs} epochs",
              f"Schedule: z0 = {noise_multiplier:.6g}, decay {decay}"
-             + (f" (tau = {decay_rate:g})" if decay != "none" else "")]
+             + (f" (tau = {decay_rate:g})" if decay != "none" else "")
+             + (f"; sparse embedding noise (DP-AdaFEST), row counts at z_c = "
+                f"{selection_noise_multiplier:g}, charged jointly: (z^-2 + z_c^-2)^-1/2"
+                if selection_noise_multiplier else "")]
     for mode, (records, rdp, pld) in columns.items():
         if epochs:
             lines.append(f"Guarantee ({mode}): epsilon = {_fmt(pld[-1])} (PLD; RDP "
@@ -201,6 +207,8 @@ def define_flags() -> None:
     flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "Batch sampling.")
     flags.DEFINE_float("scaling_noise_multiplier", 0.0,
                        "> 0: charge a private per-layer scale query with this z.")
+    flags.DEFINE_float("selection_noise_multiplier", 0.0,
+                       "> 0: sparse embedding noise (DP-AdaFEST) with row counts at this z_c.")
 
 
 def main(argv):
@@ -227,13 +235,13 @@ def main(argv):
         mode = "calibrated" if f.noise_mode == "both" else f.noise_mode
         steps = f.steps_per_epoch or math.ceil(n / batch - 1e-9)
         z0 = planned_mechanism(batch, replicas, f.microbatch_size, 1.0, mode, f.decay,
-                               f.decay_rate).calibrated(f.target_epsilon, delta, batch / n,
+                               f.decay_rate, f.selection_noise_multiplier).calibrated(f.target_epsilon, delta, batch / n,
                                                         f.epochs, steps, extras).noise_multiplier
         print(f"Calibrated z0 = {z0:.6g} ({mode} mode) for epsilon {f.target_epsilon:g} at "
               f"delta {delta:.3g} (PLD, relative tolerance 1e-3)\n")
     print(plan_statement(n, batch, f.epochs, z0, delta, f.decay, f.decay_rate, f.noise_mode,
                          replicas, f.microbatch_size, f.sampling, f.steps_per_epoch,
-                         f.scaling_noise_multiplier))
+                         f.scaling_noise_multiplier, f.selection_noise_multiplier))
 
 
 if __name__ == "__main__":
