@@ -22,4 +22,12 @@ def get_config():
              "bert.finetune=bias", "learning_rate=0.005"),
         cell("dpsgd_lora", "per-example, LoRA r 8, 300 steps", "per-example", BERT, *DP,
              "bert.finetune=lora", "steps=300", "learning_rate=0.005"),
+        # DP-AdaFEST (issue 13): every table trainable, dense noise vs sparse embedding noise at
+        # the same epsilon (z0 recalibrated with the selection's z_c = 5 included)
+        # (150 steps: the pair fits one sitting on 2 cores)
+        cell("dpsgd_all", "per-example, embeddings trainable, dense noise, 150 steps",
+             "per-example", BERT, *DP, "bert.finetune=all", "steps=150"),
+        cell("dpsgd_all_sparse", "per-example, embeddings trainable, sparse noise (AdaFEST), "
+             "150 steps", "per-example", BERT, *DP, "bert.finetune=all", "steps=150",
+             "sparse_embeddings=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
