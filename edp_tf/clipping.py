@@ -31,8 +31,16 @@ def scale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:
 
 
 def unscale(grads: Sequence[tf.Tensor], alpha: Sequence[float]) -> list:
-    """g_k = alpha_k * s_k."""
-    return [g if a == 1.0 else g * tf.cast(a, g.dtype) for g, a in zip(grads, alpha)]
+    """g_k = alpha_k * s_k (IndexedSlices stay sparse: sparse embedding noise)."""
+    def times(g, a):
+        if a == 1.0:
+            return g
+        if isinstance(g, tf.IndexedSlices):
+            return tf.IndexedSlices(g.values * tf.cast(a, g.values.dtype), g.indices,
+                                    g.dense_shape)
+        return g * tf.cast(a, g.dtype)
+
+    return [times(g, a) for g, a in zip(grads, alpha)]
 
 
 def to_update(noisy_sum: Sequence[tf.Tensor], alpha: Sequence[float], denominator: float) -> list:

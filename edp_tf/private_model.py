@@ -317,8 +317,12 @@ class PrivateModel(keras.Model):
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             for i, mask in zip(sparse, chosen):
                 draws = None if n == 1 else tf.equal(replica, self._noise_owners[i])
-                noisy[i] = selection.noisy_selected_rows(
+                rows = selection.noisy_selected_rows(
                     noisy[i], mask, std * math.sqrt(n), self._noise_generator, draws)
+                # TF 2.21's all-reduce of IndexedSlices that are empty on every replica
+                # segfaults (measured): with several replicas the update goes dense (zeros off
+                # the selected rows), on one it stays sparse (Adam then leaves those rows be)
+                noisy[i] = tf.convert_to_tensor(rows) if n > 1 else rows
             self._metric_trackers["selected_rows"].update_state(selection.selected_fraction(chosen))
         return noisy
 

@@ -106,10 +106,12 @@ def select(counts: Sequence[tf.Tensor], selection: RowSelection,
 
 
 def noisy_selected_rows(clipped_sum: tf.Tensor, selected: tf.Tensor, stddev,
-                        generator: tf.random.Generator, draws: Optional[tf.Tensor] = None):
+                        generator: tf.random.Generator,
+                        draws: Optional[tf.Tensor] = None) -> tf.IndexedSlices:
     """The clipped sum restricted to the selected rows, plus noise of `stddev` drawn for those
-    rows only (unselected rows are exactly 0). `draws` False skips the noise (a replica that
-    does not own this table's noise)."""
+    rows only, as `tf.IndexedSlices`: unselected rows are absent (exactly 0), and the
+    optimizer's all-reduce and SGD's update stay sparse, as in plain Keras training of an
+    embedding. `draws` False skips the noise (a replica that does not own this table's noise)."""
     rows = tf.cast(tf.where(selected)[:, 0], tf.int32)
     kept = tf.gather(clipped_sum, rows)
 
@@ -121,7 +123,7 @@ def noisy_selected_rows(clipped_sum: tf.Tensor, selected: tf.Tensor, stddev,
         kept = tf.cond(draws, with_noise, lambda: kept)
     else:
         kept = with_noise()
-    return tf.scatter_nd(rows[:, None], kept, tf.shape(clipped_sum))
+    return tf.IndexedSlices(kept, rows, tf.shape(clipped_sum, out_type=tf.int32))
 
 
 def selected_fraction(selected: Sequence[tf.Tensor]) -> tf.Tensor:
