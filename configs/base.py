@@ -117,6 +117,8 @@ def base_config() -> ml_collections.ConfigDict:
     # whose noisy count of touching micro-batches (each micro-batch's count vector clipped to
     # selection_clip, noise sigma_c = selection_noise_multiplier x S x selection_clip) exceeds
     # selection_threshold x sigma_c; epsilon charges the joint multiplier (z^-2 + z_c^-2)^-1/2.
+    # "flat", or "per_layer": each trainable variable clipped to C / sqrt(K) on its own (same S).
+    c.clipping = "flat"
     c.sparse_embeddings = False
     c.selection_noise_multiplier = 5.0
     c.selection_clip = 1.0

@@ -13,6 +13,7 @@ A micro-batch whose gradient is NaN/Inf contributes exactly zero: it is counted,
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional, Sequence
 
 import tensorflow as tf
@@ -64,11 +65,28 @@ def stacked_squared_norms(stacked: Sequence[tf.Tensor]) -> list:
             for s in stacked]
 
 
-def weighted_sum(stacked: Sequence[tf.Tensor], factors: tf.Tensor, finite: tf.Tensor) -> list:
-    """sum_j f_j s_j per stacked tensor, with non-finite micro-batches contributing exactly 0."""
+def per_layer_factors(squared_norms: Sequence[tf.Tensor], l2_norm_clip: float,
+                      finite: tf.Tensor) -> list:
+    """Per-layer clipping: variable k's part of micro-batch j is clipped to C / sqrt(K) on its
+    own, so the whole clipped vector still has norm <= C (the sensitivity is flat clipping's);
+    with per-layer scales alpha the budgets are alpha_k C / sqrt(K) in gradient space.
+    [m] factors per variable, 0 for a non-finite micro-batch."""
+    budget = l2_norm_clip / math.sqrt(len(squared_norms))
+    keep = tf.cast(finite, tf.float32)
+    return [clip_factors(tf.sqrt(sq), budget)[0] * keep for sq in squared_norms]
+
+
+def factor_of(factors, k: int) -> tf.Tensor:
+    """The [m] factors of variable k: one vector for all (flat clipping) or one per variable."""
+    return factors[k] if isinstance(factors, (list, tuple)) else factors
+
+
+def weighted_sum(stacked: Sequence[tf.Tensor], factors, finite: tf.Tensor) -> list:
+    """sum_j f_j s_j per stacked tensor, with non-finite micro-batches contributing exactly 0
+    (factors: [m], or one [m] per tensor)."""
     result = []
-    for s in stacked:
+    for k, s in enumerate(stacked):
         s_finite = tf.where(
             tf.reshape(finite, [-1] + [1] * (s.shape.rank - 1)), s, tf.zeros_like(s))
-        result.append(tf.tensordot(tf.cast(factors, s.dtype), s_finite, axes=1))
+        result.append(tf.tensordot(tf.cast(factor_of(factors, k), s.dtype), s_finite, axes=1))
     return result

@@ -13,6 +13,7 @@ from edp_tf.mechanism import DECAYS, NOISE_MODES, PRIVACY_UNITS, noise_multiplie
 
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")
+CLIPPINGS = ("flat", "per_layer")
 
 
 def _finite(name: str, value: float) -> float:
@@ -69,6 +70,10 @@ class DPConfig:
       user_estimator: with privacy_unit="user", "fixed" (the update is divided by q W, the
         expected users: S = C) or "clipped" (by max(q W, users drawn in the step): S = 2C, the
         noise fixed on the average).
+      clipping: "flat" (the whole scaled micro-batch gradient clipped to C) or "per_layer"
+        (each trainable variable's scaled part clipped to C / sqrt(K) on its own, McMahan et al.
+        2018's per-layer clipping with equal budgets; per-layer scales alpha set unequal ones):
+        the clipped vector's norm is <= C either way, so S and epsilon are the same.
       sparse_embeddings: DP-AdaFEST (edp_tf/selection.py): the tables of the model's `Embedding`
         layers are updated only at rows whose noisy count of touching micro-batches exceeds
         `selection_threshold`, with noise drawn for those rows only; every other row's update is
@@ -103,6 +108,7 @@ class DPConfig:
     local_batch_size: Optional[int] = None
     local_learning_rate: float = 0.1
     user_estimator: str = "fixed"
+    clipping: str = "flat"
     sparse_embeddings: bool = False
     selection_noise_multiplier: float = 5.0
     selection_clip: float = 1.0
@@ -213,6 +219,9 @@ class DPConfig:
         if self.per_example_method not in PER_EXAMPLE_METHODS:
             raise ValueError(f"DPConfig.per_example_method must be one of {PER_EXAMPLE_METHODS}, "
                              f"got {self.per_example_method!r}")
+        if self.clipping not in CLIPPINGS:
+            raise ValueError(f"DPConfig.clipping must be one of {CLIPPINGS}, "
+                             f"got {self.clipping!r}")
         if not isinstance(self.sparse_embeddings, bool):
             raise ValueError(f"DPConfig.sparse_embeddings must be True or False, "
                              f"got {self.sparse_embeddings!r}")

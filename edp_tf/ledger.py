@@ -413,6 +413,7 @@ class PrivacyLedger(keras.callbacks.Callback):
             # sparse embedding noise: z_c of the row counts (joined into each epoch's z_eff)
             "selection_noise_multiplier": facts.get("selection_noise_multiplier"),
             "sparse_embeddings": facts.get("sparse_embeddings"),  # informational: C1, tau, tables
+            "clipping": facts.get("clipping", "flat"),  # informational: same S flat or per layer
             # informational (epsilon does not depend on it): DP-FedAvg's local epochs per user
             "local_epochs": facts.get("local_epochs", 0),
         }

@@ -189,6 +189,7 @@ class ClipPlan:
     chunk: Optional[int] = None  # at most this many rows at once (memory), None: all
     local: Optional[local_training.LocalTraining] = None  # DP-FedAvg: a user's local epochs
     selection: Optional[row_selection.RowSelection] = None  # sparse embedding noise (AdaFEST)
+    per_layer: bool = False  # each variable clipped to C / sqrt(K) (clipping.per_layer_factors)
 
     def __post_init__(self) -> None:
         if self.method not in PER_EXAMPLE_METHODS:
@@ -206,34 +207,43 @@ class MicrobatchGradients:
     y_pred: object
     weights: Optional[tf.Tensor] = None  # [m] users' weights: scale each *clipped* update
 
-    def clip(self, l2_norm_clip: float,
-             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
-        """The clipped sum; with `selection`, also the clipped counts of the rows each
-        micro-batch touches in the selection's tables."""
+    def clip(self, l2_norm_clip: float, selection: Optional[row_selection.RowSelection] = None,
+             per_layer: bool = False) -> clipping.ClipResult:
+        """The clipped sum (flat, or per layer); with `selection`, also the clipped counts of the
+        rows each micro-batch touches in the selection's tables."""
         raise NotImplementedError
 
 
 class _Materialised(MicrobatchGradients):
     """Gradients held until clipping: squared norms first, then the factor-weighted sum."""
 
-    def squared_norms(self) -> tf.Tensor:
-        """[m] squared norm of each micro-batch's scaled gradient."""
+    def variable_squared_norms(self) -> list:
+        """Per variable, the [m] squared norms of each micro-batch's scaled gradient."""
         raise NotImplementedError
 
-    def weighted_sum(self, factors: tf.Tensor, finite: tf.Tensor) -> list:
-        """sum_j f_j g_j / alpha per variable; non-finite micro-batches contribute exactly 0."""
+    def squared_norms(self) -> tf.Tensor:
+        """[m] squared norm of each micro-batch's scaled gradient."""
+        return tf.add_n(self.variable_squared_norms())
+
+    def weighted_sum(self, factors, finite: tf.Tensor) -> list:
+        """sum_j f_j g_j / alpha per variable (factors [m], or one [m] per variable);
+        non-finite micro-batches contribute exactly 0."""
         raise NotImplementedError
 
     def presence(self, index: int) -> tf.Tensor:
         """[m, rows] 1.0 where micro-batch j's gradient of table `index` has a nonzero row."""
         raise NotImplementedError
 
-    def clip(self, l2_norm_clip: float,
-             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
-        norms = tf.sqrt(self.squared_norms())
+    def clip(self, l2_norm_clip: float, selection: Optional[row_selection.RowSelection] = None,
+             per_layer: bool = False) -> clipping.ClipResult:
+        squares = self.variable_squared_norms()
+        norms = tf.sqrt(tf.add_n(squares))
         factors, finite = clipping.clip_factors(norms, l2_norm_clip)
+        if per_layer:
+            factors = clipping.per_layer_factors(squares, l2_norm_clip, finite)
         if self.weights is not None:  # w_k <= 1: each user still moves the sum by <= C
-            factors = factors * tf.cast(self.weights, factors.dtype)
+            w = tf.cast(self.weights, tf.float32)
+            factors = [f * w for f in factors] if per_layer else factors * w
         counts = None
         if selection is not None:
             counts = row_selection.clipped_counts(
@@ -248,14 +258,15 @@ class SingleGradient(_Materialised):
         self.scaled = clipping.scale(grads, scales)
         self.losses, self.y_pred = losses, y_pred
 
-    def squared_norms(self) -> tf.Tensor:
+    def variable_squared_norms(self) -> list:
         # l2_loss is one fused pass (sum of squares / 2), no squared temporary.
-        return tf.add_n([2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32)) for g in self.scaled])[None]
+        return [2.0 * tf.nn.l2_loss(tf.cast(g, tf.float32))[None] for g in self.scaled]
 
     def weighted_sum(self, factors, finite) -> list:
         # multiply_no_nan gives exactly 0 for a non-finite gradient when the factor is 0, without
         # a select over the whole gradient
-        return [tf.math.multiply_no_nan(g, tf.cast(factors[0], g.dtype)) for g in self.scaled]
+        return [tf.math.multiply_no_nan(g, tf.cast(clipping.factor_of(factors, k)[0], g.dtype))
+                for k, g in enumerate(self.scaled)]
 
     def presence(self, index: int) -> tf.Tensor:
         return row_selection.rows_of_dense(self.scaled[index][None])
@@ -268,8 +279,8 @@ class StackedGradients(_Materialised):
         self.scaled = clipping.scale(stacked, scales)
         self.losses, self.y_pred = losses, y_pred
 
-    def squared_norms(self) -> tf.Tensor:
-        return tf.add_n(clipping.stacked_squared_norms(self.scaled))
+    def variable_squared_norms(self) -> list:
+        return clipping.stacked_squared_norms(self.scaled)
 
     def weighted_sum(self, factors, finite) -> list:
         return clipping.weighted_sum(self.scaled, factors, finite)
@@ -294,13 +305,15 @@ class GhostGradients(_Materialised):
                                        [self.scales[i] for i in plan.fallback_indices])
         self.losses, self.y_pred = ghost_pass_.losses, ghost_pass_.y_pred
 
-    def squared_norms(self) -> tf.Tensor:
+    def variable_squared_norms(self) -> list:
         p = self.pass_
-        squares = clipping.stacked_squared_norms(self.fallback)
+        squares = [None] * len(self.variables)
+        for i, sq in zip(p.plan.fallback_indices, clipping.stacked_squared_norms(self.fallback)):
+            squares[i] = sq
         for weight, sq in zip(p.plan.ghost, ghost.squared_norms(p.plan, p.rows, self.variables)):
             a = self.scales[weight.index]
-            squares.append(sq if a == 1.0 else sq * (1.0 / (a * a)))
-        return tf.add_n(squares)
+            squares[weight.index] = sq if a == 1.0 else sq * (1.0 / (a * a))
+        return squares
 
     def weighted_sum(self, factors, finite) -> list:
         """Micro-batches with a non-finite norm get f = 0 and their rows are zeroed (only when
@@ -311,8 +324,10 @@ class GhostGradients(_Materialised):
             rows = tf.cond(tf.reduce_all(finite), lambda: list(p.rows),
                            lambda: ghost.zero_nonfinite(p.rows, finite))
         summed = [None] * len(self.variables)
+        fallback_factors = ([factors[i] for i in p.plan.fallback_indices]
+                            if isinstance(factors, (list, tuple)) else factors)
         for i, g in zip(p.plan.fallback_indices,
-                        clipping.weighted_sum(self.fallback, factors, finite)):
+                        clipping.weighted_sum(self.fallback, fallback_factors, finite)):
             summed[i] = g
         ghost_sums = ghost.weighted_sums(p.plan, rows, factors, self.variables)
         ghost_sums = clipping.scale(ghost_sums, [self.scales[wt.index] for wt in p.plan.ghost])
@@ -340,8 +355,8 @@ class ClippedAsItWent(MicrobatchGradients):
         self._result, self._clip = result, l2_norm_clip
         self.losses, self.y_pred = losses, y_pred
 
-    def clip(self, l2_norm_clip: float,
-             selection: Optional[row_selection.RowSelection] = None) -> clipping.ClipResult:
+    def clip(self, l2_norm_clip: float, selection: Optional[row_selection.RowSelection] = None,
+             per_layer: bool = False) -> clipping.ClipResult:
         if l2_norm_clip != self._clip:
             raise ValueError(f"these gradients were clipped to {self._clip}, not {l2_norm_clip}")
         if selection is not None and self._result.counts is None:
@@ -405,7 +420,8 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
         g = SingleGradient(*update, plan.scales)
         if plan.expected_examples is None:  # user-level: the user's weight, after clipping
             g.weights = user_weights(wj, plan.microbatch_size)
-        return g.clip(plan.l2_norm_clip), g.losses[0], tf.nest.flatten(g.y_pred), g.y_pred
+        return (g.clip(plan.l2_norm_clip, per_layer=plan.per_layer), g.losses[0],
+                tf.nest.flatten(g.y_pred), g.y_pred)
 
     first, loss0, preds0, structure = one(0)
 
@@ -452,7 +468,7 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         if plan.microbatch_size is None:
             chunk_sum = part.scaled  # summed before the one clip
         else:
-            clip = part.clip(plan.l2_norm_clip, plan.selection)
+            clip = part.clip(plan.l2_norm_clip, plan.selection, plan.per_layer)
             chunk_sum = clip.clipped_sum
             norms.append(clip.norms)
             finite.append(clip.finite)
@@ -466,7 +482,8 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
     y_pred = tf.nest.map_structure(lambda *t: tf.concat(t, 0), *preds)
     if plan.microbatch_size is None:  # one micro-batch: its loss is the chunks' summed loss, [1]
         whole = SingleGradient(sums, tf.add_n(losses), y_pred, [1.0] * len(sums))
-        return ClippedAsItWent(whole.clip(plan.l2_norm_clip, plan.selection), plan.l2_norm_clip,
+        return ClippedAsItWent(whole.clip(plan.l2_norm_clip, plan.selection, plan.per_layer),
+                               plan.l2_norm_clip,
                                whole.losses, y_pred)
     return ClippedAsItWent(
         clipping.ClipResult(sums, tf.concat(norms, 0), tf.concat(finite, 0), counts),
@@ -475,10 +492,11 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
 
 def clipped_gradient_sum(
     model, loss_fn, variables, x, y, w, microbatch_size, k_e: float, alpha, l2_norm_clip: float,
-    method: str = "ghost", chunk: Optional[int] = None,
+    method: str = "ghost", chunk: Optional[int] = None, per_layer: bool = False,
 ) -> Tuple[clipping.ClipResult, tf.Tensor, object]:
     """(sum_j clip_C(g_j / alpha), micro-batch losses, y_pred): `gradients(...).clip()` for
     callers outside the step (tests, benchmarks)."""
-    plan = ClipPlan(microbatch_size, k_e, tuple(alpha), l2_norm_clip, method, chunk)
+    plan = ClipPlan(microbatch_size, k_e, tuple(alpha), l2_norm_clip, method, chunk,
+                    per_layer=per_layer)
     g = gradients(model, loss_fn, variables, x, y, w, plan)
-    return g.clip(l2_norm_clip), g.losses, g.y_pred
+    return g.clip(l2_norm_clip, per_layer=per_layer), g.losses, g.y_pred

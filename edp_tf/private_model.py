@@ -131,6 +131,7 @@ class PrivateModel(keras.Model):
                        for i in plan.selection.indices]}
         return mechanism.to_dict() | {
             "sparse_embeddings": sparse,  # informational: epsilon depends on z_c only
+            "clipping": cfg.clipping,  # informational: flat or per layer, S is the same
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
@@ -203,7 +204,7 @@ class PrivateModel(keras.Model):
         self._clip_plan = microbatch.ClipPlan(
             k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
             cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local,
-            self._row_selection())
+            self._row_selection(), cfg.clipping == "per_layer")
         self.train_function = None  # constants changed: retrace
 
     def _row_selection(self) -> Optional[selection.RowSelection]:
@@ -281,7 +282,7 @@ class PrivateModel(keras.Model):
         grads = microbatch.gradients(self.wrapped_model, self._require_loss(), variables, x, y, w,
                                      plan)
         # 2. sum_j clip_C(g_j / alpha): every term has norm <= C, so the sum moves by <= S C
-        clip = grads.clip(plan.l2_norm_clip, plan.selection)
+        clip = grads.clip(plan.l2_norm_clip, plan.selection, plan.per_layer)
         # 3. noise: each variable's draw on one owner replica, std sqrt(N) x the per-replica std,
         #    so the replicas' sum carries exactly the mechanism's std z_t S C
         z_t = self.dp_noise_multiplier

@@ -68,6 +68,8 @@ def check_config(config) -> None:
             config.get("user_weight_cap", 0.0) and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
+    if config.get("clipping", "flat") not in ("flat", "per_layer"):
+        bad("clipping", config.clipping, "'flat' or 'per_layer'")
     if config.get("sparse_embeddings", False) and unit(config) != "example":
         bad("sparse_embeddings", config.sparse_embeddings, "False with privacy_unit='user' "
             "(sparse embedding noise is example-level)")
@@ -312,6 +314,7 @@ def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler
         local_batch_size=int(config.get("local_batch_size", 0)) or None,
         local_learning_rate=float(config.get("local_learning_rate", 0.1)),
         user_estimator=config.get("user_estimator", "fixed"),
+        clipping=config.get("clipping", "flat"),
         sparse_embeddings=bool(config.get("sparse_embeddings", False)),
         selection_noise_multiplier=float(config.get("selection_noise_multiplier", 5.0)),
         selection_clip=float(config.get("selection_clip", 1.0)),

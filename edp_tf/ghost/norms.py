@@ -122,13 +122,15 @@ def _gather_squared_norms(ids: tf.Tensor, dz: tf.Tensor, rows: int) -> tf.Tensor
         tf.reduce_sum(tf.square(per_id), axis=1), tf.cast(unique // rows, tf.int32), m)
 
 
-def weighted_sums(ghost_plan: GhostPlan, rows: Sequence, factors: tf.Tensor, variables) -> list:
-    """sum_j f_j G_j per ghost weight, in the variable's shape and dtype."""
+def weighted_sums(ghost_plan: GhostPlan, rows: Sequence, factors, variables) -> list:
+    """sum_j f_j G_j per ghost weight, in the variable's shape and dtype (factors: [m], or a
+    list of [m] indexed by variable for per-layer clipping)."""
     result = []
     for w, (ia, iz) in zip(ghost_plan.ghost, ghost_plan.layout):
         var = variables[w.index]
         a, dz = rows[ia], rows[iz]
-        f = tf.cast(factors, dz.dtype)[:, None, None]
+        f = factors[w.index] if isinstance(factors, (list, tuple)) else factors
+        f = tf.cast(f, dz.dtype)[:, None, None]
         if w.kind == "gather":
             g = tf.math.unsorted_segment_sum(
                 tf.reshape(dz * f, [-1, dz.shape[-1]]), tf.reshape(tf.cast(a, tf.int32), [-1]),
