@@ -19,6 +19,8 @@ a million steps fail with probability 1e-3, loudly, at no privacy cost).
 
 Randomness: a 63-bit key from OS entropy unless `seed` is given. Batches must stay secret for
 the amplification to hold, so a fixed seed is reported (`seed_fixed`) and voids the guarantee.
+The workers of a multi-worker run must draw the same batches: they pass the `key` that
+`edp_tf.multi_worker.shared_key` drew from worker 0's OS entropy (secret, so still private).
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ class PoissonSampler:
     overflow_probability: float = DEFAULT_OVERFLOW_PROBABILITY
     max_batch_size: Optional[int] = None
     seed: Optional[int] = None
+    key: Optional[int] = None  # a secret key from OS entropy (multi_worker.shared_key), not a seed
 
     def __post_init__(self) -> None:
         _positive_int("dataset_size", self.dataset_size)
@@ -91,6 +94,11 @@ class PoissonSampler:
             _positive_int("microbatch_size", self.microbatch_size)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
+        if self.key is not None and (isinstance(self.key, bool) or not isinstance(self.key, int)
+                                     or not 0 <= self.key < 2 ** 63):
+            raise ValueError(f"key must be None or an integer in [0, 2^63), got {self.key!r}")
+        if self.key is not None and self.seed is not None:
+            raise ValueError("give a fixed seed or a shared key, not both")
         multiple = self.replicas * (self.microbatch_size or 1)
         if self.max_batch_size is None:
             object.__setattr__(self, "max_batch_size", poisson_max_batch_size(
@@ -129,7 +137,8 @@ class PoissonSampler:
         the zero padding row); the mask is 1 per real row, or `row_weights[row]`."""
         steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
         data = tf.nest.map_structure(lambda a: _with_zero_row(a, rows), (x, y))
-        key = self.seed if self.seed is not None else secrets.randbits(63)
+        key = (self.seed if self.seed is not None else
+               self.key if self.key is not None else secrets.randbits(63))
 
         def sample(step_seed: tf.Tensor):
             seeds = tf.random.experimental.stateless_split(

@@ -1,0 +1,116 @@
+"""Several processes (machines) training one model: TensorFlow's MultiWorkerMirroredStrategy.
+
+Why TensorFlow's own engine: its collective all-reduce is the same SUM the private step relies on
+under MirroredStrategy (DESIGN.md 2), with `replica_id_in_sync_group` numbered across workers, so
+the step, the noise owners and the accounting need nothing new. What a multi-worker run needs:
+
+* every worker must build the *same* Poisson batches (each keeps its replicas' part of the global
+  batch): the sampling key is drawn from OS entropy on worker 0 and all-reduced to the others
+  (`shared_key`), never passed on a command line where `ps` would show it;
+* every worker draws its noise from its own OS-entropy generator; `tests/test_multi_worker.py`
+  checks that the summed noise has the single-process law and no two workers draw alike;
+* Keras 3.15 does not run `fit` under this strategy (keras-team/keras#20585: it reduces the first
+  batch and the step's scalar logs with `axis=0`); `_patch_keras` fixes those two calls, for
+  multi-worker strategies only.
+
+On CPUs the strategy gives each worker one replica (TensorFlow's choice: logical CPU devices are
+not used), on GPUs one per GPU. A worker that dies leaves the others blocked in a collective: the
+launcher (`trainers.workers`) watches its processes and stops the rest; the run resumes from its
+last checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Optional, Sequence
+
+import tensorflow as tf
+
+MultiWorker = tf.distribute.MultiWorkerMirroredStrategy
+
+
+def tf_config(addresses: Sequence[str], index: int) -> str:
+    """The TF_CONFIG of worker `index` in a cluster of `addresses` ("host:port"); worker 0 is
+    the chief."""
+    if not 0 <= index < len(addresses):
+        raise ValueError(f"worker index {index} is outside the {len(addresses)} addresses")
+    return json.dumps({"cluster": {"worker": list(addresses)},
+                       "task": {"type": "worker", "index": int(index)}})
+
+
+def make_multi_worker_strategy(timeout_seconds: Optional[float] = None) -> MultiWorker:
+    """The strategy of this worker, from the TF_CONFIG environment variable.
+
+    `timeout_seconds` bounds each collective, so that a worker whose peer died fails instead of
+    waiting forever. Call it before any other TensorFlow op (like `make_strategy`).
+    """
+    _patch_keras()
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def is_multi_worker(strategy) -> bool:
+    return isinstance(strategy, MultiWorker) and strategy.extended._num_workers > 1
+
+
+def worker_index(strategy) -> int:
+    """This process's worker number (0, the chief, in a single-process run)."""
+    return int(strategy.cluster_resolver.task_id or 0) if is_multi_worker(strategy) else 0
+
+
+def shared_key(strategy) -> int:
+    """A 63-bit key from OS entropy, the same in every worker: worker 0 draws it and the others
+    receive it through an all-reduce (a single process simply draws one)."""
+    if not is_multi_worker(strategy):
+        return secrets.randbits(63)
+    mine = secrets.randbits(63) if worker_index(strategy) == 0 else 0
+    # Two 31-bit halves: the collective SUM is exact for int32 on every device type.
+    halves = tf.constant([mine >> 32, mine & 0xFFFFFFFF], tf.int64)
+    first = tf.constant(0, tf.int32)
+
+    def contribution():
+        replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+        return tf.where(tf.equal(replica, first), halves, tf.zeros_like(halves))
+
+    total = strategy.reduce("SUM", strategy.run(contribution), axis=None).numpy()
+    return int(total[0]) << 32 | int(total[1])
+
+
+_PATCHED = False
+
+
+def _patch_keras() -> None:
+    """Keras 3.15's TensorFlow trainer under MultiWorkerMirroredStrategy (keras#20585) reduces
+    (1) the first data batch across workers to build the model, which fails for per-replica
+    values, and (2) each scalar log with `strategy.reduce("MEAN", v, axis=0)`, which fails for
+    scalars. (1) builds from this worker's first replica's batch (only shapes matter); (2) takes
+    the mean over replicas of each value. Other strategies take Keras' own code path."""
+    global _PATCHED
+    if _PATCHED:
+        return
+    from keras.src.backend.tensorflow import trainer as keras_trainer
+
+    build, reduce_per_replica = (keras_trainer.TensorFlowTrainer._maybe_symbolic_build,
+                                 keras_trainer.reduce_per_replica)
+
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if iterator is None or not is_multi_worker(strategy):
+            return build(self, iterator, data_batch)
+        for _, _, batches in iterator:
+            data_batch = tf.nest.map_structure(
+                lambda v: (strategy.experimental_local_results(v)[0]
+                           if isinstance(v, tf.distribute.DistributedValues) else v),
+                next(batches))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=data_batch)
+
+    def reduce(values, strategy, reduction="auto"):
+        if is_multi_worker(strategy) and reduction in ("auto", "mean"):
+            return tf.nest.map_structure(lambda v: strategy.reduce("MEAN", v, axis=None), values)
+        return reduce_per_replica(values, strategy, reduction)
+
+    keras_trainer.TensorFlowTrainer._maybe_symbolic_build = maybe_symbolic_build
+    keras_trainer.reduce_per_replica = reduce
+    _PATCHED = True

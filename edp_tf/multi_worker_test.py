@@ -1,0 +1,156 @@
+"""Two worker processes (MultiWorkerMirroredStrategy over 127.0.0.1) run the private step.
+
+The workers are subprocesses that import this module and call `worker_main` (one CPU replica
+each: TensorFlow's MultiWorkerMirroredStrategy does not use logical CPU devices); the reference
+is this process with 2 replicas of MirroredStrategy (conftest.py makes the logical devices).
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import multi_worker
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N, Q, WIDTH = 256, 0.125, 64
+
+
+def free_ports(count: int) -> list:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def train_job(strategy, noise_multiplier: float, sampler_seed=None, epochs: int = 2,
+              zero_loss: bool = False) -> dict:
+    """A small per-example DP-SGD run; returns initial and final weights (name -> array).
+
+    `zero_loss`: the loss has no gradient, so the update is the noise alone."""
+    x = np.random.RandomState(0).normal(size=(N, WIDTH)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype("int32")
+    replicas = strategy.num_replicas_in_sync
+    key = None if sampler_seed is not None else multi_worker.shared_key(strategy)
+    sampler = edp_tf.PoissonSampler(dataset_size=N, sampling_rate=Q, replicas=replicas,
+                                    seed=sampler_seed, key=key)
+    init = keras.initializers.GlorotUniform
+    with strategy.scope():
+        model = keras.Sequential([
+            keras.Input((WIDTH,)),
+            keras.layers.Dense(WIDTH, activation="tanh", kernel_initializer=init(seed=1),
+                               name="a"),
+            keras.layers.Dense(WIDTH, activation="tanh", kernel_initializer=init(seed=2),
+                               name="b"),
+            keras.layers.Dense(2, kernel_initializer=init(seed=3), name="head")])
+        private = edp_tf.PrivateModel(model, edp_tf.DPConfig(
+            l2_norm_clip=1.0, noise_multiplier=noise_multiplier, microbatch_size=1,
+            expected_batch_size=sampler.expected_batch_size))
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        loss = (lambda t, p: 0.0 * xent(t, p)) if zero_loss else xent
+        private.compile(optimizer=keras.optimizers.SGD(1.0 if zero_loss else 0.5), loss=loss)
+    def weights():  # "a/kernel", ...: the model's own name differs between processes
+        return {"/".join(v.path.split("/")[-2:]): v.numpy() for v in model.weights}
+
+    before = weights()
+    private.fit(sampler.dataset(x, y), epochs=epochs, verbose=0)
+    return {"before": before, "after": weights(),
+            "expected_batch": sampler.expected_batch_size, "replicas": replicas}
+
+
+def worker_main(index: int, ports: str, out: str, noise_multiplier: float, sampler_seed: int,
+                zero_loss: bool) -> None:
+    os.environ["TF_CONFIG"] = multi_worker.tf_config(
+        [f"127.0.0.1:{p}" for p in ports.split(",")], index)
+    strategy = multi_worker.make_multi_worker_strategy(timeout_seconds=120)
+    result = train_job(strategy, noise_multiplier, None if sampler_seed < 0 else sampler_seed,
+                       zero_loss=zero_loss)
+    np.savez(out, **{f"{k}/{name}": v for k in ("before", "after")
+                     for name, v in result[k].items()},
+             expected_batch=result["expected_batch"], replicas=result["replicas"])
+
+
+def run_workers(tmp_path, noise_multiplier: float, sampler_seed: int = -1,
+                zero_loss: bool = False) -> list:
+    ports = ",".join(map(str, free_ports(2)))
+    procs = []
+    for index in range(2):
+        out = str(tmp_path / f"worker{index}.npz")
+        code = (f"import edp_tf.multi_worker_test as t; t.worker_main({index}, {ports!r}, "
+                f"{out!r}, {noise_multiplier}, {sampler_seed}, {zero_loss})")
+        env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
+        procs.append((subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out))
+    results = []
+    for proc, out in procs:
+        log, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, log.decode()[-3000:]
+        results.append(dict(np.load(out)))
+    return results
+
+
+def test_two_workers_at_z0_match_one_process_with_two_replicas(tmp_path):
+    workers = run_workers(tmp_path, noise_multiplier=0.0, sampler_seed=7)
+    reference = train_job(edp_tf.make_strategy(2), 0.0, sampler_seed=7)
+    assert int(workers[0]["replicas"]) == 2
+    for name, after in reference["after"].items():
+        np.testing.assert_allclose(workers[0][f"before/{name}"], reference["before"][name])
+        assert not np.allclose(after, reference["before"][name])  # training moved it
+        for worker in workers:  # both workers hold the weights one process computes
+            np.testing.assert_allclose(worker[f"after/{name}"], after, rtol=1e-5, atol=1e-6)
+
+
+def test_noise_of_two_workers_is_independent_with_the_single_process_law(tmp_path):
+    z = 1.0
+    workers = run_workers(tmp_path, noise_multiplier=z, zero_loss=True)
+    w0, w1 = workers
+    for name in ("a/kernel", "b/kernel"):
+        np.testing.assert_array_equal(w0[f"after/{name}"], w1[f"after/{name}"])  # in sync
+    # SGD at rate 1 on a loss without gradient: each of the 2 epochs x 8 steps adds noise of std
+    # z C / B per entry (B the expected batch, C = 1), so the change / B has std z sqrt(16).
+    steps = 2 * int(np.ceil(1 / Q))
+    noise = {name: (w0[f"after/{name}"] - w0[f"before/{name}"]) * float(w0["expected_batch"])
+             / np.sqrt(steps) for name in ("a/kernel", "b/kernel")}
+    for name, values in noise.items():
+        # 4,096 entries: the sample std's relative standard error is 1/sqrt(2 x 4096) = 1.1%;
+        # 6% is over 5 standard errors. A noise drawn by no replica gives 0, by both sqrt(2) z.
+        assert abs(values.std() / z - 1.0) < 0.06, (name, values.std())
+    # The two kernels' noise is drawn by different workers (one owner per variable, replicas
+    # 0 and 1): identical generator streams on the two workers would make them equal. |corr|
+    # of independent 4,096-vectors has std 1/64; 0.08 is 5 of them.
+    corr = np.corrcoef(noise["a/kernel"].ravel(), noise["b/kernel"].ravel())[0, 1]
+    assert abs(corr) < 0.08, corr
+
+
+def test_shared_key_of_one_process_is_fresh_entropy():
+    strategy = edp_tf.make_strategy(2)
+    keys = {multi_worker.shared_key(strategy) for _ in range(4)}
+    assert len(keys) == 4 and all(0 <= k < 2 ** 63 for k in keys)
+
+
+def test_tf_config_names_the_chief_and_refuses_a_bad_index():
+    config = json.loads(multi_worker.tf_config(["127.0.0.1:1", "127.0.0.1:2"], 1))
+    assert config["task"] == {"type": "worker", "index": 1}
+    with pytest.raises(ValueError, match="outside"):
+        multi_worker.tf_config(["127.0.0.1:1"], 1)
+
+
+def test_sampler_key_gives_the_same_batches_and_is_not_a_fixed_seed():
+    x = np.arange(40, dtype="float32")[:, None]
+    a, b = (edp_tf.PoissonSampler(dataset_size=40, sampling_rate=0.3, key=123) for _ in range(2))
+    batches = [[m.numpy() for _, _, m in s.dataset(x, x, steps=3)] for s in (a, b)]
+    np.testing.assert_array_equal(batches[0], batches[1])
+    assert not a.seed_fixed
+    with pytest.raises(ValueError, match="not both"):
+        edp_tf.PoissonSampler(dataset_size=40, sampling_rate=0.3, key=1, seed=1)
+    with pytest.raises(ValueError, match="key"):
+        edp_tf.PoissonSampler(dataset_size=40, sampling_rate=0.3, key=-1)
