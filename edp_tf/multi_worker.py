@@ -64,16 +64,17 @@ def shared_key(strategy) -> int:
     if not is_multi_worker(strategy):
         return secrets.randbits(63)
     mine = secrets.randbits(63) if worker_index(strategy) == 0 else 0
-    # Two 31-bit halves: the collective SUM is exact for int32 on every device type.
-    halves = tf.constant([mine >> 32, mine & 0xFFFFFFFF], tf.int64)
-    first = tf.constant(0, tf.int32)
+    value = tf.constant(mine, tf.int64)  # an int64 SUM of one key and zeros is exact
 
     def contribution():
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-        return tf.where(tf.equal(replica, first), halves, tf.zeros_like(halves))
+        return tf.where(tf.equal(replica, 0), value, tf.zeros_like(value))
 
-    total = strategy.reduce("SUM", strategy.run(contribution), axis=None).numpy()
-    return int(total[0]) << 32 | int(total[1])
+    @tf.function  # an eager strategy.run warns about its overhead
+    def summed():
+        return strategy.reduce("SUM", strategy.run(contribution), axis=None)
+
+    return int(summed().numpy())
 
 
 _PATCHED = False

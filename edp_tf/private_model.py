@@ -18,7 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import clipping, local_training, microbatch, noise, scaling, selection
+from edp_tf import (clipping, local_training, microbatch, multi_worker, noise, scaling,
+                    selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
@@ -223,6 +224,12 @@ class PrivateModel(keras.Model):
                                       cfg.selection_threshold * summed_std)
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:
+        if (self._dp_config.scaling in ("private", "first_batch")
+                and multi_worker.is_multi_worker(self.distribute_strategy)):
+            # each worker would measure its own part of the first batch and scale differently
+            raise ValueError(f"DPConfig.scaling={self._dp_config.scaling!r} measures the scales "
+                             "on one worker's data: use 'uniform' or 'public' with several "
+                             "workers")
         rows = int(tf.nest.flatten(fx)[0].shape[0])
 
         def per_example_norms(used: int) -> np.ndarray:

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import accounting, sampling
+from edp_tf import accounting, multi_worker, sampling
 from edp_tf.mechanism import Mechanism
 from trainers import data as data_lib
 from trainers import optimizers
@@ -266,6 +266,9 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     n counts privacy units; `users` (the user of each row) selects Poisson sampling over users.
     """
     replicas = strategy.num_replicas_in_sync
+    # Workers of a multi-worker run must draw the same batches: worker 0's OS-entropy key.
+    key = (multi_worker.shared_key(strategy)
+           if fixed_seed is None and multi_worker.is_multi_worker(strategy) else None)
     batch = int(config.batch_size)
     unit = "users" if users is not None else "training examples"
     if batch > n:
@@ -274,13 +277,13 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     if users is not None:
         cap = float(config.get("user_weight_cap", 0.0)) or None
         sampler = sampling.UserPoissonSampler.for_users(users, q, private_cfg_k, replicas,
-                                                        fixed_seed, weight_cap=cap)
+                                                        fixed_seed, weight_cap=cap, key=key)
         return (sampler.dataset(x, y).repeat(), sampler.steps_per_epoch, q,
                 sampler.expected_batch_size, sampler)
     if config.mechanism != "sgd" and config.sampling == "poisson":
         sampler = sampling.PoissonSampler(
             dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
-            seed=fixed_seed)
+            seed=fixed_seed, key=key)
         ds = sampler.dataset(x, y).repeat()
         return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size, sampler
     multiple = replicas * (private_cfg_k or 1)
@@ -289,7 +292,7 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
             f"--config.batch_size={batch} must be a multiple of replicas x microbatch_size = "
             f"{multiple} with fixed-size batches")
     ds = tf.data.Dataset.from_tensor_slices((x, y))
-    ds = ds.shuffle(n, seed=fixed_seed, reshuffle_each_iteration=True)
+    ds = ds.shuffle(n, seed=fixed_seed if key is None else key, reshuffle_each_iteration=True)
     ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
     return ds, n // batch, q, None, None
 

@@ -1,0 +1,91 @@
+"""`python -m trainers.train --workers=2`: two worker processes, one run, one ledger; a worker
+killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import dp_accounting
+import pytest
+
+from edp_tf import accounting
+from trainers import train, workers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EPOCHS = 6
+# A small CLC on 2,400 synthetic utterances: ~60 steps a second or two per epoch after tracing,
+# long enough to kill a worker between two epochs.
+FLAGS = ["--config.synthetic_size=2400", "--config.batch_size=32", "--config.max_words=20",
+         "--config.clc.word_vectors=", "--config.clc.vocabulary_size=2000",
+         "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
+         "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
+         "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
+         "--mechanism=dpsgd", f"--epochs={EPOCHS}"]
+
+
+def command(run_dir, *extra):
+    return [sys.executable, "-m", "trainers.train", "--workers=2", f"--run_dir={run_dir}",
+            *FLAGS, *extra]
+
+
+def epochs_done(run_dir) -> int:
+    try:
+        with open(os.path.join(run_dir, "state.json")) as f:
+            return int(json.load(f).get("epochs_done", 0))
+    except (OSError, ValueError):
+        return 0  # not written yet (or being replaced)
+
+
+def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
+    run_dir = str(tmp_path / "run")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    launcher = subprocess.Popen(command(run_dir), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while epochs_done(run_dir) < 1 and launcher.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert launcher.poll() is None, "the run ended before a worker could be killed"
+    with open(os.path.join(run_dir, "workers", "pids")) as f:
+        pids = [int(line) for line in f.read().split()]
+    os.kill(pids[1], signal.SIGKILL)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 1
+    assert "error: worker 1 of 2 was killed by SIGKILL" in err and "--resume" in err
+    stopped_at = epochs_done(run_dir)
+    assert 1 <= stopped_at < EPOCHS
+    for pid in pids:  # no worker is left behind
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+
+    resumed = subprocess.run(command(run_dir, "--resume"), cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.stdout.count("test SER") == 1  # one summary: the chief's
+    assert epochs_done(run_dir) == EPOCHS
+    assert not os.path.exists(os.path.join(run_dir, "workers"))  # scratch copies removed
+    with open(os.path.join(run_dir, "privacy.json")) as f:
+        ledger = json.load(f)
+    assert ledger["private"] and ledger["replicas"] == 2
+    # Every epoch that ran is charged: an epoch interrupted after its charge runs again and is
+    # charged again (over-counting, never under-counting).
+    charged = len(ledger["epochs"])
+    assert EPOCHS <= charged <= EPOCHS + 1
+    assert {e["noise_multiplier"] for e in ledger["epochs"]} == {1.0}
+    # epsilon recomputed from the charged steps alone (PLD: the ledger's own accountant; RDP:
+    # dp-accounting directly)
+    steps = sum(e["steps"] for e in ledger["epochs"])
+    q, delta = ledger["sampling_rate"], ledger["delta"]
+    assert ledger["epsilon"] == pytest.approx(accounting.compute_epsilon(
+        accounting.plan_schedule(1.0, charged, steps // charged), q, delta), rel=1e-9)
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), steps))
+    assert ledger["epsilon_rdp"] == pytest.approx(rdp.get_epsilon(delta), rel=1e-6)
+
+
+def test_workers_flag_is_removed_from_the_workers_command():
+    assert train._without_workers_flag(["--workers=2", "--epochs=3", "--workers", "4", "--x"]) == [
+        "--epochs=3", "--x"]
+    assert workers.worker_dir("runs/a", 0) == "runs/a"
+    assert workers.worker_dir("runs/a", 2) == os.path.join("runs/a", "workers", "2")
