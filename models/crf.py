@@ -135,8 +135,8 @@ def _run_forward(step, carry, sequence, mask):
     """Folds `step` over time (axis 1 of `sequence` and `mask`), unrolled when the length is static."""
     steps = _time_major_steps(sequence)
     if steps is not None:
-        for t in range(steps):
-            carry = step(carry, (sequence[:, t], mask[:, t]))
+        for x_t, m_t in zip(*_unstacked(sequence, mask)):
+            carry = step(carry, (x_t, m_t))
         return carry
     elems = (tf.transpose(sequence, [1, 0, 2]), tf.transpose(mask, [1, 0]))
     final = tf.scan(lambda c, x: step(c, x), elems, initializer=carry)
@@ -148,8 +148,8 @@ def _run_forward_collect(step, carry, sequence, mask):
     steps = _time_major_steps(sequence)
     if steps is not None:
         outputs = []
-        for t in range(steps):
-            carry, out = step(carry, (sequence[:, t], mask[:, t]))
+        for x_t, m_t in zip(*_unstacked(sequence, mask)):
+            carry, out = step(carry, (x_t, m_t))
             outputs.append(out)
         return carry, tf.stack(outputs, axis=1)
     elems = (tf.transpose(sequence, [1, 0, 2]), tf.transpose(mask, [1, 0]))
@@ -160,14 +160,22 @@ def _run_forward_collect(step, carry, sequence, mask):
     return final, tf.transpose(outs, [1, 0, 2])
 
 
+def _unstacked(sequence, mask):
+    """The time steps of `sequence` and `mask` (axis 1) as lists. Why not `sequence[:, t]`: the
+    gradient of each slice is a full-size tensor of zeros around one step (StridedSliceGrad was a
+    third of CLC's step time, BENCHMARKS.md); the gradient of one unstack is one stack."""
+    return tf.unstack(sequence, axis=1), tf.unstack(mask, axis=1)
+
+
 def _backtrack(pointers, best_last):
     """Follows back-pointers [batch, length, tags] from the best last tag; returns [batch, length]."""
     steps = pointers.shape[1]
     if steps is not None and steps <= MAX_UNROLLED_LENGTH:
         tags = [best_last]
         current = best_last
+        by_step = tf.unstack(pointers, axis=1)
         for t in range(steps - 1, 0, -1):
-            current = tf.gather(pointers[:, t], current, batch_dims=1)
+            current = tf.gather(by_step[t], current, batch_dims=1)
             tags.append(current)
         return tf.stack(tags[::-1], axis=1)
     reversed_pointers = tf.reverse(tf.transpose(pointers, [1, 0, 2])[1:], axis=[0])
