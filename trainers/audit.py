@@ -1,9 +1,9 @@
 """`python -m trainers.audit`: a one-run white-box audit of the private step (Steinke et al. 2023).
 
-    python -m trainers.audit --mechanism=default   # the default job's mechanism, claimed eps 2
+    python -m trainers.audit --mechanism=default   # eDP, micro-batches of 2, claimed eps 2
     python -m trainers.audit --mechanism=paper     # Algorithm 1 as written, whose *paper-style*
                                                    # accounting (noise at face value, S = C) says 2
-    python -m trainers.audit --mechanism=default --target_epsilon=8   # the default job's claim
+    python -m trainers.audit --mechanism=dpsgd --target_epsilon=8   # the default job's mechanism
 
 What runs is `PrivateModel.train_step` itself (clipping, ghost norms, per-replica noise, the
 replicas' SUM, the normalisation), on a model built so that each training example is a gradient
@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 MECHANISMS = {
     # name: (microbatch_size, noise_mode, claim); replicas come from --replicas
-    "default": (2, "calibrated", "honest"),  # configs/default.py: eDP, micro-batches of 2
+    "default": (2, "calibrated", "honest"),  # eDP, micro-batches of 2 (the default job until 11-24)
     "dpsgd": (1, "calibrated", "honest"),
     "paper": (None, "paper", "paper-style"),
 }

@@ -37,4 +37,14 @@ def get_config():
              CLC, "mechanism=dpsgd", "replicas=1", "target_epsilon=0.0", "noise_multiplier=0.0",
              "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.003",
              "lr_schedule=constant"),
+        # Round 4: the joint loss. Every example is clipped, so an example moves the model in the
+        # direction of its whole gradient, and the summed slot loss (one CRF term per word)
+        # outweighs the intent's: intent accuracy 0.861 private vs 0.959 plain. Per-word slot
+        # loss, or a heavier intent loss, gives the intent a larger share of each clipped vector.
+        cell("dpsgd_q16_lr3e-2_slotmean", "per-example, q 0.16, 150 steps, lr 3e-2, slot loss "
+             "per word", "dpsgd", CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150",
+             "learning_rate=0.03", "lr_schedule=constant", "slot_loss=mean"),
+        cell("dpsgd_q16_lr3e-2_intent3", "per-example, q 0.16, 150 steps, lr 3e-2, intent loss "
+             "x 3", "dpsgd", CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150",
+             "learning_rate=0.03", "lr_schedule=constant", "intent_loss_weight=3.0"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
