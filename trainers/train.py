@@ -35,7 +35,7 @@ _DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "No
 _DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
 _WORKERS = flags.DEFINE_integer(
     "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
-    "127.0.0.1 (trainers/workers.py); on CPUs each worker is one replica.")
+    "127.0.0.1 (trainers/workers.py); on CPUs each worker is one replica.", lower_bound=1)
 _WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
 
 _SHORTCUTS = {
