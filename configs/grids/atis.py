@@ -12,5 +12,12 @@ def get_config():
     steps300 = cell("bert_dpsgd_eps8_steps300", "per-example DP-SGD, eps 8, 300 steps",
                     "per-example", "configs/atis_bert.py", "diagnostics=True", "mechanism=dpsgd",
                     "target_epsilon=8.0", "private_steps=300")
-    return grid("atis", rows("bert", "configs/atis_bert.py") + [steps300]
+    # ATIS's private intent accuracy stayed near its majority class (0.74 vs 0.71): every example
+    # is clipped, and the summed slot loss (one CRF term per word) outweighs the intent's in each
+    # clipped vector. The same 150 steps with the slot loss per word:
+    slotmean = cell("bert_dpsgd_eps8_slotmean", "per-example DP-SGD, eps 8, 150 steps, slot loss "
+                    "per word", "per-example", "configs/atis_bert.py", "diagnostics=True",
+                    "mechanism=dpsgd", "target_epsilon=8.0", "private_steps=150",
+                    "slot_loss=mean")
+    return grid("atis", rows("bert", "configs/atis_bert.py") + [steps300, slotmean]
                 + rows("clc", "configs/atis_clc.py"), schedule_reference="bert_dpsgd_eps8")
