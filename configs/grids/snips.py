@@ -20,6 +20,10 @@ def rows(m: str, config: str) -> list:
         row("sgd", "SGD (not private)", "sgd", "mechanism=sgd"),
         row("dpsgd_eps8", "per-example DP-SGD, eps 8", "per-example", "mechanism=dpsgd",
             "target_epsilon=8.0"),
+    ] + ([
+        row("dpsgd_eps8_slotsum", "per-example DP-SGD, eps 8, summed slot loss (the default "
+            "before)", "per-example", "mechanism=dpsgd", "target_epsilon=8.0", "slot_loss=sum"),
+    ] if m == "clc" else []) + [
         row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)", "diagnostic",
             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0"),
         row("edp_k2_eps8", "eDP, micro-batches of 2, eps 8", "eDP k=2", "mechanism=edp",
@@ -47,4 +51,6 @@ def get_config():
                        "its command: --config.steps=300 resolves to the same 300 steps as "
                        "snips_bert's default since commit eb1013d). bert_dpsgd_eps8_steps150 ran "
                        "as bert_dpsgd_eps8 when the default was ~150 steps; its command is the "
-                       "one that reproduces it today."))
+                       "one that reproduces it today. CLC rows run before snips_clc's slot loss "
+                       "became per-word (2026-11-24) carry --config.slot_loss=sum in their "
+                       "commands, which reproduces them today."))
