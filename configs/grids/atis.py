@@ -19,5 +19,9 @@ def get_config():
                     "per word", "per-example", "configs/atis_bert.py", "diagnostics=True",
                     "mechanism=dpsgd", "target_epsilon=8.0", "private_steps=150",
                     "slot_loss=mean")
-    return grid("atis", rows("bert", "configs/atis_bert.py") + [steps300, slotmean]
+    # Run as bert_dpsgd_eps8 when atis_bert's default was ~150 steps (before commit eb1013d).
+    steps150 = cell("bert_dpsgd_eps8_steps150", "per-example DP-SGD, eps 8, 150 steps",
+                    "per-example", "configs/atis_bert.py", "diagnostics=True", "mechanism=dpsgd",
+                    "target_epsilon=8.0", "private_steps=150")
+    return grid("atis", rows("bert", "configs/atis_bert.py") + [steps150, steps300, slotmean]
                 + rows("clc", "configs/atis_clc.py"), schedule_reference="bert_dpsgd_eps8")
