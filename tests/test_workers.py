@@ -1,5 +1,8 @@
 """`python -m trainers.train --workers=2`: two worker processes, one run, one ledger; a worker
-killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger."""
+killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger.
+
+The command runs in subprocesses: importing trainers.train here would define its flags a second
+time beside trainers.benchmark's (absl's DuplicateFlagError)."""
 import json
 import os
 import signal
@@ -11,7 +14,7 @@ import dp_accounting
 import pytest
 
 from edp_tf import accounting
-from trainers import train, workers
+from trainers import workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 6
@@ -85,7 +88,7 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
 
 
 def test_workers_flag_is_removed_from_the_workers_command():
-    assert train._without_workers_flag(["--workers=2", "--epochs=3", "--workers", "4", "--x"]) == [
+    assert workers.without_workers_flag(["--workers=2", "--epochs=3", "--workers", "4", "--x"]) == [
         "--epochs=3", "--x"]
     assert workers.worker_dir("runs/a", 0) == "runs/a"
     assert workers.worker_dir("runs/a", 2) == os.path.join("runs/a", "workers", "2")

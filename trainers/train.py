@@ -62,7 +62,7 @@ def main(argv):
     if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
         from trainers import workers
 
-        sys.exit(workers.launch(_without_workers_flag(sys.argv[1:]), _WORKERS.value, run_dir,
+        sys.exit(workers.launch(workers.without_workers_flag(sys.argv[1:]), _WORKERS.value, run_dir,
                                 _RESUME.value))
     if _WORKER_INDEX.value is not None:
         return _worker(config, run_dir)
@@ -93,18 +93,6 @@ def _worker(config, run_dir: str) -> None:
                             export=index == 0)
     if index == 0:
         print(run_lib.summary_line(summary), flush=True)
-
-
-def _without_workers_flag(argv: list) -> list:
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg == "--workers":
-            skip = True
-        elif not arg.startswith("--workers="):
-            out.append(arg)
-    return out
 
 
 if __name__ == "__main__":

@@ -48,6 +48,19 @@ def free_ports(count: int) -> list:
             s.close()
 
 
+def without_workers_flag(argv: Sequence[str]) -> list:
+    """The command line of each worker: the launcher's, without its --workers flag."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
 def _prepare(run_dir: str, workers: int, resume: bool) -> None:
     scratch = os.path.join(run_dir, "workers")
     shutil.rmtree(scratch, ignore_errors=True)  # a failed run's copies are stale
