@@ -79,6 +79,17 @@ def worker_main(index: int, ports: str, out: str, noise_multiplier: float, sampl
              expected_batch=result["expected_batch"], replicas=result["replicas"])
 
 
+def reference_main(out: str) -> None:
+    """One process, 2 replicas (MirroredStrategy), z = 0: in a fresh process like the workers,
+    because tf.data's seeded random stream also depends on TensorFlow's global seed, which
+    other tests in the pytest process set."""
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+    result = train_job(edp_tf.make_strategy(2), 0.0, sampler_seed=7)
+    np.savez(out, **{f"{k}/{name}": v for k in ("before", "after")
+                     for name, v in result[k].items()})
+
+
 def run_workers(tmp_path, noise_multiplier: float, sampler_seed: int = -1,
                 zero_loss: bool = False) -> list:
     ports = ",".join(map(str, free_ports(2)))
@@ -100,7 +111,15 @@ def run_workers(tmp_path, noise_multiplier: float, sampler_seed: int = -1,
 
 def test_two_workers_at_z0_match_one_process_with_two_replicas(tmp_path):
     workers = run_workers(tmp_path, noise_multiplier=0.0, sampler_seed=7)
-    reference = train_job(edp_tf.make_strategy(2), 0.0, sampler_seed=7)
+    out = str(tmp_path / "reference.npz")
+    code = f"import edp_tf.multi_worker_test as t; t.reference_main({out!r})"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    saved = dict(np.load(out))
+    reference = {k: {n.split("/", 1)[1]: v for n, v in saved.items() if n.startswith(k + "/")}
+                 for k in ("before", "after")}
     assert int(workers[0]["replicas"]) == 2
     for name, after in reference["after"].items():
         np.testing.assert_allclose(workers[0][f"before/{name}"], reference["before"][name])
