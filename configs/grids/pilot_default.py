@@ -11,13 +11,21 @@ three times (r1..r3), since one run is not enough at this variance.
 from configs.grids.common import cell, grid
 
 DEFAULT = "configs/default.py"
+# Every recipe states all three knobs, so its command reproduces it whatever configs/default.py
+# says (since 2026-11-24 the default is slotmean_1lstm_steps190).
+OLD = ("slot_loss=sum", "clc.num_lstm_layers=2", "private_steps=95")
 RECIPES = {
-    "default": ("the default (summed slot loss, 2 BiLSTM layers, 95 steps)", ()),
-    "slotmean": ("slot loss per word", ("slot_loss=mean",)),
-    "slotmean_1lstm": ("slot loss per word, one BiLSTM layer", ("slot_loss=mean",
-                                                                "clc.num_lstm_layers=1")),
-    "slotmean_steps190": ("slot loss per word, 190 steps", ("slot_loss=mean", "private_steps=190")),
-    "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps",
+    "default": ("the default before (summed slot loss, 2 BiLSTM layers, 95 steps)", OLD),
+    "slotmean": ("slot loss per word", ("slot_loss=mean", "clc.num_lstm_layers=2",
+                                        "private_steps=95")),
+    "slotmean_1lstm": ("slot loss per word, one BiLSTM layer",
+                       ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=95")),
+    "1lstm": ("one BiLSTM layer (summed slot loss)",
+              ("slot_loss=sum", "clc.num_lstm_layers=1", "private_steps=95")),
+    "slotmean_steps190": ("slot loss per word, 190 steps",
+                          ("slot_loss=mean", "clc.num_lstm_layers=2", "private_steps=190")),
+    "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (the default "
+                                "since 2026-11-24)",
                                 ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190")),
 }
 
