@@ -21,8 +21,15 @@ def rows(m: str, config: str) -> list:
         row("dpsgd_eps8", "per-example DP-SGD, eps 8", "per-example", "mechanism=dpsgd",
             "target_epsilon=8.0"),
     ] + ([
-        row("dpsgd_eps8_slotsum", "per-example DP-SGD, eps 8, summed slot loss (the default "
-            "before)", "per-example", "mechanism=dpsgd", "target_epsilon=8.0", "slot_loss=sum"),
+        # The defaults before 2026-11-24 (two BiLSTM layers; before that, a summed slot loss)
+        row("sgd_2lstm", "SGD, two BiLSTM layers (the default before)", "sgd",
+            "mechanism=sgd", "clc.num_lstm_layers=2", "clc.dropout=0.25", "slot_loss=sum"),
+        row("dpsgd_eps8_2lstm", "per-example DP-SGD, eps 8, two BiLSTM layers (the default "
+            "before)", "per-example", "mechanism=dpsgd", "target_epsilon=8.0",
+            "clc.num_lstm_layers=2", "clc.dropout=0.25"),
+        row("dpsgd_eps8_slotsum", "per-example DP-SGD, eps 8, two BiLSTM layers, summed slot "
+            "loss", "per-example", "mechanism=dpsgd", "target_epsilon=8.0", "slot_loss=sum",
+            "clc.num_lstm_layers=2", "clc.dropout=0.25"),
     ] if m == "clc" else []) + [
         row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)", "diagnostic",
             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0"),
@@ -53,4 +60,10 @@ def get_config():
                        "as bert_dpsgd_eps8 when the default was ~150 steps; its command is the "
                        "one that reproduces it today. CLC rows run before snips_clc's slot loss "
                        "became per-word (2026-11-24) carry --config.slot_loss=sum in their "
-                       "commands, which reproduces them today."))
+                       "commands, which reproduces them today. Likewise CLC rows run before snips_clc "
+                       "went to one BiLSTM layer without dropout (2026-11-24) carry "
+                       "--config.clc.num_lstm_layers=2 --config.clc.dropout=0.25 "
+                       "(clc_sgd_2lstm and clc_dpsgd_eps8_2lstm ran as clc_sgd and "
+                       "clc_dpsgd_eps8). clc_dpsgd_eps8 is the run of results/pilot_snips_clc "
+                       "(dpsgd_q16_1lstm_nodropout, with diagnostics): its command sets what "
+                       "snips_clc's defaults now are."))
