@@ -77,11 +77,11 @@ class DPConfig:
       sparse_embeddings: DP-AdaFEST (edp_tf/selection.py): the tables of the model's `Embedding`
         layers are updated only at rows whose noisy count of touching micro-batches exceeds
         `selection_threshold`, with noise drawn for those rows only; every other row's update is
-        exactly 0, so SGD leaves it unchanged. On one replica the update reaches the optimizer
-        as IndexedSlices of the selected rows, which Keras' Adam and momentum SGD apply row by
-        row (other rows unchanged too); with several replicas it is dense (TF's all-reduce of
-        empty IndexedSlices crashes), and Adam moves other rows by their moments. AdamW's
-        decoupled weight decay shrinks every row. Each micro-batch's count vector is clipped to
+        exactly 0, so SGD leaves it unchanged. The update reaches the optimizer as IndexedSlices
+        of the selected rows (with several replicas the step sums those rows over the replicas
+        itself), which Keras' Adam and momentum SGD apply row by row: other rows stay
+        unchanged under them too. AdamW's decoupled weight decay shrinks every row. Each
+        micro-batch's count vector is clipped to
         `selection_clip` (C1) and the summed counts get noise of std
         sigma_c = `selection_noise_multiplier` x S x C1; a row is selected when its noisy count
         exceeds `selection_threshold` x sigma_c (3: an untouched row passes with probability

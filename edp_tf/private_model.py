@@ -59,6 +59,7 @@ class PrivateModel(keras.Model):
         self._layer_scales: Optional[tuple] = None
         self._mechanism: Optional[Mechanism] = None
         self._clip_plan: Optional[microbatch.ClipPlan] = None
+        self._sums_over_replicas = False
         self._extra_events: list = []
         self._not_covered: list = []
         self._per_example_loss = None
@@ -206,6 +207,11 @@ class PrivateModel(keras.Model):
             k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
             cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local,
             self._row_selection(), cfg.clipping == "per_layer")
+        # Several replicas with sparse tables: the step all-reduces the updates itself (the
+        # selected rows as a small dense block, _sum_over_replicas), so Keras must not again.
+        self._sums_over_replicas = self._clip_plan.selection is not None and n > 1
+        if self._sums_over_replicas:
+            self.optimizer._all_reduce_sum_gradients = _already_summed
         self.train_function = None  # constants changed: retrace
 
     def _row_selection(self) -> Optional[selection.RowSelection]:
@@ -301,7 +307,9 @@ class PrivateModel(keras.Model):
         if mechanism.user_estimator == "clipped":
             noisy, denominator = [g / tf.cast(denominator, g.dtype) for g in noisy], 1.0
         updates = clipping.to_update(noisy, plan.scales, denominator)
-        # 5. the optimizer SUMs the replicas' updates (all-reduce), then applies them
+        # 5. the replicas' updates are SUMmed (all-reduce), then applied by the optimizer
+        if self._sums_over_replicas:  # several replicas and sparse tables: the step sums
+            updates = _sum_over_replicas(updates)
         self.optimizer.apply_gradients(zip(updates, variables))
 
         self._record_metrics(grads.losses, clip, z_t)
@@ -327,10 +335,9 @@ class PrivateModel(keras.Model):
                 draws = None if n == 1 else tf.equal(replica, self._noise_owners[i])
                 rows = selection.noisy_selected_rows(
                     noisy[i], mask, std * math.sqrt(n), self._noise_generator, draws)
-                # TF 2.21's all-reduce of IndexedSlices that are empty on every replica
-                # segfaults (measured): with several replicas the update goes dense (zeros off
-                # the selected rows), on one it stays sparse (Adam then leaves those rows be)
-                noisy[i] = tf.convert_to_tensor(rows) if n > 1 else rows
+                # sparse on any number of replicas: Adam and momentum leave the other rows be,
+                # and with several replicas the all-reduce carries only the selected rows
+                noisy[i] = rows
             self._metric_trackers["selected_rows"].update_state(selection.selected_fraction(chosen))
         return noisy
 
@@ -365,6 +372,27 @@ class PrivateModel(keras.Model):
             self._compile_metrics.update_state(y, y_pred, w)
         return {m.name: m.result() for m in [self._loss_tracker]} | (
             self._compile_metrics.result() if self._compile_metrics is not None else {})
+
+
+def _sum_over_replicas(updates: list) -> list:
+    """The replicas' SUM of every update: dense ones in one batched all-reduce, the tables'
+    selected rows as IndexedSlices (selection.sum_selected_rows_over_replicas)."""
+    dense = [i for i, u in enumerate(updates) if not isinstance(u, tf.IndexedSlices)]
+    summed = list(updates)
+    if dense:
+        reduced = tf.distribute.get_replica_context().all_reduce(
+            tf.distribute.ReduceOp.SUM, [updates[i] for i in dense])
+        for i, u in zip(dense, reduced):
+            summed[i] = u
+    for i, u in enumerate(updates):
+        if isinstance(u, tf.IndexedSlices):
+            summed[i] = selection.sum_selected_rows_over_replicas(u)
+    return summed
+
+
+def _already_summed(grads_and_vars):
+    """Replaces a Keras optimizer's own cross-replica SUM when PrivateModel has done it."""
+    return list(grads_and_vars)
 
 
 def _refuse_unvectorisable_layers(model) -> None:

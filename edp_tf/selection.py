@@ -126,6 +126,20 @@ def noisy_selected_rows(clipped_sum: tf.Tensor, selected: tf.Tensor, stddev,
     return tf.IndexedSlices(kept, rows, tf.shape(clipped_sum, out_type=tf.int32))
 
 
+def sum_selected_rows_over_replicas(rows: tf.IndexedSlices) -> tf.IndexedSlices:
+    """The replicas' SUM of one table's selected rows, as IndexedSlices of those rows.
+
+    Every replica selected the same rows (the mask comes from all-reduced counts), so the sum is
+    a dense all-reduce of the [selected, width] values: a few rows instead of the whole table,
+    with no duplicate indices for Adam to mis-apply. TF 2.21's own all-reduce of IndexedSlices
+    segfaults in this step (measured), hence this. One zero row rides along, so that the
+    collective is never empty."""
+    pad = tf.zeros(tf.concat([[1], tf.shape(rows.values)[1:]], axis=0), rows.values.dtype)
+    values = tf.concat([rows.values, pad], axis=0)
+    summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, values)
+    return tf.IndexedSlices(summed[:-1], rows.indices, rows.dense_shape)
+
+
 def selected_fraction(selected: Sequence[tf.Tensor]) -> tf.Tensor:
     """Fraction of all covered rows selected in the step (a public quantity: it is released)."""
     total = sum(int(s.shape[0]) for s in selected)
