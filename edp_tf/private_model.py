@@ -211,6 +211,10 @@ class PrivateModel(keras.Model):
         # selected rows as a small dense block, _sum_over_replicas), so Keras must not again.
         self._sums_over_replicas = self._clip_plan.selection is not None and n > 1
         if self._sums_over_replicas:
+            if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):  # else: summed twice
+                raise NotImplementedError(
+                    "sparse_embeddings on several replicas needs Keras' TensorFlow optimizer "
+                    "(its _all_reduce_sum_gradients); this Keras has none")
             self.optimizer._all_reduce_sum_gradients = _already_summed
         self.train_function = None  # constants changed: retrace
 
