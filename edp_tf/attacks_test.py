@@ -1,4 +1,6 @@
 """Membership-inference metrics against hand-computed and sklearn references."""
+import math
+
 import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
@@ -51,3 +53,30 @@ def test_roc_points_follow_the_curve_and_keep_low_fpr():
     assert np.all(np.diff(points["tpr"]) >= 0)
     for f, t in zip(points["fpr"], points["tpr"]):
         assert t == attacks.tpr_at_fpr(fpr, tpr, f)
+
+
+def test_auc_interval_covers_the_true_auc_at_its_level():
+    # 2,000 draws of 700 members vs 700 non-members (SNIPS's test size), scores N(0.1, 1) vs
+    # N(0, 1): true AUC = Phi(0.1 / sqrt 2) = 0.5282. With 2,000 draws the coverage's binomial
+    # standard error is 0.005, so +-0.02 is four of them; the spread of the AUCs is estimated to
+    # about 1.6%, so 10% between it and Hanley-McNeil's standard error is a real disagreement.
+    rng = np.random.default_rng(1)
+    true_auc = 0.5 * (1.0 + math.erf(0.1 / 2.0))  # Phi(0.1 / sqrt(2))
+    aucs, covered, widths = [], 0, []
+    for _ in range(2000):
+        got = attacks.attack_summary(rng.normal(0.1, 1.0, 700), rng.normal(0.0, 1.0, 700))
+        lo, hi = got["auc_ci95"]
+        aucs.append(got["auc"])
+        covered += lo <= true_auc <= hi
+        widths.append(hi - lo)
+    assert covered / 2000 == pytest.approx(0.95, abs=0.02)
+    assert np.mean(widths) / (2 * 1.96) == pytest.approx(np.std(aucs), rel=0.10)
+
+
+def test_auc_interval_by_hand_and_errors():
+    # At AUC 0.5 Hanley-McNeil reduces to the Mann-Whitney null variance (n1 + n2 + 1) / 12 n1 n2.
+    lo, hi = attacks.auc_interval(0.5, 700, 700)
+    assert (hi - lo) / 2 == pytest.approx(1.96 * math.sqrt(1401 / (12 * 700 * 700)), rel=1e-3)
+    assert attacks.auc_interval(1.0, 10, 10) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="members"):
+        attacks.auc_interval(0.5, 0, 10)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from configs.grids.common import cell, grid
+from edp_tf import attacks
 from trainers import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,6 +63,10 @@ def test_tables_and_plots(finished):
     assert float(rows[1]["delta_ser_pct"]) == pytest.approx(
         100 * (dp["test"]["ser"] - sgd["test"]["ser"]) / sgd["test"]["ser"])
     assert float(rows[1]["time_vs_sgd"]) > 0 and rows[1]["command"] == dp["command"]
+    mia = dp["membership_inference"]
+    lo, hi = (float(v) for v in rows[1]["mia_auc_ci95"].split("-"))
+    assert lo <= mia["auc"] <= hi and (lo, hi) == pytest.approx(
+        attacks.auc_interval(mia["auc"], mia["members"], mia["nonmembers"]), abs=1e-3)
     md = open(os.path.join(g.results_dir, "table1.md")).read()
     assert "clc_never" in md  # cells left out are named
     for png in ("frontier.png", "membership_roc.png", "epsilon_per_epoch.png"):

@@ -127,7 +127,7 @@ def run_cell(grid, cell, python: str, log) -> dict:
 
 # ------------------------------------------------------------------------------ report
 COLUMNS = ["model", "row", "batch", "epochs", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
-           "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "delta_auc",
+           "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "mia_auc_ci95", "delta_auc",
            "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
 
 
@@ -149,6 +149,7 @@ def table_rows(results: list) -> list:
             "eps_at_1e-6": (others.get("1e-06") or {}).get("epsilon", ""),
             "test_ser": r["test"]["ser"], "intent_acc": r["test"]["intent_accuracy"],
             "slot_f1": r["test"]["slot_f1"], "mia_auc": mia.get("auc", ""),
+            "mia_auc_ci95": _auc_interval(mia),
             "tpr_at_1pct": mia.get("tpr_at_1pct_fpr", ""),
             "tpr_at_0.1pct": mia.get("tpr_at_0.1pct_fpr", ""),
             "s_per_epoch": r.get("seconds_per_epoch"), "command": r["command"],
@@ -164,6 +165,16 @@ def table_rows(results: list) -> list:
                 row["time_vs_sgd"] = r["seconds_per_epoch"] / base["seconds_per_epoch"]
         rows.append(row)
     return rows
+
+
+def _auc_interval(mia: dict) -> str:
+    """"lo-hi", the attack AUC's 95% interval (from the counts, so older cells get it too)."""
+    if not mia.get("members") or not mia.get("nonmembers"):
+        return ""
+    from edp_tf import attacks
+
+    lo, hi = attacks.auc_interval(mia["auc"], mia["members"], mia["nonmembers"])
+    return f"{lo:.3f}-{hi:.3f}"
 
 
 def _fmt(value, digits=3) -> str:
@@ -190,7 +201,8 @@ def write_tables(grid, results: list, missing: list) -> None:
              "epsilon is PLD (dp-accounting) at that delta; eps_at_1/n and eps_at_1e-6 are the "
              "same run at other deltas. delta_ser_pct is relative to the same model's SGD row; "
              "mia = loss-threshold membership inference (members: training utterances, "
-             "non-members: test), delta_auc vs SGD.", ""] if results else [f"# {grid.dataset}", ""]
+             "non-members: test), mia_auc_ci95 its 95% interval (Hanley-McNeil: about +-0.03 "
+             "with 700 non-members), delta_auc vs SGD.", ""] if results else [f"# {grid.dataset}", ""]
     if results:
         lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
         for row in rows:
