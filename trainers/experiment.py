@@ -132,7 +132,10 @@ COLUMNS = ["model", "row", "batch", "epochs", "target_eps", "epsilon", "log10_ep
 
 
 def table_rows(results: list) -> list:
-    sgd = {r["model"]: r for r in results if r["mechanism"] == "sgd"}
+    sgd = {}  # each model's first SGD row (grids list the current one first, older ones after)
+    for r in results:
+        if r["mechanism"] == "sgd":
+            sgd.setdefault(r["model"], r)
     rows = []
     for r in results:
         base = sgd.get(r["model"])

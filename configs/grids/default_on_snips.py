@@ -15,11 +15,17 @@ DATA = "../shared/data/snips"
 
 def cells(data_dir: str):
     common = ("diagnostics=True", f"data_dir={data_dir}")
+    # the default until 2026-11-24 evening kept CLC's dropout 0.25 (results/pilot_default)
+    before = "clc.dropout=0.25"
     return [
         cell("clc_sgd", "default command, --mechanism=sgd (not private)", "SGD",
              "configs/default.py", *common, "mechanism=sgd"),
         cell("clc_default", "default command (per-example DP-SGD, eps 8)", "per-example",
              "configs/default.py", *common),
+        cell("clc_sgd_dropout", "the default before (dropout 0.25), --mechanism=sgd", "SGD "
+             "(before)", "configs/default.py", *common, "mechanism=sgd", before),
+        cell("clc_default_dropout", "the default before (dropout 0.25), private, eps 8",
+             "per-example (before)", "configs/default.py", *common, before),
     ]
 
 

@@ -11,26 +11,28 @@ three times (r1..r3), since one run is not enough at this variance.
 from configs.grids.common import cell, grid
 
 DEFAULT = "configs/default.py"
-# Every recipe states all three knobs, so its command reproduces it whatever configs/default.py
-# says (since 2026-11-24 the default is slotmean_1lstm_steps190).
-OLD = ("slot_loss=sum", "clc.num_lstm_layers=2", "private_steps=95")
+# Every recipe states all four knobs, so its command reproduces it whatever configs/default.py
+# says (since 2026-11-24 the default is slotmean_1lstm_steps190_nodropout).
+D = "clc.dropout=0.25"
+OLD = ("slot_loss=sum", "clc.num_lstm_layers=2", "private_steps=95", D)
 RECIPES = {
     "default": ("the default before (summed slot loss, 2 BiLSTM layers, 95 steps)", OLD),
     "slotmean": ("slot loss per word", ("slot_loss=mean", "clc.num_lstm_layers=2",
-                                        "private_steps=95")),
+                                        "private_steps=95", D)),
     "slotmean_1lstm": ("slot loss per word, one BiLSTM layer",
-                       ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=95")),
+                       ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=95", D)),
     "1lstm": ("one BiLSTM layer (summed slot loss)",
-              ("slot_loss=sum", "clc.num_lstm_layers=1", "private_steps=95")),
+              ("slot_loss=sum", "clc.num_lstm_layers=1", "private_steps=95", D)),
     "slotmean_steps190": ("slot loss per word, 190 steps",
-                          ("slot_loss=mean", "clc.num_lstm_layers=2", "private_steps=190")),
+                          ("slot_loss=mean", "clc.num_lstm_layers=2", "private_steps=190", D)),
     "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (the default "
-                                "since 2026-11-24)",
-                                ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190")),
+                                "of 2026-11-24 morning)",
+                                ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190", D)),
     # no dropout took SNIPS CLC from 0.284 to 0.230 (results/pilot_snips_clc); the same here
-    "slotmean_1lstm_steps190_nodropout": ("slot loss per word, one BiLSTM layer, 190 steps, no "
-                                          "dropout", ("slot_loss=mean", "clc.num_lstm_layers=1",
-                                                      "private_steps=190", "clc.dropout=0.0")),
+    "slotmean_1lstm_steps190_nodropout": (
+        "slot loss per word, one BiLSTM layer, 190 steps, no dropout (the default since "
+        "2026-11-24)", ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190",
+                        "clc.dropout=0.0")),
 }
 
 
