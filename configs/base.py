@@ -18,6 +18,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    (BitFit: only biases) or "lora" (rank `bert.lora_rank` updates of the frozen
                    attention and feed-forward kernels, scaled by lora_alpha / lora_rank; tables
                    frozen, biases train); the heads, pooler and layer norms always train
+  bert.pooling     the intent head's input: "cls" (BERT's pooler on [CLS]) or "mean" (mean of the
+                   pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
@@ -63,6 +65,7 @@ def base_config() -> ml_collections.ConfigDict:
         finetune="all",
         lora_rank=8,
         lora_alpha=16.0,
+        pooling="cls",
     ))
     # training
     c.mechanism = "edp"

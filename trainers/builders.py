@@ -42,6 +42,7 @@ def check_config(config) -> None:
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
+    from models.bert.bert_backbone import POOLING
     from models.bert.finetuning import FINETUNE
     from models.joint_loss import TAG_REDUCTIONS
     from trainers.optimizers import OPTIMIZERS, SCHEDULES
@@ -101,6 +102,8 @@ def check_config(config) -> None:
         bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
     if config.model == "bert" and config.bert.finetune not in FINETUNE:
         bad("bert.finetune", config.bert.finetune, FINETUNE)
+    if config.model == "bert" and config.bert.get("pooling", "cls") not in POOLING:
+        bad("bert.pooling", config.bert.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
@@ -191,7 +194,7 @@ def build_model(config, preprocessor, vectors=None):
     size = {} if checkpoint else dict(num_layers=c.num_layers, num_heads=c.num_heads,
                                       hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
     model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
-                                        **task, **size)
+                                        pooling=c.get("pooling", "cls"), **task, **size)
     from models.bert.finetuning import set_finetuning
 
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha)

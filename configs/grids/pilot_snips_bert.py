@@ -26,6 +26,9 @@ def get_config():
         # the same question for BERT, at the 150 steps of the learning-rate pilots (0.300 there).
         cell("dpsgd_nodropout", "per-example, no dropout, 150 steps", "per-example", BERT, *DP,
              "bert.dropout=0.0", "steps=150"),
+        # all-MiniLM-L6-v2 was trained through mean pooling; its pooler is untrained
+        cell("dpsgd_meanpool", "per-example, mean pooling, 150 steps", "per-example", BERT, *DP,
+             "bert.pooling=mean", "steps=150"),
         # DP-AdaFEST (issue 13): every table trainable, dense noise vs sparse embedding noise at
         # the same epsilon (z0 recalibrated with the selection's z_c = 5 included: 0.954 against
         # 0.937). Test SER 0.307 sparse vs 0.316 dense, 0.25-0.28% of table rows per step.

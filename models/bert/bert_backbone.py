@@ -48,14 +48,28 @@ def build_bert_backbone(
     )
 
 
+POOLING = ("cls", "mean")
+
+
 @keras.saving.register_keras_serializable(package="edp_models")
 class BertWordEncoder(keras.Model):
     """Inputs: BERT's {"token_ids", "segment_ids", "padding_mask"} [batch, sequence_length] and
     "word_starts" [batch, max_words] (position of each word's first piece, 0 = no word).
     Outputs: {"sequence_output": first-piece states [batch, max_words, hidden],
-    "pooled_output": BERT's pooled [CLS] state [batch, hidden], "word_mask": bool [batch, max_words]}."""
+    "pooled_output": the utterance's state [batch, hidden], "word_mask": bool [batch, max_words]}.
 
-    def __init__(self, backbone: keras_hub.models.BertBackbone, sequence_length: int, max_words: int, **kwargs):
+    `pooling` picks the utterance's state: "cls" is BERT's pooler on [CLS]; "mean" averages the
+    states of the real pieces ([CLS] and [SEP] included), as sentence-transformers does. Why:
+    all-MiniLM-L6-v2 was trained as a sentence encoder through mean pooling, and its checkpoint's
+    pooler is untrained (bias 0, weights of std 0.009); with "mean" the intent head starts from the
+    representation the weights were trained for, and the pooler is frozen (no noise is drawn
+    for weights that do not train).
+    """
+
+    def __init__(self, backbone: keras_hub.models.BertBackbone, sequence_length: int, max_words: int,
+                 pooling: str = "cls", **kwargs):
+        if pooling not in POOLING:
+            raise ValueError(f"--config.bert.pooling={pooling!r} is invalid: expected one of {POOLING}")
         token_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(sequence_length,), dtype="int32", name="padding_mask")
@@ -66,6 +80,13 @@ class BertWordEncoder(keras.Model):
         first_pieces = ops.take_along_axis(
             outputs["sequence_output"], ops.expand_dims(word_starts, -1), axis=1
         )
+        if pooling == "mean":
+            real = ops.expand_dims(ops.cast(padding_mask, outputs["sequence_output"].dtype), -1)
+            pooled = ops.sum(outputs["sequence_output"] * real, axis=1) / ops.maximum(
+                ops.sum(real, axis=1), 1.0)
+            backbone.pooled_dense.trainable = False  # unused: it gets neither gradient nor noise
+        else:
+            pooled = outputs["pooled_output"]
         super().__init__(
             inputs={
                 "token_ids": token_ids,
@@ -75,7 +96,7 @@ class BertWordEncoder(keras.Model):
             },
             outputs={
                 "sequence_output": first_pieces,
-                "pooled_output": outputs["pooled_output"],
+                "pooled_output": pooled,
                 "word_mask": ops.greater(word_starts, 0),
             },
             **kwargs,
@@ -83,6 +104,7 @@ class BertWordEncoder(keras.Model):
         self.backbone = backbone
         self.sequence_length = sequence_length
         self.max_words = max_words
+        self.pooling = pooling
 
     def get_config(self):
         return {
@@ -91,6 +113,7 @@ class BertWordEncoder(keras.Model):
             "backbone": keras.saving.serialize_keras_object(self.backbone),
             "sequence_length": self.sequence_length,
             "max_words": self.max_words,
+            "pooling": self.pooling,
         }
 
     @classmethod

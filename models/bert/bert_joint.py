@@ -1,4 +1,5 @@
-"""BERT joint model: intent head on [CLS] (BERT's pooled state), CRF NER head on each word's first piece."""
+"""BERT joint model: intent head on the utterance's state (BERT's pooled [CLS], or the mean of its
+pieces), CRF NER head on each word's first piece."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class BertJoint(JointTagger):
         intent_weight: float = 1.0,
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
+        pooling: str = "cls",
         **size,
     ) -> "BertJoint":
         """Random-init compact BERT sized for `preprocessor`, or `checkpoint` (a local directory).
@@ -44,7 +46,8 @@ class BertJoint(JointTagger):
             dropout=dropout,
             **size,
         )
-        encoder = BertWordEncoder(backbone, preprocessor.sequence_length, preprocessor.max_words)
+        encoder = BertWordEncoder(backbone, preprocessor.sequence_length, preprocessor.max_words,
+                                  pooling=pooling)
         return cls(
             encoder,
             num_intents=len(preprocessor.intent_vocabulary),

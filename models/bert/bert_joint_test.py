@@ -94,6 +94,29 @@ def test_config_round_trip(data):
     np.testing.assert_allclose(clone(x)["intent_logits"], model(x)["intent_logits"], atol=1e-6)
 
 
+def test_mean_pooling_averages_the_real_pieces_and_freezes_the_pooler(data):
+    pre, x, _ = data
+    model = BertJoint.from_preprocessor(pre, pooling="mean", **testing.TINY_BERT)
+    pieces = model.backbone(
+        {k: x[k] for k in ("token_ids", "segment_ids", "padding_mask")}
+    )["sequence_output"].numpy()
+    real = x["padding_mask"].astype(bool)
+    assert not real.all()  # the fixture has padding, so a mean over every position would differ
+    want = np.stack([pieces[b, real[b]].mean(axis=0) for b in range(len(pieces))])
+    np.testing.assert_allclose(model.encoder(x)["pooled_output"].numpy(), want, atol=1e-5)
+    pooler = {id(v) for v in model.backbone.pooled_dense.weights}
+    assert not pooler & {id(v) for v in model.trainable_variables}
+    # CLS pooling keeps the pooler in training, and the choice survives serialization
+    cls = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    assert pooler.isdisjoint({id(v) for v in cls.trainable_variables})
+    assert {id(v) for v in cls.backbone.pooled_dense.weights} <= {id(v) for v in cls.trainable_variables}
+    clone = BertJoint.from_config(model.get_config())
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(clone(x)["intent_logits"], model(x)["intent_logits"], atol=1e-6)
+    with pytest.raises(ValueError, match="pooling='max'"):
+        BertJoint.from_preprocessor(pre, pooling="max", **testing.TINY_BERT)
+
+
 def test_missing_checkpoint_is_a_clear_error(data):
     pre, _, _ = data
     with pytest.raises(ValueError, match="nothing is downloaded"):
