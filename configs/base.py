@@ -18,6 +18,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    (BitFit: only biases) or "lora" (rank `bert.lora_rank` updates of the frozen
                    attention and feed-forward kernels, scaled by lora_alpha / lora_rank; tables
                    frozen, biases train); the heads, pooler and layer norms always train
+  bert.private_finetune, bert.private_dropout
+                   what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
+                   the same); a dataset config's private recipe (trainers/recipes.py)
   bert.pooling     the intent head's input: "cls" (BERT's pooler on [CLS]) or "mean" (mean of the
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
@@ -66,6 +69,8 @@ def base_config() -> ml_collections.ConfigDict:
         lora_rank=8,
         lora_alpha=16.0,
         pooling="cls",
+        private_finetune="",
+        private_dropout=-1.0,
     ))
     # training
     c.mechanism = "edp"

@@ -122,6 +122,19 @@ def test_dataset_configs_can_set_private_automatic_values():
         recipes.SGD_BATCH["clc"], recipes.LEARNING_RATE[("clc", False)])
 
 
+def test_private_finetuning_and_dropout_apply_to_private_runs_only():
+    c = config(model="bert", batch_size=0, epochs=0, learning_rate=0.0, replicas=1)
+    c.bert.update(finetune="no_embeddings", dropout=0.1, private_finetune="lora",
+                  private_dropout=0.0)
+    private = recipes.resolve(dict_update(c, mechanism="dpsgd"), n=1_000)
+    assert (private.bert.finetune, private.bert.dropout) == ("lora", 0.0)
+    plain = recipes.resolve(dict_update(c, mechanism="sgd"), n=1_000)
+    assert (plain.bert.finetune, plain.bert.dropout) == ("no_embeddings", 0.1)
+    c.bert.update(private_finetune="", private_dropout=-1.0)  # unset: the shared values
+    private = recipes.resolve(dict_update(c, mechanism="edp"), n=1_000)
+    assert (private.bert.finetune, private.bert.dropout) == ("no_embeddings", 0.1)
+
+
 def dict_update(c, **kw):
     c = c.copy_and_resolve_references()
     c.update(kw)

@@ -362,7 +362,10 @@ def test_values_checked_later_still_name_the_field(tmp_path, field, value, named
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
-@pytest.mark.parametrize("field, value", [("vocabulary", "klingon"), ("finetune", "some")])
+@pytest.mark.parametrize("field, value", [
+    ("vocabulary", "klingon"), ("finetune", "some"), ("private_finetune", "some"),
+    ("dropout", 1.0), ("private_dropout", 1.5),
+])
 def test_invalid_nested_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config("bert", replicas=1)
     config.bert[field] = value

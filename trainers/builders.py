@@ -102,6 +102,13 @@ def check_config(config) -> None:
         bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
     if config.model == "bert" and config.bert.finetune not in FINETUNE:
         bad("bert.finetune", config.bert.finetune, FINETUNE)
+    if config.model == "bert" and config.bert.get("private_finetune", "") not in FINETUNE + ("",):
+        bad("bert.private_finetune", config.bert.private_finetune, FINETUNE + ("",))
+    if config.model == "bert" and not 0 <= config.bert.dropout < 1:
+        bad("bert.dropout", config.bert.dropout, "in [0, 1)")
+    if config.model == "bert" and not config.bert.get("private_dropout", -1.0) < 1:
+        bad("bert.private_dropout", config.bert.private_dropout,
+            "in [0, 1), or < 0 for bert.dropout")
     if config.model == "bert" and config.bert.get("pooling", "cls") not in POOLING:
         bad("bert.pooling", config.bert.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
