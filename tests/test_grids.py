@@ -36,3 +36,30 @@ def test_grid_cells_name_real_configs_and_fields(path):
             for part in field.split("."):
                 assert part in node, f"{path}: cell {c.name}: no config field {field!r}"
                 node = node[part]
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=os.path.basename)
+def test_private_cells_do_not_set_what_the_private_recipe_replaces(path):
+    """In a private run bert.private_finetune / bert.private_dropout (when set) replace
+    bert.finetune / bert.dropout, so a private cell passing the latter would not run what its
+    label says."""
+    for c in load(path).cells:
+        config = load(os.path.join(ROOT, c.config))
+        given = dict(o.partition("=")[::2] for o in c.overrides)
+        if given.get("mechanism", config.mechanism) == "sgd" or "bert" not in config:
+            continue
+        for field in ("finetune", "dropout"):
+            recipe = given.get(f"bert.private_{field}", config.bert.get(f"private_{field}"))
+            if recipe not in (None, "", "-1.0", -1.0):
+                assert f"bert.{field}" not in given, (
+                    f"{path}: cell {c.name} sets bert.{field}, which bert.private_{field}="
+                    f"{recipe!r} replaces in private runs: set bert.private_{field}")
+
+
+def test_bert_private_pins_cells_against_the_private_recipe():
+    from configs.grids.common import BERT_FULL_FINETUNING, bert_private
+
+    assert bert_private() == BERT_FULL_FINETUNING
+    pinned = bert_private("steps=150", "bert.finetune=lora", "bert.dropout=0.0")
+    assert pinned[:3] == ("steps=150", "bert.private_finetune=lora", "bert.private_dropout=0.0")
+    assert set(pinned[3:]) == {"private_learning_rate=0.002"}

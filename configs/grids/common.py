@@ -20,3 +20,22 @@ def grid(dataset: str, cells: list, notes: str = "", schedule_reference: str = "
     g.schedule_reference = schedule_reference
     g.grid_file = ""
     return g
+
+
+# What configs/snips_bert.py (and atis_bert.py) gave private runs before its private recipe
+# became LoRA r 8 without dropout at Adam 5e-3 (2026-11-25): every kernel but the embedding
+# tables trained, dropout 0.1, Adam 2e-3.
+BERT_FULL_FINETUNING = ("bert.private_finetune=no_embeddings", "bert.private_dropout=0.1",
+                        "private_learning_rate=0.002")
+
+
+def bert_private(*overrides: str) -> tuple:
+    """`overrides` of a private BERT cell, pinned so that the dataset config's private recipe
+    cannot change it: bert.finetune / bert.dropout become their private_ fields (which win in
+    private runs), and whatever the cell leaves open is BERT_FULL_FINETUNING."""
+    pinned = tuple(o.replace("bert.finetune=", "bert.private_finetune=", 1)
+                   .replace("bert.dropout=", "bert.private_dropout=", 1)
+                   if o.startswith(("bert.finetune=", "bert.dropout=")) else o
+                   for o in overrides)
+    given = {o.partition("=")[0] for o in pinned}
+    return pinned + tuple(p for p in BERT_FULL_FINETUNING if p.partition("=")[0] not in given)

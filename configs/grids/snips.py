@@ -4,7 +4,7 @@ best mechanism of both models, and epsilon 8 for the others.
 
     python -m trainers.experiment --grid=configs/grids/snips.py
 """
-from configs.grids.common import cell, grid
+from configs.grids.common import bert_private, cell, grid
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
 # experiments on public benchmarks, not shareable runs.
@@ -49,14 +49,20 @@ def get_config():
     steps150 = cell("bert_dpsgd_eps8_steps150",
                     "per-example DP-SGD, eps 8, 150 steps (the default before)", "per-example",
                     "configs/snips_bert.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
-                    "private_steps=150")
+                    *bert_private("private_steps=150"))
+    # The 300-step default before LoRA: every kernel but the embedding tables, dropout 0.1, 2e-3
+    full = cell("bert_dpsgd_eps8_full", "per-example DP-SGD, eps 8, every kernel trained, "
+                "dropout 0.1 (the default before)", "per-example", "configs/snips_bert.py", DIAG,
+                "mechanism=dpsgd", "target_epsilon=8.0", *bert_private())
     bert = rows("bert", "configs/snips_bert.py")
-    return grid("snips", bert[:2] + [steps150] + bert[2:] + rows("clc", "configs/snips_clc.py"),
+    return grid("snips", bert[:2] + [full, steps150] + bert[2:]
+                + rows("clc", "configs/snips_clc.py"),
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
-                       "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (dpsgd_steps300, "
-                       "its command: --config.steps=300 resolves to the same 300 steps as "
-                       "snips_bert's default since commit eb1013d). bert_dpsgd_eps8_steps150 ran "
+                       "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (dpsgd_lora_nodropout, "
+                       "its command: it resolves to the same config as snips_bert's default "
+                       "since 2026-11-25). bert_dpsgd_eps8_full, the default before, is that "
+                       "pilot's dpsgd_steps300. bert_dpsgd_eps8_steps150 ran "
                        "as bert_dpsgd_eps8 when the default was ~150 steps; its command is the "
                        "one that reproduces it today. CLC rows run before snips_clc's slot loss "
                        "became per-word (2026-11-24) carry --config.slot_loss=sum in their "
