@@ -159,3 +159,28 @@ def test_user_level_batches_count_users_in_multiples_of_the_replicas():
     assert c.batch_size % 4 == 0 and c.batch_size == 4 * round(
         recipes.USER_SAMPLING_RATE * 1000 / 4)
     assert c.epochs == math.ceil(recipes.USER_STEPS / math.ceil(1000 / c.batch_size))
+
+
+def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_finetuning():
+    """The recipe results/pilot_snips_bert chose: the grids' pinned rows depend on it."""
+    from configs.snips_bert import get_config
+
+    private = recipes.resolve(get_config(), n=13_084)
+    assert (private.bert.finetune, private.bert.dropout, private.learning_rate) == (
+        "lora", 0.0, 0.005)
+    assert private.batch_size == 1047 and private.epochs == 24  # q 0.08, 300 steps
+    plain = recipes.resolve(dict_update(get_config(), mechanism="sgd"), n=13_084)
+    assert (plain.bert.finetune, plain.bert.dropout, plain.learning_rate) == (
+        "no_embeddings", 0.1, 1e-4)
+
+
+@pytest.mark.parametrize("name", ["default", "snips_clc", "snips_bert", "atis_clc", "atis_bert"])
+def test_dataset_configs_pass_the_trainers_checks(name):
+    import importlib
+
+    from trainers import builders
+
+    config = importlib.import_module(f"configs.{name}").get_config()
+    for mechanism in ("sgd", config.mechanism):
+        resolved = recipes.resolve(dict_update(config, mechanism=mechanism), n=5_000)
+        builders.check_config(resolved)
