@@ -98,19 +98,20 @@ def check_config(config) -> None:
         bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
     if not 0 <= config.delta < 1:
         bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
-    if config.model == "bert" and config.bert.vocabulary not in ("minilm", "train"):
-        bad("bert.vocabulary", config.bert.vocabulary, ("minilm", "train"))
-    if config.model == "bert" and config.bert.finetune not in FINETUNE:
-        bad("bert.finetune", config.bert.finetune, FINETUNE)
-    if config.model == "bert" and config.bert.get("private_finetune", "") not in FINETUNE + ("",):
-        bad("bert.private_finetune", config.bert.private_finetune, FINETUNE + ("",))
-    if config.model == "bert" and not 0 <= config.bert.dropout < 1:
-        bad("bert.dropout", config.bert.dropout, "in [0, 1)")
-    if config.model == "bert" and not config.bert.get("private_dropout", -1.0) < 1:
-        bad("bert.private_dropout", config.bert.private_dropout,
-            "in [0, 1), or < 0 for bert.dropout")
-    if config.model == "bert" and config.bert.get("pooling", "cls") not in POOLING:
-        bad("bert.pooling", config.bert.pooling, POOLING)
+    if config.model == "bert":
+        b = config.bert
+        if b.vocabulary not in ("minilm", "train"):
+            bad("bert.vocabulary", b.vocabulary, ("minilm", "train"))
+        if b.finetune not in FINETUNE:
+            bad("bert.finetune", b.finetune, FINETUNE)
+        if b.get("private_finetune", "") not in FINETUNE + ("",):  # "": bert.finetune
+            bad("bert.private_finetune", b.private_finetune, FINETUNE + ("",))
+        if not 0 <= b.dropout < 1:
+            bad("bert.dropout", b.dropout, "in [0, 1)")
+        if not b.get("private_dropout", -1.0) < 1:
+            bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
+        if b.get("pooling", "cls") not in POOLING:
+            bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):

@@ -132,11 +132,9 @@ def _load_data(config, splits, resume: bool) -> _Data:
     units, users = builders.privacy_units(config, splits.train)
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, units)
-        if config.model == "bert" and config.mechanism != "sgd" and (
-                config.bert.get("private_finetune") or config.bert.get("private_dropout", -1) >= 0):
-            _log.info("private run: bert.finetune=%s, bert.dropout=%s (the config's "
-                      "bert.private_finetune / bert.private_dropout)", config.bert.finetune,
-                      config.bert.dropout)
+        if config.model == "bert":  # private runs may have taken the bert.private_ fields
+            _log.info("%s run: bert.finetune=%s, bert.dropout=%s", config.mechanism,
+                      config.bert.finetune, config.bert.dropout)
     labels = builders.label_schema(config, splits)
     unseen = {name: data_lib.conform(getattr(splits, name), labels.tag_vocabulary,
                                      labels.intent_vocabulary, name)[1].to_dict()
