@@ -12,6 +12,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   epochs, steps    epochs; 0 = auto; steps > 0 trains ceil(steps / steps per epoch) epochs
   learning_rate    peak learning rate; 0 = auto per model and mechanism (trainers/recipes.py)
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
+  ema_fraction     > 0: train, then keep an exponential moving average of the weights whose time
+                   constant is this fraction of the steps (free in epsilon: post-processing)
   slot_loss        "sum" (CRF NLL of the utterance) or "mean" (per word: long utterances do not
                    dominate the clipped gradient)
   bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen), "bias"
@@ -87,6 +89,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only
+    # > 0: the weights are an exponential moving average with this time constant (a fraction of
+    # the run's steps); post-processing, so free in epsilon (trainers/optimizers.py)
+    c.ema_fraction = 0.0
     c.slot_loss = "sum"
     c.intent_loss_weight = 1.0
     c.slot_loss_weight = 1.0

@@ -184,3 +184,11 @@ def test_dataset_configs_pass_the_trainers_checks(name):
     for mechanism in ("sgd", config.mechanism):
         resolved = recipes.resolve(dict_update(config, mechanism=mechanism), n=5_000)
         builders.check_config(resolved)
+
+
+def test_ema_momentum_is_one_time_constant_of_the_fraction_of_steps():
+    assert optimizers.ema_kwargs(0.0, 100) == {}
+    assert optimizers.ema_kwargs(0.1, 200)["ema_momentum"] == pytest.approx(1 - 1 / 20)
+    assert optimizers.ema_kwargs(0.1, 5)["ema_momentum"] == 0.0  # under one step: no averaging
+    with pytest.raises(ValueError, match=r"--config\.ema_fraction="):
+        optimizers.build_optimizer("adam", 1e-3, 10, ema_fraction=1.0)

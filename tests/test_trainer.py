@@ -338,7 +338,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     ("batch_size", -1), ("epochs", -1), ("learning_rate", -1.0), ("delta", 1.5),
     ("target_epsilon", -1.0), ("microbatch_size", -1), ("steps", -1), ("sampling_rate", 1.5),
     ("slot_loss", "max"), ("lr_schedule", "step"), ("warmup_fraction", 1.0),
-    ("weight_decay", -0.1), ("local_epochs", 1), ("local_batch_size", -1),
+    ("weight_decay", -0.1), ("ema_fraction", 1.0), ("local_epochs", 1), ("local_batch_size", -1),
     ("local_learning_rate", 0.0), ("user_estimator", "clipped"), ("user_weight_cap", 4.0),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
@@ -525,3 +525,34 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
     from trainers.privacy import statement_from_ledger
 
     assert "DP-AdaFEST" in statement_from_ledger(led)
+
+
+# --------------------------------------------------------------------------- weight averaging
+class _RawWeights(keras.callbacks.Callback):
+    """The last epoch's raw weights and the optimizer's averages, before fit writes the latter."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        wrapped = getattr(self.model, "wrapped_model", self.model)
+        self.raw = [v.numpy().copy() for v in wrapped.trainable_variables]
+        self.average = [v.numpy().copy()
+                        for v in self.model.optimizer._model_variables_moving_average]
+
+
+@pytest.mark.parametrize("mechanism", ["dpsgd", "sgd"])
+def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechanism):
+    """ema_fraction > 0: what the run evaluates and exports is the moving average of the weights
+    (matched variable by variable), not the last step's weights; the momentum follows the steps."""
+    config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
+                         noise_multiplier=1.0)
+    raw, seen = _RawWeights(), {}
+
+    def hook(model, preprocessor):
+        seen["final"] = [v.numpy() for v in model.trainable_variables]
+
+    run.train(config, str(tmp_path / "run"), strategy=strategy(1), callbacks=[raw],
+              after_training=hook, export=False)
+    assert len(seen["final"]) == len(raw.average) == len(raw.raw)
+    for final, average in zip(seen["final"], raw.average):
+        np.testing.assert_array_equal(final, average)
+    assert any(not np.allclose(f, r) for f, r in zip(seen["final"], raw.raw))
+

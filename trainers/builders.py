@@ -114,6 +114,8 @@ def check_config(config) -> None:
             bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
+    if not 0 <= config.get("ema_fraction", 0.0) < 1:
+        bad("ema_fraction", config.ema_fraction, "in [0, 1)")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
         if not config[field] >= 0:
             bad(field, config[field], ">= 0")
@@ -311,7 +313,8 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
 def optimizer(config, steps_per_epoch: int):
     return optimizers.build_optimizer(
         config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
-        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay))
+        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay),
+        float(config.get("ema_fraction", 0.0)))
 
 
 def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
