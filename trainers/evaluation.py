@@ -54,9 +54,10 @@ def loss_step(model):
     return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
 
 
-def membership_attack(model, preprocessor, train_enc, test_utterances) -> dict:
-    """Loss-threshold membership inference: as many training utterances as test ones."""
-    test_enc = builders.encode(preprocessor, test_utterances, "test")
+def membership_attack(model, preprocessor, train_enc, nonmembers, name: str = "test") -> dict:
+    """Loss-threshold membership inference: as many training utterances as held-out ones (the
+    `name` split's `nonmembers`)."""
+    test_enc = builders.encode(preprocessor, nonmembers, name)
     n = min(builders.rows(train_enc.x), builders.rows(test_enc.x))
     index = np.random.default_rng(0).permutation(builders.rows(train_enc.x))[:n]
     step = loss_step(model)

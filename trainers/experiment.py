@@ -35,6 +35,10 @@ _CELLS = flags.DEFINE_list("cells", None, "Only these cells (default: all of the
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the tables and plots.")
 _LIST = flags.DEFINE_bool("list", False, "List the cells and their state, then exit.")
 _PYTHON = flags.DEFINE_string("python", sys.executable, "Interpreter for the training runs.")
+_DEV_ATTACK = flags.DEFINE_bool(
+    "dev_attack", False, "For finished cells measured before the dev-split membership attack: "
+    "resume their finished run (which recomputes its final metrics, the attack included) and add "
+    "the attack to the cell's result. The run's test metrics must come out as stored.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,6 +90,7 @@ def collect(grid, cell) -> dict:
             grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
         "test": metrics["test"], "membership_inference": {
             k: v for k, v in (metrics.get("membership_inference") or {}).items()},
+        "membership_inference_dev": metrics.get("membership_inference_dev") or {},
         "epochs": len(metrics["epochs"]),
         "seconds_per_epoch": seconds[len(seconds) // 2] if seconds else None,
         "dataset_size": config["dataset_size"], "delta": config["delta"],
@@ -125,10 +130,38 @@ def run_cell(grid, cell, python: str, log) -> dict:
     return result
 
 
+def add_dev_attack(grid, cell, python: str) -> dict:
+    """The cell's stored result with `membership_inference_dev` from its finished run directory
+    (the one its command names), recomputed by resuming that run; RuntimeError if the run's
+    test metrics no longer match the stored ones (then it is not the run of this row)."""
+    path = cell_result_path(grid, cell.name)
+    result = _read(path)
+    if result.get("membership_inference_dev") or not result.get("membership_inference"):
+        return result  # measured already, or a cell run without diagnostics
+    run_dir = next(a.split("=", 1)[1] for a in shlex.split(result["command"])
+                   if a.startswith("--run_dir="))
+    if not os.path.isfile(os.path.join(ROOT, run_dir, "state.json")):
+        raise RuntimeError(f"cell {cell.name}: its run directory {run_dir} is not here")
+    with open(os.path.join(ROOT, run_dir + ".attack.log"), "a") as out:
+        code = subprocess.call([python, "-m", "trainers.train", f"--run_dir={run_dir}",
+                                "--resume"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    metrics = _read(os.path.join(ROOT, run_dir, "metrics.json"), {})
+    if code != 0 or not metrics.get("membership_inference_dev"):
+        raise RuntimeError(f"cell {cell.name}: resuming {run_dir} failed ({code}); see "
+                           f"{run_dir}.attack.log")
+    stored, now = result["test"], metrics["test"]
+    if any(abs(stored[k] - now[k]) > 1e-9 for k in ("ser", "intent_accuracy", "slot_f1")):
+        raise RuntimeError(f"cell {cell.name}: {run_dir} now scores test SER {now['ser']:.4f}, "
+                           f"the row says {stored['ser']:.4f}: not this row's run")
+    result["membership_inference_dev"] = metrics["membership_inference_dev"]
+    _write(path, result)
+    return result
+
+
 # ------------------------------------------------------------------------------ report
 COLUMNS = ["model", "row", "batch", "epochs", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
            "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "mia_auc_ci95", "delta_auc",
-           "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
+           "mia_auc_dev", "mia_auc_dev_ci95", "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
 
 
 def table_rows(results: list) -> list:
@@ -142,6 +175,7 @@ def table_rows(results: list) -> list:
         eps = r.get("epsilon")
         others = r.get("epsilon_at_other_deltas") or {}
         mia = r.get("membership_inference") or {}
+        mia_dev = r.get("membership_inference_dev") or {}
         row = {
             "model": r["model"], "row": r["label"], "batch": r.get("batch_size", ""),
             "epochs": r.get("epochs", ""),
@@ -153,6 +187,7 @@ def table_rows(results: list) -> list:
             "test_ser": r["test"]["ser"], "intent_acc": r["test"]["intent_accuracy"],
             "slot_f1": r["test"]["slot_f1"], "mia_auc": mia.get("auc", ""),
             "mia_auc_ci95": _auc_interval(mia),
+            "mia_auc_dev": mia_dev.get("auc", ""), "mia_auc_dev_ci95": _auc_interval(mia_dev),
             "tpr_at_1pct": mia.get("tpr_at_1pct_fpr", ""),
             "tpr_at_0.1pct": mia.get("tpr_at_0.1pct_fpr", ""),
             "s_per_epoch": r.get("seconds_per_epoch"), "command": r["command"],
@@ -205,7 +240,9 @@ def write_tables(grid, results: list, missing: list) -> None:
              "same run at other deltas. delta_ser_pct is relative to the same model's SGD row; "
              "mia = loss-threshold membership inference (members: training utterances, "
              "non-members: test), mia_auc_ci95 its 95% interval (Hanley-McNeil: about +-0.03 "
-             "with 700 non-members), delta_auc vs SGD.", ""] if results else [f"# {grid.dataset}", ""]
+             "with 700 non-members), delta_auc vs SGD; mia_auc_dev is the same attack with the dev "
+             "split as non-members (drawn like train, where test may not be; blank: not "
+             "measured for that run).", ""] if results else [f"# {grid.dataset}", ""]
     if results:
         lines += ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
         for row in rows:
@@ -346,7 +383,17 @@ def main(argv):
                      "todo")
             print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
         return
-    if not _REPORT.value:
+    if _DEV_ATTACK.value:
+        for cell in (c for c in grid.cells if c.name in wanted):
+            if os.path.isfile(cell_result_path(grid, cell.name)):
+                try:
+                    mia = add_dev_attack(grid, cell, _PYTHON.value).get(
+                        "membership_inference_dev") or {}
+                    print(f"{cell.name}: dev-split attack AUC {mia.get('auc', float('nan')):.3f}",
+                          flush=True)
+                except RuntimeError as error:
+                    print(f"{cell.name}: FAILED: {error}", flush=True)
+    elif not _REPORT.value:
         todo = [c for c in grid.cells if c.name in wanted]
         for i, cell in enumerate(todo, 1):
             prefix = f"[{i}/{len(todo)}] {grid.dataset} {cell.name}"

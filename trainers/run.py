@@ -211,9 +211,16 @@ def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
     attack = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.test)
               if splits.test and diagnostics else {})
+    # The same attack against the dev split: where the test split is drawn differently from
+    # train, test losses are higher for reasons other than membership. No training step uses dev
+    # and the trainer selects nothing on it, so its utterances are non-members too.
+    attack_dev = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.dev,
+                                                "dev")
+                  if splits.dev and diagnostics else {})
     record.update({"test": test, "unseen_labels": data.unseen})
     if diagnostics:
-        record.update({"train_encoding": data.train.report, "membership_inference": attack})
+        record.update({"train_encoding": data.train.report, "membership_inference": attack,
+                       "membership_inference_dev": attack_dev})
     if attack:
         _log.info("membership inference (loss threshold, %d vs %d): AUC %.3f, TPR %.3f at 1%% FPR",
                   attack["members"], attack["nonmembers"], attack["auc"],
