@@ -42,6 +42,12 @@ def get_config():
               "bert.finetune=all", "steps=150"),
         pilot("dpsgd_all_sparse", "per-example, embeddings trainable, sparse noise (AdaFEST), "
               "150 steps", "bert.finetune=all", "steps=150", "sparse_embeddings=True"),
+        # Round 3 (2026-11-25), from the LoRA recipe: twice the sampling rate for half the steps
+        # (the same 24 epochs). At epsilon 8 z0 goes from 1.12 to 1.43, so the noise of a step
+        # relative to its expected batch falls from z/(qn) = 0.00107 to 0.00068.
+        pilot("lora_q16_150steps", "per-example, LoRA r 8, no dropout, q 0.16, 150 steps",
+              "bert.finetune=lora", "bert.dropout=0.0", "learning_rate=0.005",
+              "sampling_rate=0.16", "steps=150"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data. "
              "Every cell is pinned (configs/grids/common.py bert_private): bert.finetune and "
              "bert.dropout are passed as bert.private_finetune / bert.private_dropout, and what "
