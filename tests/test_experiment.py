@@ -91,22 +91,31 @@ def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path
     assert bad.returncode != 0 and "unknown cells ['nope']" in bad.stderr
 
 
-def test_dev_attack_is_added_to_rows_measured_without_it(finished, tmp_path):
+def test_dev_attack_is_added_to_rows_measured_without_it(finished):
     """--dev_attack: a row stored before the dev-split attack gets it from its own finished run
-    (resumed: the final metrics are recomputed), and a run that no longer scores the row's test
-    metrics is refused rather than mixed into it."""
+    (resumed: the final metrics are recomputed, the ledger and state untouched), and a run that
+    no longer scores the row's test metrics is refused rather than mixed into it."""
     g, (_, dp) = finished
     assert dp["membership_inference_dev"]["nonmembers"] > 0  # new runs measure it
-    stored = dict(dp, membership_inference_dev={},
-                  command=dp["command"].replace("runs/experiments/tiny/clc_dpsgd",
-                                                os.path.join(g.runs_dir, "clc_dpsgd")))
-    experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), stored)
+    run_dir = os.path.join(g.runs_dir, "clc_dpsgd")
+    metrics_path = os.path.join(run_dir, "metrics.json")
+    with open(metrics_path) as f:
+        metrics = json.load(f)
+    metrics.pop("membership_inference_dev")
+    metrics["test"] = {}  # only a recomputation can bring both back
+    experiment._write(metrics_path, metrics)
+    old = {k: v for k, v in dp.items() if k != "membership_inference_dev"}
+    experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), old)
+    ledger = {f: open(os.path.join(run_dir, f), "rb").read()
+              for f in ("privacy.json", "state.json")}
     cell = g.cells[1]
     again = experiment.add_dev_attack(g, cell, sys.executable)
     assert again["membership_inference_dev"]["auc"] == pytest.approx(
         dp["membership_inference_dev"]["auc"])
-    assert again["test"] == dp["test"]
-    wrong = dict(stored, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5))
+    with open(metrics_path) as f:
+        assert json.load(f)["test"] == dp["test"]
+    assert ledger == {f: open(os.path.join(run_dir, f), "rb").read() for f in ledger}
+    wrong = dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5))
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), wrong)
     with pytest.raises(RuntimeError, match="not this row's run"):
         experiment.add_dev_attack(g, cell, sys.executable)

@@ -186,6 +186,12 @@ def test_dataset_configs_pass_the_trainers_checks(name):
         builders.check_config(resolved)
 
 
+@pytest.mark.parametrize("name", optimizers.OPTIMIZERS)
+def test_every_optimizer_averages_weights_when_asked(name):
+    assert optimizers.build_optimizer(name, 1e-3, 100, ema_fraction=0.1).use_ema
+    assert not optimizers.build_optimizer(name, 1e-3, 100).use_ema
+
+
 def test_ema_momentum_is_one_time_constant_of_the_fraction_of_steps():
     assert optimizers.ema_kwargs(0.0, 100) == {}
     assert optimizers.ema_kwargs(0.1, 200)["ema_momentum"] == pytest.approx(1 - 1 / 20)

@@ -549,10 +549,19 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     def hook(model, preprocessor):
         seen["final"] = [v.numpy() for v in model.trainable_variables]
 
-    run.train(config, str(tmp_path / "run"), strategy=strategy(1), callbacks=[raw],
-              after_training=hook, export=False)
+    run_dir = str(tmp_path / "run")
+    first = run.train(config, run_dir, strategy=strategy(1), callbacks=[raw],
+                      after_training=hook, export=False)
     assert len(seen["final"]) == len(raw.average) == len(raw.raw)
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
     assert any(not np.allclose(f, r) for f, r in zip(seen["final"], raw.raw))
+    # 12 steps, time constant 0.5 x 12 = 6 steps
+    assert float(raw.model.optimizer.ema_momentum) == pytest.approx(1 - 1 / 6)
+    # a finished run resumed (fit has nothing left to run) is scored on the averages too
+    again = run.train(config, run_dir, resume=True, strategy=strategy(1), after_training=hook,
+                      export=False)
+    assert again["test"] == first["test"]
+    for final, average in zip(seen["final"], raw.average):
+        np.testing.assert_array_equal(final, average)
 

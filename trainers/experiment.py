@@ -65,6 +65,13 @@ def _read(path, default=None):
         return json.load(f)
 
 
+def _bytes(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _write(path, payload) -> None:
     from edp_tf.ledger import write_json_atomically
 
@@ -136,17 +143,29 @@ def add_dev_attack(grid, cell, python: str) -> dict:
     test metrics no longer match the stored ones (then it is not the run of this row)."""
     path = cell_result_path(grid, cell.name)
     result = _read(path)
-    if result.get("membership_inference_dev") or not result.get("membership_inference"):
-        return result  # measured already, or a cell run without diagnostics
+    if "membership_inference_dev" in result or not result.get("membership_inference"):
+        return result  # measured already (maybe {}: no dev split), or run without diagnostics
     run_dir = next(a.split("=", 1)[1] for a in shlex.split(result["command"])
                    if a.startswith("--run_dir="))
-    if not os.path.isfile(os.path.join(ROOT, run_dir, "state.json")):
+    typed = f"runs/experiments/{grid.dataset}/"  # the command as typed; this grid's runs_dir
+    if run_dir.startswith(typed):
+        run_dir = os.path.join(grid.runs_dir, run_dir[len(typed):])
+    full = os.path.join(ROOT, run_dir)
+    state = _read(os.path.join(full, "state.json"))
+    config = _read(os.path.join(full, "config.json"))
+    if not state or not config:
         raise RuntimeError(f"cell {cell.name}: its run directory {run_dir} is not here")
-    with open(os.path.join(ROOT, run_dir + ".attack.log"), "a") as out:
+    if state.get("epochs_done", 0) < config["config"]["epochs"]:  # resuming would train
+        raise RuntimeError(f"cell {cell.name}: {run_dir} stopped before its last epoch")
+    ledger_files = {f: _bytes(os.path.join(full, f)) for f in ("privacy.json", "state.json")}
+    with open(full + ".attack.log", "a") as out:
         code = subprocess.call([python, "-m", "trainers.train", f"--run_dir={run_dir}",
                                 "--resume"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-    metrics = _read(os.path.join(ROOT, run_dir, "metrics.json"), {})
-    if code != 0 or not metrics.get("membership_inference_dev"):
+    if any(_bytes(os.path.join(full, f)) != b for f, b in ledger_files.items()):
+        raise RuntimeError(f"cell {cell.name}: resuming {run_dir} changed its privacy.json or "
+                           "state.json")
+    metrics = _read(os.path.join(full, "metrics.json"), {})
+    if code != 0 or "membership_inference_dev" not in metrics:
         raise RuntimeError(f"cell {cell.name}: resuming {run_dir} failed ({code}); see "
                            f"{run_dir}.attack.log")
     stored, now = result["test"], metrics["test"]
@@ -389,7 +408,8 @@ def main(argv):
                 try:
                     mia = add_dev_attack(grid, cell, _PYTHON.value).get(
                         "membership_inference_dev") or {}
-                    print(f"{cell.name}: dev-split attack AUC {mia.get('auc', float('nan')):.3f}",
+                    print(f"{cell.name}: dev-split attack AUC {mia['auc']:.3f}" if mia else
+                          f"{cell.name}: no dev-split attack (no diagnostics or no dev split)",
                           flush=True)
                 except RuntimeError as error:
                     print(f"{cell.name}: FAILED: {error}", flush=True)

@@ -90,8 +90,10 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                         .in_resume_order(ledger, epoch_end, tensorboard, callbacks))
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
-    if trainer.optimizer.use_ema:  # the averaged weights, also when fit had nothing left to
-        trainer.optimizer.finalize_variable_values(model.trainable_variables)  # run or stopped
+    # The averaged weights, also when fit had nothing left to run or stopped; not before the
+    # first step (the averages would still be the zeros they start as).
+    if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
+        trainer.optimizer.finalize_variable_values(model.trainable_variables)
     record, test, attack = _final_metrics(run_dir, config, data, model, epoch_end.predict_step)
     if export:
         from models.export import export_serving_model

@@ -58,6 +58,7 @@ def artifacts(diagnostics: bool, labels) -> dict:
     if diagnostics:
         not_covered += [
             "metrics.json: epochs[].train (training loss, preclip_norm, clipped_fraction, "
-            "nonfinite_microbatches), train_encoding, membership_inference (training losses)",
+            "nonfinite_microbatches), train_encoding, membership_inference and "
+            "membership_inference_dev (training losses)",
             "tensorboard/ (the same training statistics)"]
     return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics}
