@@ -23,6 +23,10 @@ Field meanings (all overridable with `--config.FIELD=value`):
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (trainers/recipes.py)
+  head_dropout     dropout on the encoder's outputs before the intent and slot heads, on top of
+                   clc.dropout / bert.dropout (which act inside the encoder)
+  private_head_dropout
+                   what private runs use instead of head_dropout (< 0: the same)
   bert.pooling     the intent head's input: "cls" (BERT's pooler on [CLS]) or "mean" (mean of the
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
@@ -47,6 +51,9 @@ def base_config() -> ml_collections.ConfigDict:
     # model
     c.model = "clc"
     c.max_words = 32
+    # dropout before the heads (both models; the encoders' own is clc.dropout / bert.dropout)
+    c.head_dropout = 0.1
+    c.private_head_dropout = -1.0  # private runs: >= 0 replaces head_dropout
     c.clc = ml_collections.ConfigDict(dict(
         word_vectors="glove-6b-50d",  # "", a .vec file path, or glove-6b-50d (public vocabulary)
         vocabulary_size=20000,

@@ -135,6 +135,15 @@ def test_private_finetuning_and_dropout_apply_to_private_runs_only():
     assert (private.bert.finetune, private.bert.dropout) == ("no_embeddings", 0.1)
 
 
+def test_private_head_dropout_applies_to_private_runs_only():
+    c = config(batch_size=0, epochs=0, learning_rate=0.0, replicas=1, head_dropout=0.1,
+               private_head_dropout=0.0)
+    assert recipes.resolve(dict_update(c, mechanism="dpsgd"), n=1_000).head_dropout == 0.0
+    assert recipes.resolve(dict_update(c, mechanism="sgd"), n=1_000).head_dropout == 0.1
+    c.private_head_dropout = -1.0  # unset: the shared value
+    assert recipes.resolve(dict_update(c, mechanism="edp"), n=1_000).head_dropout == 0.1
+
+
 def dict_update(c, **kw):
     c = c.copy_and_resolve_references()
     c.update(kw)

@@ -24,7 +24,7 @@ import tensorflow as tf
 import edp_tf
 from configs.base import base_config
 from edp_tf import accounting
-from trainers import builders, evaluation, run, rundir, synthetic
+from trainers import builders, evaluation, recipes, run, rundir, synthetic
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
@@ -340,6 +340,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     ("slot_loss", "max"), ("lr_schedule", "step"), ("warmup_fraction", 1.0),
     ("weight_decay", -0.1), ("ema_fraction", 1.0), ("local_epochs", 1), ("local_batch_size", -1),
     ("local_learning_rate", 0.0), ("user_estimator", "clipped"), ("user_weight_cap", 4.0),
+    ("head_dropout", 1.0), ("head_dropout", -0.1), ("private_head_dropout", 1.0),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})
@@ -565,3 +566,18 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
 
+
+@pytest.mark.parametrize("model", ["clc", "bert"])
+def test_head_dropout_reaches_the_heads(model):
+    """The heads' dropout is the config's (private runs: private_head_dropout when set); before
+    the field existed it was a fixed 0.1 that "no dropout" recipes silently kept."""
+    for mechanism, expected in (("dpsgd", 0.0), ("sgd", 0.3)):
+        config = tiny_config(model, mechanism, replicas=1, head_dropout=0.3,
+                             private_head_dropout=0.0)
+        config = recipes.resolve(config, 192)
+        splits = builders.load_splits(config)
+        preprocessor, vectors = builders.build_preprocessor(
+            config, splits.train, builders.label_schema(config, splits))
+        built = builders.build_model(config, preprocessor, vectors)
+        assert built.intent_dropout.rate == built.tag_dropout.rate == expected
+        assert built.dropout_rate == expected  # what get_config saves for the export

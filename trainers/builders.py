@@ -30,6 +30,9 @@ MECHANISMS = ("sgd", "edp", "dpsgd")
 MODELS = ("clc", "bert")
 SAMPLINGS = ("poisson", "shuffle")
 PRIVACY_UNITS = ("example", "user")
+# Dropout on the encoder's outputs before the intent and slot heads; runs whose config.json
+# predates the `head_dropout` field used this value.
+HEAD_DROPOUT = 0.1
 
 
 def unit(config) -> str:
@@ -116,6 +119,11 @@ def check_config(config) -> None:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     if not 0 <= config.get("ema_fraction", 0.0) < 1:
         bad("ema_fraction", config.ema_fraction, "in [0, 1)")
+    if not 0 <= config.get("head_dropout", HEAD_DROPOUT) < 1:
+        bad("head_dropout", config.head_dropout, "in [0, 1)")
+    if not config.get("private_head_dropout", -1.0) < 1:
+        bad("private_head_dropout", config.private_head_dropout,
+            "in [0, 1), or < 0 for head_dropout")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
         if not config[field] >= 0:
             bad(field, config[field], ">= 0")
@@ -186,7 +194,8 @@ def bert_checkpoint(config) -> Optional[str]:
 def build_model(config, preprocessor, vectors=None):
     """The joint model (call it inside the strategy's scope)."""
     task = dict(intent_weight=float(config.intent_loss_weight),
-                tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss)
+                tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss,
+                head_dropout=float(config.get("head_dropout", HEAD_DROPOUT)))
     if config.model == "clc":
         from models.clc.clc_joint import CLCJoint
 

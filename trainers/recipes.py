@@ -65,8 +65,9 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
     its own automatic values for private runs only (`private_sampling_rate`, `private_steps`,
     `private_learning_rate`), so that one config serves `--mechanism=sgd` too. Likewise
     `bert.private_finetune` and `bert.private_dropout` (when set) replace `bert.finetune` and
-    `bert.dropout` in private runs: LoRA without dropout is the best private recipe measured on
-    SNIPS, while plain fine-tuning wants every kernel and dropout. To change what a private run
+    `bert.dropout` in private runs, and `private_head_dropout` replaces `head_dropout`: LoRA
+    without dropout is the best private recipe measured on SNIPS, while plain fine-tuning wants
+    every kernel and dropout. To change what a private run
     of such a config trains, set the private_ field; config.json records what ran.
     """
     c = ml_collections.ConfigDict(config.to_dict())
@@ -109,6 +110,8 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
         c.bert.finetune = c.bert.private_finetune
     if private and c.bert.get("private_dropout", -1.0) >= 0:
         c.bert.dropout = c.bert.private_dropout
+    if private and c.get("private_head_dropout", -1.0) >= 0:
+        c.head_dropout = c.private_head_dropout
     return c
 
 
