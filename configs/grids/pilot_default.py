@@ -41,6 +41,11 @@ RECIPES = {
         "rate)", ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
                   "private_sampling_rate=0.16", "private_steps=150",
                   "private_learning_rate=0.03")),
+    # "no dropout" above kept the heads' fixed 0.1 (before head_dropout was a config field)
+    "headdrop0": (
+        "the default (190 steps) without dropout before the heads either",
+        ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0", "private_steps=190",
+         "private_head_dropout=0.0")),
 }
 
 

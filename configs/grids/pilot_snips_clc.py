@@ -100,4 +100,8 @@ def _grid():
         # clipped signal grows about 2x (RMS) against the same per-weight noise.
         cell("dpsgd_units32", "per-example, snips_clc's default, 32 LSTM units per direction",
              "dpsgd", CLC, *DP, "clc.lstm_units=32", "diagnostics=True"),
+        # Round 9 (2026-11-25): "no dropout" above kept the heads' fixed 0.1 (a constant of the
+        # models until head_dropout became a config field); without it too:
+        cell("dpsgd_headdrop0", "per-example, snips_clc's default, no dropout before the heads "
+             "either", "dpsgd", CLC, *DP, "private_head_dropout=0.0", "diagnostics=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
