@@ -20,6 +20,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    (BitFit: only biases) or "lora" (rank `bert.lora_rank` updates of the frozen
                    attention and feed-forward kernels, scaled by lora_alpha / lora_rank; tables
                    frozen, biases train); the heads, pooler and layer norms always train
+  bert.lora_layout "per_head" (Keras' enable_lora: the query/key/value kernels get one A per
+                   head, 0.89M factor entries for MiniLM-L6 at r 8) or "matrix" (the rank-r update
+                   of every kernel's [Din, Dout] view, Hu et al.: 0.33M); models/bert/finetuning.py
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (trainers/recipes.py)
@@ -77,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
         finetune="all",
         lora_rank=8,
         lora_alpha=16.0,
+        lora_layout="per_head",  # what every LoRA run before 2026-11-25 used
         pooling="cls",
         private_finetune="",
         private_dropout=-1.0,

@@ -46,7 +46,7 @@ def check_config(config) -> None:
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
     from models.bert.bert_backbone import POOLING
-    from models.bert.finetuning import FINETUNE
+    from models.bert.finetuning import FINETUNE, LORA_LAYOUTS
     from models.joint_loss import TAG_REDUCTIONS
     from trainers.optimizers import OPTIMIZERS, SCHEDULES
 
@@ -113,6 +113,8 @@ def check_config(config) -> None:
             bad("bert.dropout", b.dropout, "in [0, 1)")
         if not b.get("private_dropout", -1.0) < 1:
             bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
+        if b.get("lora_layout", "per_head") not in LORA_LAYOUTS:
+            bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
         if b.get("pooling", "cls") not in POOLING:
             bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
@@ -216,7 +218,8 @@ def build_model(config, preprocessor, vectors=None):
                                         pooling=c.get("pooling", "cls"), **task, **size)
     from models.bert.finetuning import set_finetuning
 
-    set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha)
+    set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
+                   lora_layout=c.get("lora_layout", "per_head"))  # config.json before the field
     return model
 
 

@@ -3,7 +3,14 @@
 With LoRA (`layer.enable_lora(r)`: W frozen, W + s A B used, s = alpha / r) both factors are
 matmul uses of the same output z: dL/dA = a^T (s dz B^T) has rows a and output gradient
 s dz B^T, and dL/dB = (s a A)^T dz has rows s a A; so their per-example norms are ghost norms
-too, and the noise is drawn only for the r (Din + Dout) factor entries.
+too, and the noise is drawn only for the factor entries.
+
+The factors split the kernel's axes: A holds its first m axes and r, B holds r and the rest,
+and the update is the tensordot s A B. Keras' `enable_lora` gives A every axis but the last
+(m = ndim - 1): for a query kernel [Din, heads, Dhead] every head gets its own A [Din, r]
+(heads r (Din + Dhead) entries in all). An A over the contracted axes only (A [Din, r],
+B [r, heads, Dhead]: r (Din + Dout) entries) is the rank-r update of the kernel's matrix view
+(Hu et al.'s LoRA). Both are covered whenever B's axes are all output axes.
 """
 from __future__ import annotations
 
@@ -63,11 +70,13 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
             w.reason = f"einsum {layer.equation!r} is not a plain contraction"
         return original_call(keras.layers.EinsumDense)(layer, inputs, training=training)
     inp, ker, out = plan
-    if layer.lora_enabled and ker[-1] not in out:
+    b_axes = ker[len(layer.lora_kernel_a.shape) - 1:] if layer.lora_enabled else ""
+    if layer.lora_enabled and not set(b_axes) <= set(out):
         for factor in (layer.lora_kernel_a, layer.lora_kernel_b):
             f = cap.weight(factor, "matmul")
             if f is not None:
-                f.reason = f"LoRA on einsum {layer.equation!r}, whose last kernel axis is summed"
+                f.reason = (f"LoRA on einsum {layer.equation!r}, whose factor B holds a summed "
+                            "kernel axis")
         return original_call(keras.layers.EinsumDense)(layer, inputs, training=training)
     w = cap.weight(layer._kernel, "matmul")
     kernel = cap.read(w, layer._kernel)
@@ -81,9 +90,10 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
     kernel2d = tf.reshape(transpose(kernel, [ker.index(c) for c in con + kout]),
                           [product(k_size[c] for c in con), product(k_size[c] for c in kout)])
     rows, z = flat_matmul(cap, x, kernel2d)
-    if layer.lora_enabled:
-        z = lora(cap, layer, rows, z, [k_size[c] for c in kout[:-1]], k_size[kout[-1]],
-                 [ker[:-1].index(c) for c in con + kout[:-1]])
+    if layer.lora_enabled:  # kout = A's output axes (heads), then B's (b_axes), in kernel order
+        a_axes, heads = ker[:len(ker) - len(b_axes)], [c for c in kout if c not in b_axes]
+        z = lora(cap, layer, rows, z, [k_size[c] for c in heads],
+                 product(k_size[c] for c in b_axes), [a_axes.index(c) for c in con + heads])
     cap.add(w, Use("matmul", rows, z, lambda dz: dz))
     grad_letters = con + kout
     if w is not None:
@@ -100,17 +110,23 @@ def einsum_dense_call(cap: Capture, layer, inputs, training=None):
 
 
 def lora(cap: Capture, layer, rows, z, heads: List[int], dout: int, a_perm=None):
-    """z + s (rows A) B for the LoRA factors A [..., r] and B [r, dout], recording both.
+    """z + s (rows A) B for the LoRA factors A [..., r] and B [r, ...] (dout entries after r),
+    recording both.
 
     `rows` [P, Din] and `z` [P, H * dout] are the kernel's 2-D view; `heads` are the output
-    axes H before the last (EinsumDense: A has them too, each block of dout sharing B), and
-    `a_perm` orders A's axes as (Din axes, head axes, r) (None: A is already [Din, r]).
+    axes H that A holds (Keras' EinsumDense layout: each block of dout shares B), and `a_perm`
+    orders A's axes as (Din axes, head axes, r) (None: A is already [Din, r]).
     """
     s = layer.lora_alpha / layer.lora_rank
     wa = cap.weight(layer.lora_kernel_a, "matmul")
     wb = cap.weight(layer.lora_kernel_b, "matmul")
     a = cap.read(wa, layer.lora_kernel_a)
     b = cap.read(wb, layer.lora_kernel_b)
+    if b.shape.rank > 2:  # B [r, out axes...]: its 2-D view, in the kernel's output order
+        b_shape = [int(d) for d in b.shape]
+        b = tf.reshape(b, [b_shape[0], dout])
+        if wb is not None:
+            wb.to_variable = lambda g: tf.reshape(g, b_shape)
     r, h = int(b.shape[0]), product(heads)
     a_order = list(range(a.shape.rank - 1)) if a_perm is None else a_perm
     a2d = tf.reshape(transpose(a, a_order + [a.shape.rank - 1]), [rows.shape[-1], h * r])

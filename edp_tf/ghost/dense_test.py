@@ -36,6 +36,39 @@ def with_lora(build, rank=2):
     return lora_build
 
 
+class _MatrixLoRA(keras.layers.EinsumDense):
+    """A [contracted axes, r], B [r, output axes]: models/bert/finetuning.py's layout, rebuilt
+    here (edp_tf's tests import nothing from models/)."""
+
+    @property
+    def kernel(self):
+        if not self.lora_enabled:
+            return super().kernel
+        s = self.lora_alpha / self.lora_rank
+        return self._kernel + s * keras.ops.tensordot(self.lora_kernel_a, self.lora_kernel_b, 1)
+
+
+def with_matrix_lora(build, contracted: int, rank=2):
+    def lora_build():
+        model, _ = build()
+        layer = model.get_layer("covered")
+        layer.__class__ = _MatrixLoRA
+        shape = tuple(layer._kernel.shape)
+        layer._tracker.unlock()
+        layer.lora_kernel_a = layer.add_weight(name="lora_kernel_a",
+                                               shape=shape[:contracted] + (rank,))
+        layer.lora_kernel_b = layer.add_weight(name="lora_kernel_b",
+                                               shape=(rank,) + shape[contracted:])
+        layer._kernel.trainable = False
+        layer._tracker.lock()
+        layer.lora_enabled, layer.lora_rank, layer.lora_alpha = True, rank, 3
+        rng = np.random.default_rng(1)
+        for v in (layer.lora_kernel_a, layer.lora_kernel_b):
+            v.assign(rng.normal(size=v.shape).astype("float32"))
+        return model, ["covered/lora_kernel_a", "covered/lora_kernel_b", "head/kernel"]
+    return lora_build
+
+
 MODELS = {
     "dense_gram": lambda: dense_model(24, 24),  # P (Din + Dout) < Din Dout: Gram matrices
     "dense_direct": lambda: dense_model(3, 2),  # tiny weight: per-micro-batch gradient is cheaper
@@ -46,6 +79,11 @@ MODELS = {
     "einsum_qkv_lora": with_lora(lambda: einsum_model("abc,cde->abde", (6, 2, 3), "de", (6, 4))),
     "einsum_attention_output_lora": with_lora(
         lambda: einsum_model("abcd,cde->abe", (6, 5), "e", (6, 2, 3))),
+    # B over both output axes (heads, per-head size): A [Din, r], B [r, heads, dout]
+    "einsum_qkv_matrix_lora": with_matrix_lora(
+        lambda: einsum_model("abc,cde->abde", (6, 2, 3), "de", (6, 4)), contracted=1),
+    "einsum_attention_output_matrix_lora": with_matrix_lora(
+        lambda: einsum_model("abcd,cde->abe", (6, 5), "e", (6, 2, 3)), contracted=2),
 }
 
 
@@ -60,7 +98,8 @@ def test_lora_rule_keeps_the_forward_pass():
     """The rule's z + s (a A) B equals Keras' own LoRA forward (merged kernel) for each case."""
     from edp_tf.ghost import capture
 
-    for name in ("dense_lora", "einsum_qkv_lora", "einsum_attention_output_lora"):
+    for name in ("dense_lora", "einsum_qkv_lora", "einsum_attention_output_lora",
+                 "einsum_qkv_matrix_lora", "einsum_attention_output_matrix_lora"):
         keras.utils.set_random_seed(4)
         model, _ = MODELS[name]()
         x = np.random.default_rng(0).normal(size=(3,) + tuple(model.inputs[0].shape[1:]))
@@ -95,7 +134,7 @@ def test_lora_on_a_summed_kernel_axis_falls_back_with_a_reason():
         return 0
 
     run()
-    assert "last kernel axis is summed" in reasons["covered/lora_kernel_a"]
+    assert "factor B holds a summed kernel axis" in reasons["covered/lora_kernel_a"]
 
 
 def test_einsum_plans():

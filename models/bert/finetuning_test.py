@@ -6,7 +6,7 @@ import edp_tf
 from models import testing
 from models.bert.bert_joint import BertJoint
 from models.bert.bert_preprocessor import BertPreprocessor
-from models.bert.finetuning import FINETUNE, set_finetuning
+from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, set_finetuning
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,8 @@ def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy):
     assert len(moved) == len(trained)  # noise reaches every trained weight
 
 
-def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path):
+@pytest.mark.parametrize("layout", LORA_LAYOUTS)
+def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path, layout):
     """Every LoRA factor takes the ghost path (no exact per-example fallback), and a
     tf.train.Checkpoint (what `--resume` restores) keeps the factors themselves: Keras'
     own weight files would merge them into the kernel and zero them, stalling training."""
@@ -92,7 +93,7 @@ def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path):
 
     pre, x, y = data
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
-    set_finetuning(model, "lora", lora_rank=2)
+    set_finetuning(model, "lora", lora_rank=2, lora_layout=layout)
     variables = model.trainable_variables
     reasons = {}
 
@@ -110,7 +111,7 @@ def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path):
         v.assign(tf.fill(v.shape, 0.25))
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     clone = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
-    set_finetuning(clone, "lora", lora_rank=2)
+    set_finetuning(clone, "lora", lora_rank=2, lora_layout=layout)
     tf.train.Checkpoint(model=clone).restore(path).assert_existing_objects_matched()
     restored = {v.path: v.numpy() for v in clone.trainable_variables if "lora_kernel" in v.path}
     assert restored and all(np.all(restored[v.path] == 0.25) for v in factors)
@@ -120,3 +121,49 @@ def test_lora_rank_is_checked(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match="lora_rank=0"):
         set_finetuning(model, "lora", lora_rank=0)
+
+
+@pytest.mark.parametrize("layout", LORA_LAYOUTS)
+def test_lora_layouts_split_the_kernel_as_documented(data, layout):
+    """matrix: A [contracted axes, r] and B [r, output axes] for every kernel (r (Din + Dout)
+    entries); per_head (Keras): the query/key/value A also holds the heads axis."""
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    set_finetuning(model, "lora", lora_rank=3, lora_layout=layout)
+    layers = [layer for layer in model.backbone._flatten_layers(include_self=False)
+              if getattr(layer, "lora_enabled", False)]
+    assert layers
+    qkv = 0
+    for layer in layers:
+        kernel = tuple(layer._kernel.shape)
+        a, b = tuple(layer.lora_kernel_a.shape), tuple(layer.lora_kernel_b.shape)
+        assert a[:-1] + b[1:] == kernel and a[-1] == b[0] == 3
+        if layer.name in ("query", "key", "value"):  # kernel [hidden, heads, head size]
+            qkv += 1
+            assert len(kernel) == 3 and len(a) == (2 if layout == "matrix" else 3), layer.name
+        else:  # Dense [Din, Dout], attention output [heads, head size, hidden]: B [r, Dout]
+            assert len(b) == 2, layer.name
+    assert qkv == 3 * testing.TINY_BERT["num_layers"]
+
+
+def test_matrix_lora_merges_its_update_into_the_kernel(data):
+    """The forward pass uses W + (alpha / r) A B (a tensordot over r), and starts at W (B = 0)."""
+    pre, x, _ = data
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    before = model(x, training=False)["intent_logits"].numpy()
+    set_finetuning(model, "lora", lora_rank=2, lora_alpha=5.0, lora_layout="matrix")
+    np.testing.assert_allclose(model(x, training=False)["intent_logits"].numpy(), before,
+                               rtol=1e-6, atol=1e-6)
+    query = [layer for layer in model.backbone._flatten_layers(include_self=False)
+             if layer.name == "query"][0]
+    rng = np.random.default_rng(0)
+    query.lora_kernel_b.assign(rng.normal(size=query.lora_kernel_b.shape).astype("float32"))
+    a, b, w = (v.numpy() for v in (query.lora_kernel_a, query.lora_kernel_b, query._kernel))
+    np.testing.assert_allclose(query.kernel.numpy(), w + 2.5 * np.tensordot(a, b, axes=1),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(model(x, training=False)["intent_logits"].numpy(), before)
+
+
+def test_lora_layout_is_checked(data):
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match=r"--config\.bert\.lora_layout='diagonal'"):
+        set_finetuning(model, "lora", lora_layout="diagonal")
