@@ -8,5 +8,5 @@ from configs.grids.default_on_snips import cells
 
 def get_config():
     return grid("default_on_atis", cells("../shared/data/atis"),
-                notes="configs/default.py unchanged (chosen on the synthetic corpus); only "
+                notes="configs/default.py unchanged; only "
                       "--config.data_dir differs.")
