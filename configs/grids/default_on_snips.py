@@ -24,14 +24,12 @@ def cells(data_dir: str):
     return [
         cell("clc_sgd", "default command, --mechanism=sgd (not private)", "SGD",
              "configs/default.py", *common, "mechanism=sgd"),
-        cell("clc_default", "default command (per-example DP-SGD, eps 8; q 0.16, 150 steps since "
+        # ran as "clc_q16_steps100" with the three values as private_* flags, before they became
+        # the default: its resolved config.json equals the default command's but for those fields
+        cell("clc_default", "default command (per-example DP-SGD, eps 8; q 0.16, 100 steps since "
              "2026-11-25)", "per-example", "configs/default.py", *common),
         cell("clc_default_q053", "the default of 2026-11-24 (q 0.053, 190 steps, Adam 2e-2), "
              "private, eps 8", "per-example (q 0.053)", "configs/default.py", *common, *q053),
-        cell("clc_q16_steps100", "q 0.16 for 100 steps (about 1.5x the compute of q 0.053 / "
-             "190 steps), private, eps 8", "per-example (q 0.16, 100 steps)", "configs/default.py",
-             *common, "private_sampling_rate=0.16", "private_steps=100",
-             "private_learning_rate=0.03"),
         cell("clc_sgd_dropout", "the default before (dropout 0.25), --mechanism=sgd", "SGD "
              "(before)", "configs/default.py", *common, "mechanism=sgd", before),
         cell("clc_default_dropout", "the default before (dropout 0.25, q 0.053), private, eps 8",
