@@ -55,6 +55,16 @@ RECIPES = {
         "since 2026-11-25)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=100", "private_learning_rate=0.03")),
+    # q16_steps100 took 184 s of wall time on a quiet but slower 2-core machine (2026-11-25;
+    # the q 0.053 default before it 137 s there): two recipes of 12 epochs, about 0.8x its compute
+    "q16_steps84": (
+        "q 0.16, 84 steps (12 epochs), Adam 3e-2",
+        ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
+         "private_sampling_rate=0.16", "private_steps=84", "private_learning_rate=0.03")),
+    "q12_steps100": (
+        "q 0.12, 100 steps (12 epochs), Adam 3e-2",
+        ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
+         "private_sampling_rate=0.12", "private_steps=100", "private_learning_rate=0.03")),
     # "no dropout" above kept the heads' fixed 0.1 (before head_dropout was a config field)
     "headdrop0": (
         "the default (190 steps) without dropout before the heads either",

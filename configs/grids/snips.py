@@ -31,8 +31,12 @@ def rows(m: str, config: str) -> list:
             "loss", "per-example", "mechanism=dpsgd", "target_epsilon=8.0", "slot_loss=sum",
             "clc.num_lstm_layers=2", "clc.dropout=0.25"),
     ] if m == "clc" else []) + [
-        row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)", "diagnostic",
-            "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0"),
+        # CLC's private Adam 3e-2 is far too large without noise (Adam divides by the noise's
+        # scale): its sigma = 0 row takes 1e-2, between that and plain training's 2e-3
+        row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)" +
+            (", Adam 1e-2" if m == "clc" else ""), "diagnostic",
+            "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
+            *(("learning_rate=0.01",) if m == "clc" else ())),
         row("edp_k2_eps8", "eDP, micro-batches of 2, eps 8", "eDP k=2", "mechanism=edp",
             "microbatch_size=2", "target_epsilon=8.0"),
         row("edp_paper_eps8", "eDP as in the paper (1 micro-batch/replica, 2 replicas), eps 8",
@@ -55,8 +59,24 @@ def get_config():
                 "dropout 0.1 (the default before)", "per-example", "configs/snips_bert.py", DIAG,
                 "mechanism=dpsgd", "target_epsilon=8.0", *bert_private())
     bert = rows("bert", "configs/snips_bert.py")
+    # The sigma = 0 and eDP k = 2 rows of CLC that ran with the recipe before 2026-11-24 (two
+    # BiLSTM layers, dropout 0.25, summed slot loss); clc_dpsgd_sigma0 / clc_edp_k2_eps8 are
+    # today's recipe, so that the diagnostic compares with clc_dpsgd_eps8
+    old_clc = ("slot_loss=sum", "clc.num_lstm_layers=2", "clc.dropout=0.25")
+    clc_sigma0_3e3 = cell("clc_dpsgd_sigma0_lr3e-3", "per-example, sigma = 0 (clipping only), "
+                          "Adam 3e-3", "diagnostic", "configs/snips_clc.py", DIAG,
+                          "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
+                          "learning_rate=0.003")
+    clc_old = [
+        cell("clc_dpsgd_sigma0_2lstm", "per-example, sigma = 0, two BiLSTM layers, summed slot "
+             "loss (the recipe before)", "diagnostic", "configs/snips_clc.py", DIAG,
+             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0", *old_clc),
+        cell("clc_edp_k2_eps8_2lstm", "eDP, micro-batches of 2, eps 8, two BiLSTM layers, "
+             "summed slot loss (the recipe before)", "eDP k=2", "configs/snips_clc.py", DIAG,
+             "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
+    ]
     return grid("snips", bert[:2] + [full, steps150] + bert[2:]
-                + rows("clc", "configs/snips_clc.py"),
+                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3] + clc_old,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
                        "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (dpsgd_lora_nodropout, "
