@@ -3,15 +3,16 @@ on a 2-core CPU.
 
 Batch, epochs and learning rate are automatic (trainers/recipes.py): they follow the training
 set's size and the mechanism, so `--data_dir=<your corpus>` and `--mechanism=sgd` get sensible
-values too. Private runs sample a sixth of the training set per step (q 0.16) for 100 steps at
-Adam 3e-2 (on this corpus, 9,600 training utterances: an expected batch of 1,536 for 15 epochs,
-105 steps); plain training is batches of 64 at 2e-3 for at least 3,000 steps.
+values too. Private runs sample a sixth of the training set per step (q 0.16) for 84 steps at
+Adam 3e-2 (on this corpus, 9,600 training utterances: an expected batch of 1,536 for 12 epochs
+of 7 steps); plain training is batches of 64 at 2e-3 for at least 3,000 steps.
 
 The private recipe (results/pilot_default, three runs each, epsilon 7.99-8.00): one BiLSTM
-layer, the slot loss per word, no dropout, and since 2026-11-25 q 0.16 for 100 steps at 3e-2:
-test SER 0.011 / 0.014 / 0.011. For 150 steps 0.012 / 0.011 / 0.013 at twice the compute of
-the values before, q 0.053 for 190 steps at 2e-2 (the default of 2026-11-24): 0.021 / 0.018 /
-0.016. With dropout 0.25 (and q 0.053) 0.065 / 0.054 / 0.058; the default before all of it (two
+layer, the slot loss per word, no dropout, and since 2026-11-25 q 0.16 for 84 steps at 3e-2:
+test SER 0.014 / 0.015 / 0.011. For 100 steps 0.011 / 0.014 / 0.011, but 184 s on a quiet
+2-core machine, past the 180 s goal (84 steps: 161-168 s); for 150 steps 0.012 / 0.011 / 0.013
+at twice the compute of the values before, q 0.053 for 190 steps at 2e-2 (the default of
+2026-11-24): 0.021 / 0.018 / 0.016. With dropout 0.25 (and q 0.053) 0.065 / 0.054 / 0.058; the default before all of it (two
 layers, summed slot loss, 95 steps, dropout 0.25) 0.225 / 0.234 / 0.371, whose intent accuracy
 collapsed to 0.48 in one run of three. Every example is clipped to C and every trained weight
 gets noise of std z C: one layer halves the trained weights, the per-word slot loss gives the

@@ -12,7 +12,7 @@ from configs.grids.common import cell, grid
 
 DEFAULT = "configs/default.py"
 # Every recipe states its knobs, so its command reproduces it whatever configs/default.py says
-# (since 2026-11-25 the default is q16_steps100). Recipes that leave the sampling rate and the
+# (since 2026-11-25 the default is q16_steps84). Recipes that leave the sampling rate and the
 # learning rate open ran with what they were then (q 0.0533, Adam 2e-2): get_config pins them.
 BEFORE_Q16 = ("private_sampling_rate=0.0533", "private_learning_rate=0.02")
 D = "clc.dropout=0.25"
@@ -52,13 +52,13 @@ RECIPES = {
     # corpus against 10): 100 steps (15 epochs) at the same rate
     "q16_steps100": (
         "q 0.16, 100 steps, Adam 3e-2 (1.4x the compute of q 0.053 / 190 steps; the default "
-        "since 2026-11-25)",
+        "of 2026-11-25 morning)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=100", "private_learning_rate=0.03")),
     # q16_steps100 took 184 s of wall time on a quiet but slower 2-core machine (2026-11-25;
     # the q 0.053 default before it 137 s there): two recipes of 12 epochs, about 0.8x its compute
     "q16_steps84": (
-        "q 0.16, 84 steps (12 epochs), Adam 3e-2",
+        "q 0.16, 84 steps (12 epochs), Adam 3e-2 (the default since 2026-11-25 noon)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=84", "private_learning_rate=0.03")),
     "q12_steps100": (
