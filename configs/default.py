@@ -3,9 +3,10 @@ on a 2-core CPU.
 
 Batch, epochs and learning rate are automatic (trainers/recipes.py): they follow the training
 set's size and the mechanism, so `--data_dir=<your corpus>` and `--mechanism=sgd` get sensible
-values too. Private runs sample a sixth of the training set per step (q 0.16) for 84 steps at
-Adam 3e-2 (on this corpus, 9,600 training utterances: an expected batch of 1,536 for 12 epochs
-of 7 steps); plain training is batches of 64 at 2e-3 for at least 3,000 steps.
+values too. Private runs sample a sixth of the training set per step (q 0.16) at Adam 3e-2,
+for 84 steps on the built-in corpus (9,600 training utterances: an expected batch of 1,536 for
+12 epochs of 7 steps; its time goal is 180 s) and 150 steps on a `--data_dir` corpus; plain
+training is batches of 64 at 2e-3 for at least 3,000 steps.
 
 The private recipe (results/pilot_default, three runs each, epsilon 7.99-8.00): one BiLSTM
 layer, the slot loss per word, no dropout, and since 2026-11-25 q 0.16 for 84 steps at 3e-2:

@@ -24,7 +24,7 @@ def test_private_auto_batch_is_a_sampling_rate_and_steps_set_the_epochs():
                                replicas=2), n=10_000)
     assert c.batch_size == 2 * round(recipes.PRIVATE_SAMPLING_RATE["clc"] * 10_000 / 2)
     per_epoch = math.ceil(10_000 / c.batch_size)
-    assert c.epochs == math.ceil(recipes.PRIVATE_STEPS["clc"] / per_epoch)
+    assert c.epochs == math.ceil(recipes.PRIVATE_STEPS[("clc", "synthetic")] / per_epoch)
     assert c.learning_rate == recipes.LEARNING_RATE[("clc", True)]
 
 
@@ -33,7 +33,8 @@ def test_auto_adapts_to_the_dataset_size():
     large = recipes.resolve(config(batch_size=0, epochs=0, mechanism="dpsgd"), n=50_000)
     assert small.batch_size < large.batch_size
     for c, n in ((small, 2_000), (large, 50_000)):  # the same number of steps, whatever n
-        assert abs(recipes.total_steps(c, n) - recipes.PRIVATE_STEPS["clc"]) < n / c.batch_size + 1
+        steps = recipes.PRIVATE_STEPS[("clc", "synthetic")]
+        assert abs(recipes.total_steps(c, n) - steps) < n / c.batch_size + 1
 
 
 def test_sgd_auto_uses_a_small_batch():
@@ -207,3 +208,16 @@ def test_ema_momentum_is_one_time_constant_of_the_fraction_of_steps():
     assert optimizers.ema_kwargs(0.1, 5)["ema_momentum"] == 0.0  # under one step: no averaging
     with pytest.raises(ValueError, match=r"--config\.ema_fraction="):
         optimizers.build_optimizer("adam", 1e-3, 10, ema_fraction=1.0)
+
+
+def test_a_users_corpus_gets_its_own_private_step_count():
+    """The built-in corpus's step count is set by the default job's time goal; a user's corpus
+    (data_dir) gets the count measured best on the public proxies."""
+    built_in = recipes.resolve(config(batch_size=0, epochs=0, mechanism="dpsgd"), n=9_600)
+    user = recipes.resolve(config(batch_size=0, epochs=0, mechanism="dpsgd",
+                                  data_dir="/any/corpus"), n=9_600)
+    assert built_in.batch_size == user.batch_size
+    for c, source in ((built_in, "synthetic"), (user, "data_dir")):
+        steps = recipes.PRIVATE_STEPS[("clc", source)]
+        assert abs(recipes.total_steps(c, 9_600) - steps) < 9_600 / c.batch_size + 1
+    assert recipes.total_steps(user, 9_600) > recipes.total_steps(built_in, 9_600)
