@@ -13,9 +13,9 @@ layer, the slot loss per word, no dropout, and since 2026-11-25 q 0.16 for 84 st
 test SER 0.014 / 0.015 / 0.011. For 100 steps 0.011 / 0.014 / 0.011, but 184 s on a quiet
 2-core machine, past the 180 s goal (84 steps: 161-168 s); for 150 steps 0.012 / 0.011 / 0.013
 at twice the compute of the values before, q 0.053 for 190 steps at 2e-2 (the default of
-2026-11-24): 0.021 / 0.018 / 0.016. With dropout 0.25 (and q 0.053) 0.065 / 0.054 / 0.058; the default before all of it (two
-layers, summed slot loss, 95 steps, dropout 0.25) 0.225 / 0.234 / 0.371, whose intent accuracy
-collapsed to 0.48 in one run of three. Every example is clipped to C and every trained weight
+2026-11-24): 0.021 / 0.018 / 0.016. With dropout 0.25 (and q 0.053) 0.065 / 0.054 / 0.058;
+the default before all of it (two layers, summed slot loss, 95 steps, dropout 0.25) 0.225 /
+0.234 / 0.371, whose intent accuracy collapsed to 0.48 in one run of three. Every example is clipped to C and every trained weight
 gets noise of std z C: one layer halves the trained weights, the per-word slot loss gives the
 intent a fair share of each clipped vector, the noise already regularises (dropout only thins
 each example's signal), and a larger expected batch at the same epsilon lowers a step's noise

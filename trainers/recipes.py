@@ -25,7 +25,7 @@ import ml_collections
 # took 161-168 s on a quiet 2-core machine (100 steps 184 s, BENCHMARKS.md), at test SER
 # 0.011-0.019 in five runs (100 steps 0.010-0.014, 150 steps 0.011-0.013; results/pilot_default).
 # A user's corpus has no such goal and wants the steps (the default command on SNIPS, one run
-# each: 84 steps 0.286, 100 steps 0.237, 150 steps 0.230; ATIS: 100 steps 0.230, 150 0.186).
+# each: 84 steps 0.286, 100 steps 0.237, 150 steps 0.237; ATIS: 0.221, 0.230, 0.195).
 # BERT: Li et al. 2022's regime (q ~0.08, ~150 steps); the BERT configs give 300 steps.
 PRIVATE_SAMPLING_RATE = {"clc": 0.16, "bert": 0.08}
 PRIVATE_STEPS = {  # (model, data source) -> steps in all

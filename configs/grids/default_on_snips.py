@@ -8,8 +8,8 @@ batch, steps and learning rate (trainers/recipes.py). No SNIPS-specific setting 
 configs/default.py was chosen on the synthetic corpus, except its private sampling rate and
 learning rate since 2026-11-25 (q 0.16, 3e-2), which were found on SNIPS
 (configs/snips_clc.py) and confirmed on the synthetic corpus, and its step count on a
---data_dir corpus since 2026-11-25 afternoon (150), chosen on these SNIPS and ATIS rows. Only diagnostics (membership
-inference) are added. SNIPS has 7 intents, not the issue's ~60: a proxy, not the goal's corpus.
+--data_dir corpus since 2026-11-25 afternoon (150), chosen on these SNIPS and ATIS rows. Only
+diagnostics (membership inference) are added. SNIPS has 7 intents, not the issue's ~60: a proxy, not the goal's corpus.
 """
 from configs.grids.common import cell, grid
 

@@ -39,9 +39,9 @@ RECIPES = {
     # default's 0.290, ATIS 0.186 against 0.230): does the synthetic corpus keep its utility, and
     # what does the 2.4x compute cost against the 180 s goal?
     "q16_steps150": (
-        "q 0.16, 150 steps, Adam 3e-2 (snips_clc's rate, steps and learning rate)", ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
-                  "private_sampling_rate=0.16", "private_steps=150",
-                  "private_learning_rate=0.03")),
+        "q 0.16, 150 steps, Adam 3e-2 (snips_clc's rate, steps and learning rate)",
+        ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
+         "private_sampling_rate=0.16", "private_steps=150", "private_learning_rate=0.03")),
     # q 0.16 cost about 190 s of wall time on a quiet machine (the 180 s goal of the default
     # job): q 0.1 for the same 150 steps is 37% less compute
     "q10_steps150": (
