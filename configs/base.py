@@ -32,6 +32,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    what private runs use instead of head_dropout (< 0: the same)
   bert.pooling     the intent head's input: "cls" (BERT's pooler on [CLS]) or "mean" (mean of the
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
+  init_from        "" or a finished run's directory: the backbone starts from that run's trained
+                   weights, the heads fresh (public pretraining; that run's corpus must be public
+                   and not this run's: trainers/warm_start.py)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
@@ -54,6 +57,7 @@ def base_config() -> ml_collections.ConfigDict:
     # model
     c.model = "clc"
     c.max_words = 32
+    c.init_from = ""  # a run on a public corpus whose backbone starts this one (warm_start.py)
     # dropout before the heads (both models; the encoders' own is clc.dropout / bert.dropout)
     c.head_dropout = 0.1
     c.private_head_dropout = -1.0  # private runs: >= 0 replaces head_dropout

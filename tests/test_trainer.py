@@ -8,7 +8,6 @@ Multi-replica noise and clipping are the library tests' business; here it is the
 """
 import glob
 import dataclasses
-import json
 import math
 import os
 import re
@@ -21,13 +20,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import edp_tf
 from configs.base import base_config
 from edp_tf import accounting
-from trainers import builders, evaluation, recipes, run, rundir, synthetic
+from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
+from trainers import builders, evaluation, recipes, run, rundir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
 TARGET_EPSILON = 4.0
 PRIVACY_FIELDS = {"epsilon", "epsilon_rdp", "epsilon_pld", "delta", "sampling", "sampling_rate",
                   "dataset_size", "batch_size", "replicas", "microbatch_size", "noise_mode",
@@ -36,41 +34,11 @@ PRIVACY_FIELDS = {"epsilon", "epsilon_rdp", "epsilon_pld", "delta", "sampling", 
 DEV_METRICS = ("ser", "intent_accuracy", "slot_f1")
 
 
-def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides):
-    """The base config shrunk to a few seconds of training (tracing dominates)."""
-    c = base_config()
-    c.update(dict(model=model, mechanism=mechanism, replicas=replicas, epochs=epochs,
-                  synthetic_size=SIZE, batch_size=BATCH, max_words=20, learning_rate=1e-2))
-    c.clc.update(dict(word_vectors="", vocabulary_size=2000, lstm_units=8, num_lstm_layers=1,
-                      char_embedding_dim=8, char_filters=8))
-    c.bert.update(dict(checkpoint="", vocabulary="train", num_layers=1, hidden_dim=24,
-                       num_heads=2, intermediate_dim=32, sequence_length=24))
-    c.update(overrides)
-    return c
-
-
-def strategy(replicas):
-    """The process-wide strategy for this many replicas (edp_tf keeps one per device set, with
-    collective keys of its own, so strategies of different test modules never collide)."""
-    return edp_tf.make_strategy(replicas)
-
-
-def corpus(config):
-    return synthetic.synthetic_corpus(
-        seed=config.data_seed, size=config.synthetic_size, canaries=config.synthetic_canaries,
-        canary_repeats=config.synthetic_canary_repeats)
-
-
 def utterance_texts(config, min_tokens=4):
     """Every utterance of the run's corpus (canaries and controls too) as it would be printed."""
     splits = corpus(config)
     every = (splits.train + splits.dev + splits.test + splits.canaries + splits.canary_controls)
     return {" ".join(u.tokens) for u in every if len(u.tokens) >= min_tokens}
-
-
-def read(run_dir, name):
-    with open(os.path.join(run_dir, name)) as f:
-        return json.load(f)
 
 
 # --------------------------------------------------------------------------- shared runs
@@ -433,15 +401,7 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
     says epsilon does not cover them."""
     config = tiny_config("clc", "dpsgd", replicas=1)
     splits = corpus(config)
-    data_dir = tmp_path / "joint"
-    for name in ("train", "dev", "test"):
-        os.makedirs(data_dir / name)
-        utterances = getattr(splits, name)
-        for filename, lines in (("seq.in", [" ".join(u.tokens) for u in utterances]),
-                                ("seq.out", [" ".join(u.tags) for u in utterances]),
-                                ("label", [u.intent for u in utterances])):
-            (data_dir / name / filename).write_text("\n".join(lines) + "\n")
-    config.data_dir = str(data_dir)
+    config.data_dir = write_joint_dir(tmp_path / "joint", splits)
     run_dir = str(tmp_path / "run")
     run.train(config, run_dir, strategy=strategy(1))
     privacy = read(run_dir, "privacy.json")

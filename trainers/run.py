@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting
-from trainers import builders, evaluation, recipes, rundir
+from trainers import builders, evaluation, recipes, rundir, warm_start
 from trainers import callbacks as callbacks_lib
 from trainers import data as data_lib
 from trainers import schema as schema_lib
@@ -159,6 +159,10 @@ def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: 
     from the last checkpoint when resuming."""
     with strategy.scope():
         model = builders.build_model(config, data.preprocessor, data.vectors)
+        if config.get("init_from") and not resume:  # a resumed run restores its own weights
+            source = warm_start.source_config(config.init_from)
+            copied = warm_start.load_backbone(model, data.preprocessor, config.init_from, source)
+            _log.info("backbone: %d variables from %s", copied, config.init_from)
         optimizer = builders.optimizer(config, steps)
         if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp)
@@ -194,7 +198,7 @@ def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: 
     from edp_tf.ledger import PrivacyLedger
 
     for sentence in (builders.vocabulary_not_covered(data.preprocessor)
-                     + schema_lib.not_covered(data.labels)):
+                     + schema_lib.not_covered(data.labels) + _warm_start_not_covered(config)):
         trainer.note_not_covered(sentence)
     budget = config.target_epsilon if config.target_epsilon > 0 else None
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
@@ -202,6 +206,12 @@ def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: 
                             sampling_rate=q, target_epsilon=budget))
     ledger.artifacts = rundir.artifacts(bool(config.diagnostics), data.labels)
     return ledger
+
+
+def _warm_start_not_covered(config) -> list:
+    if not config.get("init_from"):
+        return []
+    return [warm_start.sentence(config.init_from, warm_start.source_config(config.init_from))]
 
 
 def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):

@@ -54,8 +54,14 @@ def get_config():
     # at the last epoch (0.058, 0.058, 0.053 over the last three): twice the steps.
     clc_sgd_long = cell("clc_sgd_steps6000", "SGD (not private), 88 epochs (6,072 steps)", "sgd",
                         "configs/atis_clc.py", "diagnostics=True", "mechanism=sgd", "epochs=88")
+    # Public pretraining (trainers/warm_start.py): the backbone starts from the SNIPS grid's CLC
+    # SGD run (run that cell first); SNIPS is public, and not ATIS
+    from_snips = cell("clc_dpsgd_eps8_from_snips", "per-example DP-SGD, eps 8, backbone from "
+                      "SNIPS SGD (public pretraining)", "per-example, public pretraining",
+                      "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
+                      "target_epsilon=8.0", "init_from=runs/experiments/snips/clc_sgd")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix]
-                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long], schedule_reference="bert_dpsgd_eps8",
+                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips], schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
                       "when they ran.")

@@ -67,6 +67,12 @@ def get_config():
                           "Adam 3e-3", "diagnostic", "configs/snips_clc.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
                           "learning_rate=0.003")
+    # Public pretraining (trainers/warm_start.py): the backbone starts from the ATIS grid's CLC
+    # SGD run (run that cell first); ATIS is public, and not SNIPS
+    from_atis = cell("clc_dpsgd_eps8_from_atis", "per-example DP-SGD, eps 8, backbone from ATIS "
+                     "SGD (public pretraining)", "per-example, public pretraining",
+                     "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+                     "init_from=runs/experiments/atis/clc_sgd_steps6000")
     clc_old = [
         cell("clc_dpsgd_sigma0_2lstm", "per-example, sigma = 0, two BiLSTM layers, summed slot "
              "loss (the recipe before)", "diagnostic", "configs/snips_clc.py", DIAG,
@@ -76,7 +82,7 @@ def get_config():
              "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
     ]
     return grid("snips", bert[:2] + [full, steps150] + bert[2:]
-                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3] + clc_old,
+                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
                        "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (dpsgd_lora_nodropout, "

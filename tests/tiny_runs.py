@@ -1,0 +1,52 @@
+"""Tiny training runs for the trainer's tests: a config shrunk to seconds, the process-wide
+strategy, the synthetic corpus of a config, and that corpus as a joint-format directory."""
+import json
+import os
+
+import edp_tf
+from configs.base import base_config
+from trainers import synthetic
+
+SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
+
+
+def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides):
+    """The base config shrunk to a few seconds of training (tracing dominates)."""
+    c = base_config()
+    c.update(dict(model=model, mechanism=mechanism, replicas=replicas, epochs=epochs,
+                  synthetic_size=SIZE, batch_size=BATCH, max_words=20, learning_rate=1e-2))
+    c.clc.update(dict(word_vectors="", vocabulary_size=2000, lstm_units=8, num_lstm_layers=1,
+                      char_embedding_dim=8, char_filters=8))
+    c.bert.update(dict(checkpoint="", vocabulary="train", num_layers=1, hidden_dim=24,
+                       num_heads=2, intermediate_dim=32, sequence_length=24))
+    c.update(overrides)
+    return c
+
+
+def strategy(replicas):
+    """The process-wide strategy for this many replicas (edp_tf keeps one per device set, with
+    collective keys of its own, so strategies of different test modules never collide)."""
+    return edp_tf.make_strategy(replicas)
+
+
+def corpus(config):
+    return synthetic.synthetic_corpus(
+        seed=config.data_seed, size=config.synthetic_size, canaries=config.synthetic_canaries,
+        canary_repeats=config.synthetic_canary_repeats)
+
+
+def read(run_dir, name):
+    with open(os.path.join(run_dir, name)) as f:
+        return json.load(f)
+
+
+def write_joint_dir(path, splits) -> str:
+    """`splits` as a joint-format directory at `path` (seq.in, seq.out, label per split)."""
+    for name in ("train", "dev", "test"):
+        os.makedirs(path / name)
+        utterances = getattr(splits, name)
+        for filename, lines in (("seq.in", [" ".join(u.tokens) for u in utterances]),
+                                ("seq.out", [" ".join(u.tags) for u in utterances]),
+                                ("label", [u.intent for u in utterances])):
+            (path / name / filename).write_text("\n".join(lines) + "\n")
+    return str(path)
