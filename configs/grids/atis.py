@@ -64,4 +64,8 @@ def get_config():
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips], schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
-                      "when they ran.")
+                      "when they ran. bert_dpsgd_eps8_lora_matrix ran 22 of its 24 epochs: it "
+                      "was interrupted twice (the OOM killer, a session's end) and resumed, and "
+                      "the ledger charged each interrupted epoch again, so the budget ran out "
+                      "two epochs early. The from_snips cell needs the SNIPS grid's clc_sgd run "
+                      "(its init_from).")

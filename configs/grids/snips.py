@@ -98,4 +98,5 @@ def get_config():
                        "(clc_sgd_2lstm and clc_dpsgd_eps8_2lstm ran as clc_sgd and "
                        "clc_dpsgd_eps8). clc_dpsgd_eps8 is the run of results/pilot_snips_clc "
                        "(dpsgd_q16_1lstm_nodropout, with diagnostics): its command sets what "
-                       "snips_clc's defaults now are."))
+                       "snips_clc's defaults now are. clc_dpsgd_eps8_from_atis needs the ATIS grid's "
+                       "clc_sgd_steps6000 run (its init_from)."))
