@@ -126,11 +126,6 @@ def check_config(config) -> None:
     if not config.get("private_head_dropout", -1.0) < 1:
         bad("private_head_dropout", config.private_head_dropout,
             "in [0, 1), or < 0 for head_dropout")
-    if config.get("init_from"):
-        from trainers import warm_start
-
-        warm_start.check_source(config, warm_start.source_config(config.init_from),
-                                config.init_from)
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
         if not config[field] >= 0:
             bad(field, config[field], ">= 0")

@@ -64,6 +64,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         keras.utils.set_random_seed(fixed_seed)
     data = _load_data(config, splits, resume)
     config, n = data.config, data.units
+    # read and checked once, on a new run: a resumed one restores its own checkpoint
+    source = (warm_start.prepare(config, data.splits.train)
+              if config.get("init_from") and not resume else None)
     delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
@@ -72,12 +75,14 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     dp = builders.private_config(
         config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q, delta,
         steps, state.get("noise_multiplier")) if private else None
-    model, trainer, manager = _build(config, data, dp, steps, strategy, run_dir, resume, state)
+    model, trainer, manager = _build(config, data, dp, steps, strategy, run_dir, resume, state,
+                                     source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
         _write_run_files(run_dir, config, data, n, delta)
-    ledger = _ledger(config, data, trainer, run_dir, sampler, n, delta, q) if private else None
+    ledger = (_ledger(config, data, trainer, run_dir, sampler, n, delta, q, source)
+              if private else None)
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
                                        data.dev_x, manager, state, trainer if private else None,
                                        bool(config.diagnostics))
@@ -154,15 +159,14 @@ def _load_data(config, splits, resume: bool) -> _Data:
 
 
 def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: bool,
-           state: dict):
+           state: dict, source: Optional[warm_start.Source] = None):
     """(model, what `fit` runs: the PrivateModel or the model, checkpoint manager), restored
-    from the last checkpoint when resuming."""
+    from the last checkpoint when resuming, its backbone from `source` when given."""
     with strategy.scope():
         model = builders.build_model(config, data.preprocessor, data.vectors)
-        if config.get("init_from") and not resume:  # a resumed run restores its own weights
-            source = warm_start.source_config(config.init_from)
-            copied = warm_start.load_backbone(model, data.preprocessor, config.init_from, source)
-            _log.info("backbone: %d variables from %s", copied, config.init_from)
+        if source is not None:
+            copied = warm_start.load_backbone(model, data.preprocessor, source)
+            _log.info("backbone: %d variables from %s", copied, source.run_dir)
         optimizer = builders.optimizer(config, steps)
         if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp)
@@ -192,13 +196,15 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float) ->
                     from_training_data=data.labels.from_training_data))
 
 
-def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: float, q: float):
+def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: float, q: float,
+            source: Optional[warm_start.Source] = None):
     """The privacy ledger (with the budget when a target epsilon is set); what epsilon does not
     cover (a vocabulary or label names from the training text) is noted on the trainer."""
     from edp_tf.ledger import PrivacyLedger
 
     for sentence in (builders.vocabulary_not_covered(data.preprocessor)
-                     + schema_lib.not_covered(data.labels) + _warm_start_not_covered(config)):
+                     + schema_lib.not_covered(data.labels)
+                     + ([source.not_covered_sentence()] if source else [])):
         trainer.note_not_covered(sentence)
     budget = config.target_epsilon if config.target_epsilon > 0 else None
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
@@ -206,12 +212,6 @@ def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: 
                             sampling_rate=q, target_epsilon=budget))
     ledger.artifacts = rundir.artifacts(bool(config.diagnostics), data.labels)
     return ledger
-
-
-def _warm_start_not_covered(config) -> list:
-    if not config.get("init_from"):
-        return []
-    return [warm_start.sentence(config.init_from, warm_start.source_config(config.init_from))]
 
 
 def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
