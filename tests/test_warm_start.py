@@ -11,10 +11,9 @@ import os
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
-from trainers import builders, run, warm_start
+from trainers import run, warm_start
 
 
 def config_with(vectors, **overrides):
@@ -66,10 +65,8 @@ def _source_weights(run_dir):
     """The source run's final (backbone, heads), rebuilt from its files (names differ between a
     process's models, so the tests compare in order, as load_backbone does)."""
     config, checkpoint = warm_start._read_run(run_dir)
-    model = builders.build_model(config, warm_start._preprocessor(
-        config, read(run_dir, "preprocessor.json")), warm_start.shape_only_vectors(config, 8))
-    tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial()
-    return _split(model)
+    preprocessor = warm_start.run_preprocessor(run_dir, config)
+    return _split(warm_start.trained_model(config, preprocessor, checkpoint, 8))
 
 
 @pytest.fixture(scope="module")

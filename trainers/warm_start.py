@@ -104,25 +104,42 @@ def prepare(config, train) -> Source:
     _bad(run_dir, f"its chain of init_from runs is longer than {MAX_CHAIN} (a loop?)")
 
 
+def run_preprocessor(run_dir: str, config):
+    """A finished run's preprocessor, from its preprocessor.json."""
+    saved = rundir.read_json(os.path.join(run_dir, "preprocessor.json"))
+    if config.model == "clc":
+        from models.clc.clc_preprocessor import CLCPreprocessor
+
+        return CLCPreprocessor.from_config(saved)
+    from models.bert.bert_preprocessor import BertPreprocessor
+
+    return BertPreprocessor.from_config(saved)
+
+
+def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0):
+    """A finished run's model, rebuilt from its config and preprocessor with the weights of
+    `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
+    from trainers import builders
+
+    model = builders.build_model(config, preprocessor, shape_only_vectors(config, embedding_dim))
+    tf.train.Checkpoint(model=model).restore(
+        checkpoint).expect_partial().assert_existing_objects_matched()
+    return model
+
+
 def load_backbone(model, preprocessor, source: Source) -> int:
     """Copies the source run's trained backbone weights into `model.backbone` (the heads stay as
     built; this run's own LoRA factors too, B = 0: no update yet); returns the number copied."""
-    from trainers import builders
-
     def bad(why):
         _bad(source.run_dir, why)
 
-    theirs = _preprocessor(source.config,
-                           rundir.read_json(os.path.join(source.run_dir, "preprocessor.json")))
+    theirs = run_preprocessor(source.run_dir, source.config)
     for field in ("word_vocabulary", "char_vocabulary", "vocabulary"):
         if getattr(theirs, field, None) != getattr(preprocessor, field, None):
             bad(f"its {field.replace('_', ' ')} differs from this run's, so its embedding rows "
                 "mean other tokens")
-    source_model = builders.build_model(
-        source.config, theirs,
-        shape_only_vectors(source.config, int(getattr(model.backbone, "word_embedding_dim", 0))))
-    tf.train.Checkpoint(model=source_model).restore(
-        source.checkpoint).expect_partial().assert_existing_objects_matched()
+    source_model = trained_model(source.config, theirs, source.checkpoint,
+                                 int(getattr(model.backbone, "word_embedding_dim", 0)))
     source_vars = [v for v in source_model.backbone.weights if "lora" not in v.path]
     if len(source_vars) != len(source_model.backbone.weights):
         bad("it trained LoRA factors, whose update this copy would drop; start from a run with "
@@ -158,14 +175,3 @@ def shape_only_vectors(config, dim: int):
 def _without_counters(path: str) -> str:
     """A variable path without Keras' per-process name counters ("bilstm_0/forward_lstm_1/...")."""
     return re.sub(r"_\d+(?=/|$)", "", path)
-
-
-def _preprocessor(config, preprocessor_config: dict):
-    """The source run's preprocessor, from its preprocessor.json."""
-    if config.model == "clc":
-        from models.clc.clc_preprocessor import CLCPreprocessor
-
-        return CLCPreprocessor.from_config(preprocessor_config)
-    from models.bert.bert_preprocessor import BertPreprocessor
-
-    return BertPreprocessor.from_config(preprocessor_config)
