@@ -62,4 +62,8 @@ def test_bert_private_pins_cells_against_the_private_recipe():
     assert bert_private() == BERT_FULL_FINETUNING
     pinned = bert_private("steps=150", "bert.finetune=lora", "bert.dropout=0.0")
     assert pinned[:3] == ("steps=150", "bert.private_finetune=lora", "bert.private_dropout=0.0")
-    assert set(pinned[3:]) == {"private_learning_rate=0.002"}
+    assert set(pinned[3:]) == {"private_learning_rate=0.002", "bert.lora_layout=per_head"}
+    # a LoRA cell that names its layout keeps it; a cell without LoRA gets no layout
+    assert "bert.lora_layout=per_head" not in bert_private("bert.finetune=lora",
+                                                           "bert.lora_layout=matrix")
+    assert not any(o.startswith("bert.lora_layout") for o in bert_private("steps=150"))

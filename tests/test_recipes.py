@@ -178,6 +178,7 @@ def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_
     private = recipes.resolve(get_config(), n=13_084)
     assert (private.bert.finetune, private.bert.dropout, private.learning_rate) == (
         "lora", 0.0, 0.005)
+    assert private.bert.lora_layout == "matrix"
     assert private.batch_size == 1047 and private.epochs == 24  # q 0.08, 300 steps
     plain = recipes.resolve(dict_update(get_config(), mechanism="sgd"), n=13_084)
     assert (plain.bert.finetune, plain.bert.dropout, plain.learning_rate) == (

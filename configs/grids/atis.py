@@ -33,8 +33,8 @@ def get_config():
     # SNIPS's BERT: LoRA r 8 at Adam 5e-3 over 300 steps gave 0.189 against 0.218 with every
     # kernel trained, and no dropout 0.221 against 0.300 (150 steps). All of it on ATIS, with
     # the slot loss per word (the intent accuracy is what ATIS's private rows lose):
-    lora = dp8("bert_dpsgd_eps8_lora_nodropout", "per-example DP-SGD, eps 8, LoRA r 8, no "
-               "dropout, 300 steps, slot loss per word", "private_steps=300",
+    lora = dp8("bert_dpsgd_eps8_lora_nodropout", "per-example DP-SGD, eps 8, LoRA r 8 (per-head "
+               "layout), no dropout, 300 steps, slot loss per word", "private_steps=300",
                "bert.finetune=lora", "learning_rate=0.005", "bert.dropout=0.0", "slot_loss=mean")
     # SNIPS: LoRA in the matrix layout (one rank-8 pair per kernel, 0.55M trained weights) gave
     # 0.156 against the per-head layout's 0.170 (results/pilot_snips_bert, one run each); the
@@ -60,12 +60,27 @@ def get_config():
                       "SNIPS SGD (public pretraining)", "per-example, public pretraining",
                       "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
                       "target_epsilon=8.0", "init_from=runs/experiments/snips/clc_sgd")
-    return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix]
-                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips], schedule_reference="bert_dpsgd_eps8",
+    # The same for BERT: the encoder starts from the SNIPS grid's plain fine-tuning (its bert_sgd
+    # run: every kernel trained on SNIPS), then LoRA as in lora_matrix; the heads start fresh.
+    bert_from_snips = cell("bert_dpsgd_eps8_from_snips", "per-example DP-SGD, eps 8, LoRA r 8 "
+                           "(matrix layout), encoder from SNIPS SGD (public pretraining)",
+                           "per-example, public pretraining", ATIS, "diagnostics=True",
+                           "mechanism=dpsgd", "target_epsilon=8.0",
+                           *bert_private("private_steps=300", "bert.finetune=lora",
+                                         "learning_rate=0.005", "bert.dropout=0.0",
+                                         "slot_loss=mean", "bert.lora_layout=matrix",
+                                         "init_from=runs/experiments/snips/bert_sgd"))
+    return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
+                                bert_from_snips]
+                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
+                schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
-                      "when they ran. bert_dpsgd_eps8_lora_matrix ran 22 of its 24 epochs: it "
+                      "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix (its "
+                      "command: the same config as atis_bert's default since its LoRA layout "
+                      "became matrix, 2026-11-25); bert_dpsgd_eps8_lora_nodropout was the "
+                      "default before. bert_dpsgd_eps8_lora_matrix ran 22 of its 24 epochs: it "
                       "was interrupted twice (the OOM killer, a session's end) and resumed, and "
                       "the ledger charged each interrupted epoch again, so the budget ran out "
-                      "two epochs early. The from_snips cell needs the SNIPS grid's clc_sgd run "
-                      "(its init_from).")
+                      "two epochs early. The from_snips cells need the SNIPS grid's clc_sgd and "
+                      "bert_sgd runs (their init_from).")

@@ -29,13 +29,21 @@ BERT_FULL_FINETUNING = ("bert.private_finetune=no_embeddings", "bert.private_dro
                         "private_learning_rate=0.002")
 
 
+# The LoRA layout of every LoRA cell run before snips_bert's default became "matrix"
+# (2026-11-25): bert_private pins it on LoRA cells that leave the layout open.
+LORA_LAYOUT_BEFORE = "per_head"
+
+
 def bert_private(*overrides: str) -> tuple:
     """`overrides` of a private BERT cell, pinned so that the dataset config's private recipe
     cannot change it: bert.finetune / bert.dropout become their private_ fields (which win in
-    private runs), and whatever the cell leaves open is BERT_FULL_FINETUNING."""
+    private runs), whatever the cell leaves open is BERT_FULL_FINETUNING, and a LoRA cell that
+    leaves its layout open gets LORA_LAYOUT_BEFORE."""
     pinned = tuple(o.replace("bert.finetune=", "bert.private_finetune=", 1)
                    .replace("bert.dropout=", "bert.private_dropout=", 1)
                    if o.startswith(("bert.finetune=", "bert.dropout=")) else o
                    for o in overrides)
     given = {o.partition("=")[0] for o in pinned}
+    if "bert.private_finetune=lora" in pinned and "bert.lora_layout" not in given:
+        pinned += (f"bert.lora_layout={LORA_LAYOUT_BEFORE}",)
     return pinned + tuple(p for p in BERT_FULL_FINETUNING if p.partition("=")[0] not in given)

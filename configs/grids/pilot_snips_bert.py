@@ -1,8 +1,9 @@
 """Pilot: BERT private recipes on SNIPS at epsilon 8 (per-example, q 0.08, Adam linear decay).
 
 At 150 steps Adam 2e-3 won against 1e-3 (test SER 0.300 vs 0.398) and 5e-3 (0.342); 300 steps
-gave 0.218; LoRA r 8 at 5e-3 0.189, and without dropout 0.170, which is configs/snips_bert.py's
-private recipe since 2026-11-25 (that run is the SNIPS grid's bert_dpsgd_eps8 row). Twice the
+gave 0.218; LoRA r 8 at 5e-3 0.189, without dropout 0.170, and in the matrix layout 0.156, which
+is configs/snips_bert.py's private recipe since 2026-11-25 (that run is the SNIPS grid's
+bert_dpsgd_eps8 row; LoRA cells that leave the layout open ran per_head, which bert_private pins). Twice the
 sampling rate for half the steps (q 0.16, 150 steps, the same 24 epochs) gave test SER 0.163 but
 a worse last dev SER (0.164 against 0.153): one run each cannot tell them apart, so the default
 stays q 0.08 / 300 steps. Runs that

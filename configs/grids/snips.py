@@ -4,7 +4,7 @@ best mechanism of both models, and epsilon 8 for the others.
 
     python -m trainers.experiment --grid=configs/grids/snips.py
 """
-from configs.grids.common import bert_private, cell, grid
+from configs.grids.common import LORA_LAYOUT_BEFORE, bert_private, cell, grid
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
 # experiments on public benchmarks, not shareable runs.
@@ -33,10 +33,12 @@ def rows(m: str, config: str) -> list:
     ] if m == "clc" else []) + [
         # CLC's private Adam 3e-2 is far too large without noise (Adam divides by the noise's
         # scale): its sigma = 0 row takes 1e-2, between that and plain training's 2e-3
+        # BERT's sigma = 0 rows ran LoRA in the layout before today's (LORA_LAYOUT_BEFORE)
         row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)" +
-            (", Adam 1e-2" if m == "clc" else ""), "diagnostic",
+            (", Adam 1e-2" if m == "clc" else ", LoRA per-head layout"), "diagnostic",
             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
-            *(("learning_rate=0.01",) if m == "clc" else ())),
+            *(("learning_rate=0.01",) if m == "clc" else
+              (f"bert.lora_layout={LORA_LAYOUT_BEFORE}",))),
         row("edp_k2_eps8", "eDP, micro-batches of 2, eps 8", "eDP k=2", "mechanism=edp",
             "microbatch_size=2", "target_epsilon=8.0"),
         row("edp_paper_eps8", "eDP as in the paper (1 micro-batch/replica, 2 replicas), eps 8",
@@ -81,14 +83,21 @@ def get_config():
              "summed slot loss (the recipe before)", "eDP k=2", "configs/snips_clc.py", DIAG,
              "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
     ]
-    return grid("snips", bert[:2] + [full, steps150] + bert[2:]
+    # snips_bert's private default before its LoRA layout became "matrix" (2026-11-25)
+    per_head = cell("bert_dpsgd_eps8_lora_per_head", "per-example DP-SGD, eps 8, LoRA per-head "
+                    "layout (the default before)", "per-example", "configs/snips_bert.py", DIAG,
+                    "mechanism=dpsgd", "target_epsilon=8.0",
+                    *bert_private("bert.finetune=lora", "steps=300", "learning_rate=0.005",
+                                  "bert.dropout=0.0"))
+    return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:]
                 + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
-                       "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (dpsgd_lora_nodropout, "
-                       "its command: it resolves to the same config as snips_bert's default "
-                       "since 2026-11-25). bert_dpsgd_eps8_full, the default before, is that "
-                       "pilot's dpsgd_steps300. bert_dpsgd_eps8_steps150 ran "
+                       "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (lora_matrix, its "
+                       "command: it resolves to the same config as snips_bert's default since "
+                       "its LoRA layout became matrix, 2026-11-25). bert_dpsgd_eps8_lora_per_head, "
+                       "the default before, is that pilot's dpsgd_lora_nodropout, and "
+                       "bert_dpsgd_eps8_full, the default before that, its dpsgd_steps300. bert_dpsgd_eps8_steps150 ran "
                        "as bert_dpsgd_eps8 when the default was ~150 steps; its command is the "
                        "one that reproduces it today. CLC rows run before snips_clc's slot loss "
                        "became per-word (2026-11-24) carry --config.slot_loss=sum in their "
