@@ -108,4 +108,6 @@ def get_config():
                        "clc_dpsgd_eps8). clc_dpsgd_eps8 is the run of results/pilot_snips_clc "
                        "(dpsgd_q16_1lstm_nodropout, with diagnostics): its command sets what "
                        "snips_clc's defaults now are. clc_dpsgd_eps8_from_atis needs the ATIS grid's "
-                       "clc_sgd_steps6000 run (its init_from)."))
+                       "clc_sgd_steps6000 run (its init_from). bert_sgd's run directory holds a "
+                       "second run of its command (2026-11-25, test SER 0.068; the ATIS grid's "
+                       "BERT init_from): the row is the first run's."))
