@@ -76,8 +76,7 @@ def get_config():
     q16 = dp8("bert_dpsgd_eps8_q16", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), no "
               "dropout, q 0.16, 150 steps, slot loss per word", "sampling_rate=0.16",
               "private_steps=150", "bert.finetune=lora", "learning_rate=0.005",
-              "bert.dropout=0.0", "slot_loss=mean", "bert.lora_layout=matrix",
-              "physical_batch_size=128")  # memory only: it ran beside another BERT run
+              "bert.dropout=0.0", "slot_loss=mean", "bert.lora_layout=matrix")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
