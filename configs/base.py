@@ -23,6 +23,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   bert.lora_layout "per_head" (Keras' enable_lora: the query/key/value kernels get one A per
                    head, 0.89M factor entries for MiniLM-L6 at r 8) or "matrix" (the rank-r update
                    of every kernel's [Din, Dout] view, Hu et al.: 0.33M); models/bert/finetuning.py
+  bert.lora_targets which kernels get factors: "all", "attention" (query, key, value, output) or
+                   "query_value" (Hu et al.); the others stay frozen, their biases train
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (trainers/recipes.py)
@@ -85,6 +87,7 @@ def base_config() -> ml_collections.ConfigDict:
         lora_rank=8,
         lora_alpha=16.0,
         lora_layout="per_head",  # what every LoRA run before 2026-11-25 used
+        lora_targets="all",
         pooling="cls",
         private_finetune="",
         private_dropout=-1.0,

@@ -46,7 +46,7 @@ def check_config(config) -> None:
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
     from models.bert.bert_backbone import POOLING
-    from models.bert.finetuning import FINETUNE, LORA_LAYOUTS
+    from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
     from models.joint_loss import TAG_REDUCTIONS
     from trainers.optimizers import OPTIMIZERS, SCHEDULES
 
@@ -115,6 +115,8 @@ def check_config(config) -> None:
             bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
         if b.get("lora_layout", "per_head") not in LORA_LAYOUTS:
             bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
+        if b.get("lora_targets", "all") not in LORA_TARGETS:
+            bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
         if b.get("pooling", "cls") not in POOLING:
             bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
@@ -219,7 +221,8 @@ def build_model(config, preprocessor, vectors=None):
     from models.bert.finetuning import set_finetuning
 
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
-                   lora_layout=c.get("lora_layout", "per_head"))  # config.json before the field
+                   lora_layout=c.get("lora_layout", "per_head"),  # config.json before the field
+                   lora_targets=c.get("lora_targets", "all"))
     return model
 
 

@@ -1,3 +1,4 @@
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -6,7 +7,7 @@ import edp_tf
 from models import testing
 from models.bert.bert_joint import BertJoint
 from models.bert.bert_preprocessor import BertPreprocessor
-from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, set_finetuning
+from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS, set_finetuning
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +168,29 @@ def test_lora_layout_is_checked(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match=r"--config\.bert\.lora_layout='diagonal'"):
         set_finetuning(model, "lora", lora_layout="diagonal")
+
+
+@pytest.mark.parametrize("targets", ["attention", "query_value"])
+def test_lora_targets_adapt_only_the_named_kernels_and_freeze_the_rest(data, targets):
+    """Factors beside the named kernels only; every other projection kernel frozen without
+    factors, its bias still trained."""
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    set_finetuning(model, "lora", lora_rank=2, lora_layout="matrix", lora_targets=targets)
+    projections = [layer for block in model.backbone.transformer_layers
+                   for layer in block._flatten_layers(include_self=False)
+                   if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))]
+    assert len(projections) == 6 * testing.TINY_BERT["num_layers"]
+    adapted = {layer.name for layer in projections if getattr(layer, "lora_enabled", False)}
+    assert adapted == set(LORA_TARGETS[targets])
+    names = trainable_names(model)
+    for layer in projections:
+        assert layer._kernel.path not in names, layer._kernel.path
+        assert layer.bias.path in names, layer.bias.path
+        factors = {v.path for v in layer.trainable_variables if "lora_kernel" in v.path}
+        assert len(factors) == (2 if layer.name in adapted else 0), layer.name
+
+
+def test_lora_targets_are_checked(data):
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match=r"--config\.bert\.lora_targets='mlp'"):
+        set_finetuning(model, "lora", lora_targets="mlp")
