@@ -132,9 +132,10 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
             raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
         targets = LORA_TARGETS[lora_targets]
         projections = _transformer_projections(backbone)
-        if targets is not None and not targets & {layer.name for layer in projections}:
+        missing = set(targets or ()) - {layer.name for layer in projections}
+        if missing:  # a keras-hub whose layers are named otherwise: refuse, never adapt less
             raise ValueError(f"--config.bert.lora_targets={lora_targets!r}: the backbone has no "
-                             f"layer named {sorted(targets)}")
+                             f"layer named {sorted(missing)}")
         for layer in projections:  # enable_lora freezes the kernel itself
             if targets is not None and layer.name not in targets:
                 layer._kernel.trainable = False  # no factors: frozen, its bias trains

@@ -194,3 +194,13 @@ def test_lora_targets_are_checked(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match=r"--config\.bert\.lora_targets='mlp'"):
         set_finetuning(model, "lora", lora_targets="mlp")
+
+
+def test_lora_targets_missing_from_the_backbone_are_refused(data, monkeypatch):
+    """A backbone whose layers are named otherwise must fail, not silently adapt fewer kernels."""
+    from models.bert import finetuning
+
+    monkeypatch.setitem(finetuning.LORA_TARGETS, "query_value", frozenset({"query", "val"}))
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match=r"no layer named \['val'\]"):
+        set_finetuning(model, "lora", lora_targets="query_value")
