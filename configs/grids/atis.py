@@ -78,7 +78,9 @@ def get_config():
               "private_steps=150", *matrix)
     # Ran 2026-11-25: test SER 0.175 against lora_matrix's 0.153, behind on dev at every epoch
     # (0.147 against 0.124 at the end): too few steps for ATIS.
-    # ... and the other way: half the sampling rate for twice the steps, the same 24 epochs
+    # ... and the other way: half the sampling rate for twice the steps, the same 24 epochs.
+    # Stopped after 16 epochs (2026-11-25; resumable): ahead at first (dev SER 0.218 after 5
+    # epochs against 0.242), then level above lora_matrix (0.178 against 0.132 after 16).
     q04 = dp8("bert_dpsgd_eps8_q04", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), no "
               "dropout, q 0.04, 600 steps, slot loss per word", "sampling_rate=0.04",
               "private_steps=600", *matrix)
