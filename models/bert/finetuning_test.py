@@ -1,4 +1,3 @@
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -7,7 +6,8 @@ import edp_tf
 from models import testing
 from models.bert.bert_joint import BertJoint
 from models.bert.bert_preprocessor import BertPreprocessor
-from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS, set_finetuning
+from models.bert.finetuning import (FINETUNE, LORA_LAYOUTS, LORA_TARGETS,
+                                    _transformer_projections, set_finetuning)
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +176,7 @@ def test_lora_targets_adapt_only_the_named_kernels_and_freeze_the_rest(data, tar
     factors, its bias still trained."""
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     set_finetuning(model, "lora", lora_rank=2, lora_layout="matrix", lora_targets=targets)
-    projections = [layer for block in model.backbone.transformer_layers
-                   for layer in block._flatten_layers(include_self=False)
-                   if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense))]
+    projections = _transformer_projections(model.backbone)
     assert len(projections) == 6 * testing.TINY_BERT["num_layers"]
     adapted = {layer.name for layer in projections if getattr(layer, "lora_enabled", False)}
     assert adapted == set(LORA_TARGETS[targets])
