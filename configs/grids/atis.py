@@ -97,7 +97,11 @@ def get_config():
                   "private_steps=300", *matrix, "bert.lora_targets=query_value")
     # Adam 5e-3 was chosen on SNIPS for every kernel at 150 steps (pilot_snips_bert) and kept
     # for LoRA without a sweep: LoRA's factors start at zero (B = 0), so their useful step may
-    # differ. Twice and half of it, everything else as lora_matrix:
+    # differ. Twice and half of it, everything else as lora_matrix. 1e-2 was stopped after 8 of
+    # 24 epochs (2026-11-25; resumable): ahead for three epochs (dev SER 0.417 against 0.642
+    # after 2), then it rose at the peak rate while lora_matrix kept falling (0.276 against
+    # 0.181 after 8; slot F1 0.764 against 0.837): Adam moves the weights along the noise in
+    # proportion to the rate, and at 1e-2 that random walk outweighs the signal.
     lr1e2 = dp8("bert_dpsgd_eps8_lr1e-2", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), "
                 "no dropout, Adam 1e-2, 300 steps, slot loss per word", "private_steps=300",
                 *matrix_at("0.01"))
