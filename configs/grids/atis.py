@@ -101,7 +101,10 @@ def get_config():
     # 24 epochs (2026-11-25; resumable): ahead for three epochs (dev SER 0.417 against 0.642
     # after 2), then it rose at the peak rate while lora_matrix kept falling (0.276 against
     # 0.181 after 8; slot F1 0.764 against 0.837): Adam moves the weights along the noise in
-    # proportion to the rate, and at 1e-2 that random walk outweighs the signal.
+    # proportion to the rate, and at 1e-2 that random walk outweighs the signal. 2.5e-3 was
+    # stopped after 12 of 24 epochs (2026-11-25; resumable): behind at every epoch, closing
+    # slowly (dev SER 0.245 against 0.181 after 8, 0.202 against 0.146 after 12; slot F1 0.819
+    # against 0.872). 5e-3 sits between them and stays the default.
     lr1e2 = dp8("bert_dpsgd_eps8_lr1e-2", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), "
                 "no dropout, Adam 1e-2, 300 steps, slot loss per word", "private_steps=300",
                 *matrix_at("0.01"))
