@@ -73,6 +73,26 @@ def test_tables_and_plots(finished):
         assert os.path.getsize(os.path.join(g.results_dir, png)) > 1000
 
 
+def test_frontier_passes_through_the_best_row_per_budget_only():
+    def row(model, family, eps, ser, mechanism="dpsgd"):
+        return dict(model=model, family=family, epsilon=eps, mechanism=mechanism,
+                    test=dict(ser=ser))
+    rows = [row("clc", "sgd", float("inf"), 0.05, "sgd"),
+            row("clc", "per-example", 7.99, 0.30),  # a worse recipe variant at epsilon 8
+            row("clc", "per-example", 8.0, 0.20),
+            row("clc", "per-example", 1.0, 0.50),
+            row("clc", "per-example", 3.0, 0.25),
+            row("clc", "per-example", float("inf"), 0.10),  # sigma = 0: no epsilon
+            row("bert", "per-example", 7.99, 0.15)]
+    f = experiment.frontier(rows)
+    assert set(f) == {("clc", "per-example"), ("bert", "per-example")}
+    best, others = f[("clc", "per-example")]
+    assert [(r["epsilon"], r["test"]["ser"]) for r in best] == [(1.0, 0.5), (3.0, 0.25),
+                                                                 (8.0, 0.2)]
+    assert [r["test"]["ser"] for r in others] == [0.3]
+    assert f[("bert", "per-example")] == ([rows[-1]], [])
+
+
 def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path):
     g, _ = finished
     grid_file = tmp_path / "grid.py"

@@ -13,7 +13,8 @@ continues from its last checkpoint (`--resume`), so a grid can be run over sever
 Writes `<results_dir>/table1.csv`, `table1.md` (test SER, delta SER vs the same model's SGD, intent
 accuracy, slot F1, membership-inference AUC / TPR at 1% and 0.1% FPR / delta AUC, epsilon at the
 run's delta and at 1/n and 1e-6, log10 epsilon, seconds per epoch and its ratio to SGD, command),
-`frontier.png` (SER vs epsilon), `epsilon_per_epoch.png` (per noise-decay schedule) and
+`frontier.png` (SER vs epsilon: per model and family, a line through the best row at each epsilon
+and the other rows as hollow markers), `epsilon_per_epoch.png` (per noise-decay schedule) and
 `membership_roc.png`.
 """
 from __future__ import annotations
@@ -276,28 +277,52 @@ def write_tables(grid, results: list, missing: list) -> None:
         f.write("\n".join(lines) + "\n")
 
 
+def frontier(results: list) -> dict:
+    """{(model, family): (best, others)} over the private rows with a finite epsilon: `best` is
+    the lowest-test-SER row at each epsilon (rounded to 0.1, so 7.99 and 8.00 are one budget),
+    sorted by epsilon; `others` are the family's remaining rows (recipe variants at a budget),
+    which a frontier line must not pass through."""
+    budgets = {}
+    for r in results:
+        if r["mechanism"] != "sgd" and r.get("epsilon") and math.isfinite(r["epsilon"]):
+            key = (r["model"], r["family"])
+            budgets.setdefault(key, {}).setdefault(round(r["epsilon"], 1), []).append(r)
+    out = {}
+    for key, by_eps in budgets.items():
+        best, others = [], []
+        for eps in sorted(by_eps):
+            rows = sorted(by_eps[eps], key=lambda r: r["test"]["ser"])
+            best.append(rows[0])
+            others.extend(rows[1:])
+        out[key] = (best, others)
+    return out
+
+
 def write_plots(grid, results: list) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    # frontier: SER vs epsilon, one line per (model, family); SGD as a horizontal line
+    # frontier: SER vs epsilon, one line per (model, family) through its best row at each
+    # epsilon, the family's other rows (recipe variants) as hollow markers; the best SGD row of
+    # each model as a horizontal line
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    colors = {}
+    best_sgd = {}
     for r in results:
         if r["mechanism"] == "sgd":
-            line = ax.axhline(r["test"]["ser"], ls="--", lw=1,
-                              color=colors.setdefault(r["model"], f"C{len(colors)}"))
-            line.set_label(f"{r['model']} SGD")
-    groups = {}
-    for r in results:
-        if r["mechanism"] != "sgd" and r.get("epsilon") and math.isfinite(r["epsilon"]):
-            groups.setdefault((r["model"], r["family"]), []).append(r)
-    for (model, family), rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r["epsilon"])
-        ax.plot([r["epsilon"] for r in rs], [r["test"]["ser"] for r in rs], marker="o",
-                label=f"{model} {family}")
+            model = r["model"]
+            if model not in best_sgd or r["test"]["ser"] < best_sgd[model]:
+                best_sgd[model] = r["test"]["ser"]
+    for i, (model, ser) in enumerate(sorted(best_sgd.items())):
+        ax.axhline(ser, ls="--", lw=1, color=f"C{i}", label=f"{model} SGD (best row)")
+    for i, ((model, family), (best, others)) in enumerate(sorted(frontier(results).items())):
+        color = f"C{len(best_sgd) + i}"
+        ax.plot([r["epsilon"] for r in best], [r["test"]["ser"] for r in best], marker="o",
+                color=color, label=f"{model} {family}")
+        if others:
+            ax.plot([r["epsilon"] for r in others], [r["test"]["ser"] for r in others], ls="",
+                    marker="o", mfc="none", color=color)
     ax.set_xscale("log")
     ax.set_xlabel("epsilon (PLD, delta = 0.1/n)")
     ax.set_ylabel("test SER (lower is better)")
