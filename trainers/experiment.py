@@ -311,18 +311,15 @@ def write_plots(grid, results: list) -> None:
     best_sgd = {}
     for r in results:
         if r["mechanism"] == "sgd":
-            model = r["model"]
-            if model not in best_sgd or r["test"]["ser"] < best_sgd[model]:
-                best_sgd[model] = r["test"]["ser"]
+            best_sgd[r["model"]] = min(best_sgd.get(r["model"], math.inf), r["test"]["ser"])
     for i, (model, ser) in enumerate(sorted(best_sgd.items())):
         ax.axhline(ser, ls="--", lw=1, color=f"C{i}", label=f"{model} SGD (best row)")
     for i, ((model, family), (best, others)) in enumerate(sorted(frontier(results).items())):
         color = f"C{len(best_sgd) + i}"
         ax.plot([r["epsilon"] for r in best], [r["test"]["ser"] for r in best], marker="o",
                 color=color, label=f"{model} {family}")
-        if others:
-            ax.plot([r["epsilon"] for r in others], [r["test"]["ser"] for r in others], ls="",
-                    marker="o", mfc="none", color=color)
+        ax.plot([r["epsilon"] for r in others], [r["test"]["ser"] for r in others], ls="",
+                marker="o", mfc="none", color=color)
     ax.set_xscale("log")
     ax.set_xlabel("epsilon (PLD, delta = 0.1/n)")
     ax.set_ylabel("test SER (lower is better)")
