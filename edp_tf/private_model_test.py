@@ -33,6 +33,35 @@ def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size, 
     assert history.history["clipped_fraction"] == [0.0, 0.0]
 
 
+@pytest.mark.parametrize("microbatch_size", [1, 2])
+def test_clipping_statistics_ignore_padding_rows(strategy, microbatch_size):
+    """Poisson sampling pads batches with rows of weight 0, whose zero gradients are never above
+    C: the clipped fraction and mean pre-clip norm must be those of the real micro-batches, the
+    same as for a batch of only those rows (before, half-padded batches read 0.5 clipped)."""
+    x, y = small_regression(seed=7)
+    x, y = x[:16], y[:16]
+    w = np.array([1.0 if i % 4 < 2 else 0.0 for i in range(16)], np.float32)  # 2 real per replica
+    init = small_model().get_weights()
+
+    def statistics(xs, ys, ws, batch):
+        with strategy.scope():
+            inner = small_model()
+            inner.set_weights(init)
+            private = PrivateModel(inner, DPConfig(l2_norm_clip=1e-6, noise_multiplier=0.0,
+                                                   microbatch_size=microbatch_size))
+            private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+        h = private.fit(xs, ys, sample_weight=ws, batch_size=batch, epochs=1, shuffle=False,
+                        verbose=0).history
+        return h["clipped_fraction"][0], h["preclip_norm"][0]
+
+    padded = statistics(x, y, w, 16)
+    real = w > 0
+    alone = statistics(x[real], y[real], w[real], 8)
+    assert padded[0] == 1.0 and alone[0] == 1.0  # every real micro-batch is above C = 1e-6
+    assert padded[1] > 0
+    np.testing.assert_allclose(padded[1], alone[1], rtol=1e-5)
+
+
 def test_nonfinite_microbatch_contributes_zero_and_is_counted(strategy):
     x, y = small_regression(seed=5)
     x, y = x[:16].copy(), y[:16]
