@@ -128,6 +128,10 @@ def get_config():
     # scale of C (its epsilon is far below the noise per weight, z C / (q n) ~ 3e-4 at C = 0.1), so
     # C = 0.1 amounts to clipping every example to one norm throughout (normalised per-example
     # gradients; Bu et al. 2022, De et al. 2022 with small C), everything else as lora_matrix.
+    # Ran 2026-11-26 (4,416 s, quiet CPU most of the run): test SER 0.165 (intent 0.907, slot F1
+    # 0.856) against 0.153; dev SER behind at most epochs (0.159 against 0.146 after 12, 0.131
+    # at the end against 0.124 after 22). C stays 1. Even at C = 0.1 the share of real examples
+    # clipped fell from 1.0 (epochs 1-3) to 0.65 after 10 epochs: many examples are fit early.
     clip01 = dp8("bert_dpsgd_eps8_clip0.1", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), "
                  "no dropout, 300 steps, slot loss per word, C 0.1", "private_steps=300", *matrix,
                  "l2_norm_clip=0.1")
