@@ -468,7 +468,7 @@ def _clipped_denominator(std, expected_users: float, w, plan):
     """(per-replica noise std, denominator) of the clipped-denominator estimator: the step
     divides by D_t = max(D, users drawn in the whole step) and the noise is scaled by D_t / D,
     so that the average carries noise of std z S C / D whatever D_t is (S = 2)."""
-    present = tf.reduce_any(tf.reshape(w, [-1, plan.microbatch_size]) > 0, axis=1)
+    present = _real_microbatches(w, plan.microbatch_size)  # one user per micro-batch
     users = tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(present, tf.float32)))
     denominator = tf.maximum(float(expected_users), users)
