@@ -18,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import (clipping, local_training, microbatch, multi_worker, noise, scaling,
-                    selection)
+from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, multi_worker,
+                    noise, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
@@ -216,7 +216,25 @@ class PrivateModel(keras.Model):
                     "sparse_embeddings on several replicas needs Keras' TensorFlow optimizer "
                     "(its _all_reduce_sum_gradients); this Keras has none")
             self.optimizer._all_reduce_sum_gradients = _already_summed
+        self._attach_noise_to_optimizer()
         self.train_function = None  # constants changed: retrace
+
+    def _attach_noise_to_optimizer(self) -> None:
+        """Tells a `BiasCorrectedAdam` the noise std of each variable's update at z = 1:
+        alpha_k x (the replicas' summed std at z = 1) / D, what `train_step` adds (for the
+        clipped-denominator estimator too: its noise is fixed on the average)."""
+        if not isinstance(self.optimizer, bias_corrected_adam.BiasCorrectedAdam):
+            return
+        if self._clip_plan.selection is not None:
+            raise ValueError("BiasCorrectedAdam with DPConfig.sparse_embeddings=True: the "
+                             "tables' rows get noise only when selected, so their noise "
+                             "variance is not one known constant; use Adam")
+        mechanism = self._mechanism
+        unit = (mechanism.per_replica_noise_std(1.0) * math.sqrt(self.num_replicas)
+                / mechanism.expected_microbatches)
+        self.optimizer.attach_noise(self.wrapped_model.trainable_variables,
+                                    [a * unit for a in self._layer_scales],
+                                    self.dp_noise_multiplier)
 
     def _row_selection(self) -> Optional[selection.RowSelection]:
         cfg = self._dp_config
