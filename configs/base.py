@@ -14,6 +14,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
   ema_fraction     > 0: train, then keep an exponential moving average of the weights whose time
                    constant is this fraction of the steps (free in epsilon: post-processing)
+  optimizer        "adam", "adamw", "sgd" or "adam_bc" (DP-AdamBC: the noise variance, known to the
+                   step, is taken out of Adam's second moment; `adam_bc_floor` x that variance is
+                   the corrected moment's floor; post-processing, so free in epsilon)
   slot_loss        "sum" (CRF NLL of the utterance) or "mean" (per word: long utterances do not
                    dominate the clipped gradient)
   bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen), "bias"
@@ -103,7 +106,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.private_sampling_rate = 0.0
     c.private_steps = 0
     c.private_learning_rate = 0.0
-    c.optimizer = "adam"  # "adam", "adamw" or "sgd" (momentum 0.9)
+    # "adam", "adamw", "sgd" (momentum 0.9) or "adam_bc" (DP-AdamBC: Adam with the DP noise's
+    # variance taken out of its second moment; Adam when not private; trainers/optimizers.py)
+    c.optimizer = "adam"
+    c.adam_bc_floor = 0.05  # adam_bc only: the corrected second moment's floor, x noise variance
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only

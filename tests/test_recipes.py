@@ -203,6 +203,20 @@ def test_every_optimizer_averages_weights_when_asked(name):
     assert not optimizers.build_optimizer(name, 1e-3, 100).use_ema
 
 
+def test_adam_bc_is_the_bias_corrected_adam_only_when_private():
+    """Non-private runs have no noise to take out of Adam's second moment: plain Adam."""
+    import keras
+
+    from edp_tf.bias_corrected_adam import BiasCorrectedAdam
+
+    private = optimizers.build_optimizer("adam_bc", 1e-3, 100, adam_bc_floor=0.2)
+    assert isinstance(private, BiasCorrectedAdam) and private.floor == 0.2
+    plain = optimizers.build_optimizer("adam_bc", 1e-3, 100, private=False)
+    assert type(plain) is keras.optimizers.Adam
+    with pytest.raises(ValueError, match=r"--config\.adam_bc_floor="):
+        optimizers.build_optimizer("adam_bc", 1e-3, 100, adam_bc_floor=0.0)
+
+
 def test_ema_momentum_is_one_time_constant_of_the_fraction_of_steps():
     assert optimizers.ema_kwargs(0.0, 100) == {}
     assert optimizers.ema_kwargs(0.1, 200)["ema_momentum"] == pytest.approx(1 - 1 / 20)

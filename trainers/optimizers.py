@@ -9,6 +9,11 @@ Weight averaging (an exponential moving average of the weights, De et al. 2022) 
 noise of the last steps away without shrinking them; it post-processes the noisy updates, so
 epsilon is unchanged. `ema_fraction` is its time constant as a fraction of the run's steps, so
 that one value suits runs of 150 and of 3,000 steps.
+
+"adam_bc" is DP-AdamBC (Tang et al. 2023; edp_tf/bias_corrected_adam.py): Adam with the DP noise's
+known variance taken out of its second moment, so that it keeps Adam's per-weight step sizes
+instead of acting as SGD; `adam_bc_floor` bounds the corrected moment below (a fraction of the
+noise variance). Non-private runs have no noise to take out: for them it is Adam.
 """
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ import math
 import keras
 from keras import ops
 
-OPTIMIZERS = ("adam", "adamw", "sgd")
+from edp_tf.bias_corrected_adam import BiasCorrectedAdam
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "adam_bc")
 SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -60,7 +67,8 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 def build_optimizer(name: str, learning_rate: float, total_steps: int, schedule: str = "constant",
                     warmup_fraction: float = 0.0, weight_decay: float = 0.0,
-                    ema_fraction: float = 0.0):
+                    ema_fraction: float = 0.0, adam_bc_floor: float = 0.05,
+                    private: bool = True):
     """The config's optimizer; ValueError naming the config field for invalid values."""
     if name not in OPTIMIZERS:
         raise ValueError(f"--config.optimizer={name!r} is invalid: expected one of {OPTIMIZERS}")
@@ -75,11 +83,15 @@ def build_optimizer(name: str, learning_rate: float, total_steps: int, schedule:
         raise ValueError(f"--config.lr_schedule={schedule!r} is invalid: expected {SCHEDULES}")
     if not 0 <= ema_fraction < 1:
         raise ValueError(f"--config.ema_fraction={ema_fraction!r} is invalid: expected in [0, 1)")
+    if not adam_bc_floor > 0:
+        raise ValueError(f"--config.adam_bc_floor={adam_bc_floor!r} is invalid: expected > 0")
     warmup = int(round(warmup_fraction * total_steps))
     ema = ema_kwargs(ema_fraction, total_steps)
     lr = (learning_rate if schedule == "constant" and warmup == 0 else
           WarmupDecay(learning_rate, total_steps, warmup, schedule))
-    if name == "adam":
+    if name == "adam_bc" and private:
+        return BiasCorrectedAdam(lr, floor=adam_bc_floor, **ema)
+    if name in ("adam", "adam_bc"):
         return keras.optimizers.Adam(lr, **ema)
     if name == "adamw":
         return keras.optimizers.AdamW(lr, weight_decay=weight_decay, **ema)

@@ -112,4 +112,13 @@ def _grid():
         # no gain. Even at C = 0.1 the clipped fraction fell from 1.0 (epochs 1-5) to 0.74 (22).
         cell("dpsgd_clip0.1", "per-example, snips_clc's default, C 0.1", "dpsgd", CLC, *DP,
              "l2_norm_clip=0.1", "diagnostics=True"),
+        # Round 11 (2026-11-26): DP-AdamBC (edp_tf/bias_corrected_adam.py): Adam's second moment
+        # without the noise variance it knows, so Adam's per-weight step sizes come back. Weights
+        # with no measurable signal step up to 4.5x further (floor 0.05) than under DP-Adam, so
+        # at 1e-2 they step as DP-Adam's at ~4.5e-2 (the tried 5e-2 range); also at the default.
+        cell("dpsgd_adam_bc_lr1e-2", "per-example, snips_clc's default, DP-AdamBC 1e-2 (floor "
+             "0.05)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "private_learning_rate=0.01",
+             "diagnostics=True"),
+        cell("dpsgd_adam_bc", "per-example, snips_clc's default, DP-AdamBC 3e-2 (floor 0.05)",
+             "dpsgd", CLC, *DP, "optimizer=adam_bc", "diagnostics=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
