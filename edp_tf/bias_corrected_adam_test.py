@@ -168,6 +168,13 @@ def test_trains_under_private_model_and_checkpoints(strategy, tmp_path):
         np.testing.assert_allclose(v.numpy(), want)
 
 
+def test_serialises_with_its_floor():
+    opt = BiasCorrectedAdam(2e-3, floor=0.2)
+    again = keras.optimizers.deserialize(keras.optimizers.serialize(opt))
+    assert isinstance(again, BiasCorrectedAdam)
+    assert (again.floor, float(again.learning_rate)) == (0.2, pytest.approx(2e-3))
+
+
 def test_errors():
     with pytest.raises(ValueError, match="floor"):
         BiasCorrectedAdam(floor=0.0)
