@@ -109,7 +109,7 @@ def base_config() -> ml_collections.ConfigDict:
     # "adam", "adamw", "sgd" (momentum 0.9) or "adam_bc" (DP-AdamBC: Adam with the DP noise's
     # variance taken out of its second moment; Adam when not private; trainers/optimizers.py)
     c.optimizer = "adam"
-    c.adam_bc_floor = 0.05  # adam_bc only: the corrected second moment's floor, x noise variance
+    c.adam_bc_floor = 1.0  # adam_bc only: the corrected second moment's floor, x noise variance
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only

@@ -15,8 +15,11 @@ s averages z_t^2 with v's own weights, so phi is exactly the noise part of v^ in
 when z_t decays between epochs. v^ - phi is an estimate, negative for most weights early on; the
 floor (a fraction of phi, so one value suits every layer's scale) bounds the step of weights whose
 signal the estimate cannot yet tell from zero: their step is at most 1 / sqrt(floor) times DP-
-Adam's. Everything here uses the released update and public constants: post-processing, so
-epsilon is unchanged. `PrivateModel` attaches f and z_t when it decides the step (`attach_noise`);
+Adam's. The default floor, 1, never steps them further than DP-Adam and only lets weights whose
+signal exceeds the noise step further (up to sqrt(2) x at signal^2 = phi); Tang et al.'s small
+floors (~0.05 phi) made ATIS's private BERT diverge here and SNIPS's CLC worse (README).
+Everything here uses the released update and public constants: post-processing, so epsilon is
+unchanged. `PrivateModel` attaches f and z_t when it decides the step (`attach_noise`);
 used without it, the optimizer refuses to step rather than act as plain Adam silently.
 """
 from __future__ import annotations
@@ -39,7 +42,7 @@ class BiasCorrectedAdam(keras.optimizers.Adam):
     """
 
     def __init__(self, learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-7, floor: float = 0.05, name: str = "bias_corrected_adam",
+                 epsilon: float = 1e-7, floor: float = 1.0, name: str = "bias_corrected_adam",
                  **kwargs):
         if kwargs.get("amsgrad"):
             raise ValueError("BiasCorrectedAdam does not support amsgrad")

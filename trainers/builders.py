@@ -123,7 +123,7 @@ def check_config(config) -> None:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     if not 0 <= config.get("ema_fraction", 0.0) < 1:
         bad("ema_fraction", config.ema_fraction, "in [0, 1)")
-    if not config.get("adam_bc_floor", 0.05) > 0:
+    if not config.get("adam_bc_floor", 1.0) > 0:
         bad("adam_bc_floor", config.adam_bc_floor, "> 0")
     if not 0 <= config.get("head_dropout", HEAD_DROPOUT) < 1:
         bad("head_dropout", config.head_dropout, "in [0, 1)")
@@ -331,7 +331,7 @@ def optimizer(config, steps_per_epoch: int):
     return optimizers.build_optimizer(
         config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
         config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay),
-        float(config.get("ema_fraction", 0.0)), float(config.get("adam_bc_floor", 0.05)),
+        float(config.get("ema_fraction", 0.0)), float(config.get("adam_bc_floor", 1.0)),
         private=config.mechanism != "sgd")
 
 

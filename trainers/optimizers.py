@@ -67,7 +67,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
 
 def build_optimizer(name: str, learning_rate: float, total_steps: int, schedule: str = "constant",
                     warmup_fraction: float = 0.0, weight_decay: float = 0.0,
-                    ema_fraction: float = 0.0, adam_bc_floor: float = 0.05,
+                    ema_fraction: float = 0.0, adam_bc_floor: float = 1.0,
                     private: bool = True):
     """The config's optimizer; ValueError naming the config field for invalid values."""
     if name not in OPTIMIZERS:

@@ -122,7 +122,7 @@ def _grid():
         # the noise (g^2 > phi) step further, up to sqrt(2) x; at the default learning rate:
         cell("dpsgd_adam_bc_lr1e-2", "per-example, snips_clc's default, DP-AdamBC 1e-2 (floor "
              "0.05)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "private_learning_rate=0.01",
-             "diagnostics=True"),
+             "adam_bc_floor=0.05", "diagnostics=True"),
         # Ran 2026-11-26 (846 s, shared): test SER 0.223 (intent 0.924, slot F1 0.804) against
         # 0.230. One run each cannot tell 0.007 apart, so both again, with fresh noise (the
         # second default run also measures how far two runs of one recipe fall apart):
