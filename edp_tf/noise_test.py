@@ -8,17 +8,9 @@ import pytest
 import tensorflow as tf
 
 from edp_tf import DPConfig, PrivateModel
+from edp_tf.testing import wide_model, zero_loss
 
 N = 4  # replicas (conftest.py)
-
-
-def zero_loss(y_true, y_pred):
-    """A loss with zero gradient: the update of one SGD(1) step is then exactly the noise."""
-    return 0.0 * tf.reduce_sum(y_pred, axis=-1)
-
-
-def wide_model(width=1250):
-    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(width)])
 
 
 def one_step_update(strategy, cfg, batch, width=1250, model=None):

@@ -137,4 +137,9 @@ def _grid():
         cell("dpsgd_adam_bc_floor1_run2", "per-example, snips_clc's default, DP-AdamBC 3e-2, "
              "floor 1 (second run)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "adam_bc_floor=1.0",
              "diagnostics=True"),
+        cell("dpsgd_default_run3", "per-example, snips_clc's default (third run)", "dpsgd", CLC,
+             *DP, "diagnostics=True"),
+        cell("dpsgd_adam_bc_floor1_run3", "per-example, snips_clc's default, DP-AdamBC 3e-2, "
+             "floor 1 (third run)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "adam_bc_floor=1.0",
+             "diagnostics=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
