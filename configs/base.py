@@ -106,9 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.private_sampling_rate = 0.0
     c.private_steps = 0
     c.private_learning_rate = 0.0
-    # "adam", "adamw", "sgd" (momentum 0.9) or "adam_bc" (DP-AdamBC: Adam with the DP noise's
-    # variance taken out of its second moment; Adam when not private; trainers/optimizers.py)
-    c.optimizer = "adam"
+    c.optimizer = "adam"  # see the field list above; "sgd" has momentum 0.9
     c.adam_bc_floor = 1.0  # adam_bc only: the corrected second moment's floor, x noise variance
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0

@@ -110,9 +110,9 @@ class BiasCorrectedAdam(keras.optimizers.Adam):
         v_hat = ops.divide(v, correction)
         phi = ops.divide(ops.multiply(s, stds[key] ** 2), correction)
         second = ops.maximum(ops.subtract(v_hat, phi), ops.multiply(phi, self.floor))
+        # second >= floor * phi >= 0: no clamp needed before the square root
         self.assign_sub(variable, ops.divide(ops.multiply(m_hat, lr),
-                                             ops.add(ops.sqrt(ops.maximum(second, 0.0)),
-                                                     self.epsilon)))
+                                             ops.add(ops.sqrt(second), self.epsilon)))
 
     def get_config(self):
         config = super().get_config()

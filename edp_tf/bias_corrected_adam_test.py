@@ -40,6 +40,14 @@ def run_optimizer(optimizer, w0, grads, zs, unit_std):
     return var.numpy()
 
 
+def run_adam(w0, grads, lr):
+    """Keras' own Adam over the same gradients (the baseline)."""
+    adam, var = keras.optimizers.Adam(lr), keras.Variable(w0)
+    for g in grads:
+        adam.apply_gradients([(tf.constant(g), var)])
+    return var.numpy()
+
+
 def noisy_gradients(steps=40, size=200, unit_std=0.3, seed=0):
     """Half the weights with a signal of 0.5, half with none, plus N(0, (unit_std z)^2) noise; z
     drops from 2 to 1 halfway (a decay), so phi must follow the average of z_t^2."""
@@ -58,11 +66,8 @@ def test_matches_the_reference_algorithm(floor):
     want = reference(w0.astype(np.float64), grads, zs, 0.3, 0.01, floor)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     # and it is not Adam: the correction moves the weights differently
-    adam = keras.optimizers.Adam(0.01)
-    var = keras.Variable(w0)
-    for g in grads:
-        adam.apply_gradients([(tf.constant(g), var)])
-    assert np.max(np.abs(var.numpy() - got)) > 1e-3
+    adam = run_adam(w0, grads, 0.01)
+    assert np.max(np.abs(adam - got)) > 1e-3
 
 
 def test_is_adam_without_noise():
@@ -72,11 +77,8 @@ def test_is_adam_without_noise():
     grads, _ = noisy_gradients(steps=20)
     w0 = np.zeros(200, np.float32)
     got = run_optimizer(BiasCorrectedAdam(0.01), w0, grads, [0.0] * 20, 0.3)
-    adam = keras.optimizers.Adam(0.01)
-    var = keras.Variable(w0)
-    for g in grads:
-        adam.apply_gradients([(tf.constant(g), var)])
-    np.testing.assert_allclose(got, var.numpy(), rtol=1e-4, atol=2e-5)
+    adam = run_adam(w0, grads, 0.01)
+    np.testing.assert_allclose(got, adam, rtol=1e-4, atol=2e-5)
 
 
 def test_signal_weights_step_like_adam_and_noise_weights_are_bounded():
@@ -92,11 +94,7 @@ def test_signal_weights_step_like_adam_and_noise_weights_are_bounded():
     grads = [(signal + rng.normal(0, std, size)).astype(np.float32) for _ in range(steps)]
     w0 = np.zeros(size, np.float32)
     corrected = run_optimizer(BiasCorrectedAdam(1e-3, floor=0.05), w0, grads, [1.0] * steps, std)
-    adam = keras.optimizers.Adam(1e-3)
-    var = keras.Variable(w0)
-    for g in grads:
-        adam.apply_gradients([(tf.constant(g), var)])
-    plain = var.numpy()
+    plain = run_adam(w0, grads, 1e-3)
     half = size // 2
     drift_bc, drift_adam = -np.mean(corrected[:half]), -np.mean(plain[:half])
     assert drift_adam > 0 and drift_bc > 2.0 * drift_adam

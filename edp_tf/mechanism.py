@@ -217,11 +217,15 @@ class Mechanism:
     def _gradient_multiplier(self, z: float) -> float:
         return effective_noise_multiplier(z, self.noise_mode, self.replicas, self.sensitivity)
 
+    def summed_noise_std(self, noise_multiplier):
+        """std of the noise in the replicas' SUM at z (z_eff S C; a float or a tensor z_t)."""
+        return noise_multiplier * (self._gradient_multiplier(1.0) * self.sensitivity
+                                   * self.l2_norm_clip)
+
     def per_replica_noise_std(self, noise_multiplier):
         """std one replica's draws would need so that N independent ones sum to the mechanism's
         std (works on a float or a tensor z_t: one multiply by a constant)."""
-        summed = self._gradient_multiplier(1.0) * self.sensitivity * self.l2_norm_clip
-        return noise_multiplier * (summed / math.sqrt(self.replicas))
+        return self.summed_noise_std(noise_multiplier) / math.sqrt(self.replicas)
 
     def schedule(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> tuple:
         """The accounting's EpochRecords of `epochs` epochs of `steps_per_epoch` steps."""

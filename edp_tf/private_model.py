@@ -229,9 +229,7 @@ class PrivateModel(keras.Model):
             raise ValueError("BiasCorrectedAdam with DPConfig.sparse_embeddings=True: the "
                              "tables' rows get noise only when selected, so their noise "
                              "variance is not one known constant; use Adam")
-        mechanism = self._mechanism
-        unit = (mechanism.per_replica_noise_std(1.0) * math.sqrt(self.num_replicas)
-                / mechanism.expected_microbatches)
+        unit = self._mechanism.summed_noise_std(1.0) / self._mechanism.expected_microbatches
         self.optimizer.attach_noise(self.wrapped_model.trainable_variables,
                                     [a * unit for a in self._layer_scales],
                                     self.dp_noise_multiplier)
