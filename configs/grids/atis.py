@@ -161,9 +161,18 @@ def get_config():
     rank4 = dp8("bert_dpsgd_eps8_lora_r4", "per-example DP-SGD, eps 8, LoRA r 4 (matrix layout), "
                 "no dropout, 300 steps, slot loss per word", "private_steps=300", *matrix,
                 "bert.lora_rank=4")
+    # bert_from_snips gave 0.142 against lora_matrix's 0.153, one run each; on SNIPS's CLC two
+    # runs of one recipe differ by up to 0.034 (pilot_snips_clc round 11). The same recipe again,
+    # with fresh noise, from a fresh run of the SNIPS grid's bert_sgd command (its init_from):
+    bert_from_snips2 = cell("bert_dpsgd_eps8_from_snips_run2", "per-example DP-SGD, eps 8, LoRA "
+                            "r 8 (matrix layout), encoder from SNIPS SGD (public pretraining), "
+                            "second run", "per-example, public pretraining", ATIS,
+                            "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
+                            *bert_private("private_steps=300", *matrix,
+                                          "init_from=runs/experiments/snips/bert_sgd"))
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
-                                meanpool_lora, clip01, adam_bc, rank4]
+                                meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
