@@ -28,6 +28,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    of every kernel's [Din, Dout] view, Hu et al.: 0.33M); models/bert/finetuning.py
   bert.lora_targets which kernels get factors: "all", "attention" (query, key, value, output) or
                    "query_value" (Hu et al.); the others stay frozen, their biases train
+  bert.lora_freeze_a  True: A keeps its random start and only B trains (FFA-LoRA, Sun et al.
+                   2024): noise for B alone, the clipped norm shared by fewer weights
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (trainers/recipes.py)
@@ -91,6 +93,7 @@ def base_config() -> ml_collections.ConfigDict:
         lora_alpha=16.0,
         lora_layout="per_head",  # what every LoRA run before 2026-11-25 used
         lora_targets="all",
+        lora_freeze_a=False,
         pooling="cls",
         private_finetune="",
         private_dropout=-1.0,

@@ -170,9 +170,17 @@ def get_config():
                             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
                             *bert_private("private_steps=300", *matrix,
                                           "init_from=runs/experiments/snips/bert_sgd"))
+    # FFA-LoRA (Sun et al. 2024; models/bert/finetuning.py): every A frozen at its random start,
+    # only B trains. B starts at 0, so A's gradient starts at 0 and A gets mostly noise while it
+    # shares each example's clipped norm with B; frozen, the noise is drawn for B alone (0.17M
+    # of the 0.33M factor entries) at the same rank 8 (rank 4 halves both factors and lost:
+    # 0.183). Everything else as lora_matrix.
+    frozen_a = dp8("bert_dpsgd_eps8_lora_frozen_a", "per-example DP-SGD, eps 8, LoRA r 8 "
+                   "(matrix layout), A frozen (FFA-LoRA), no dropout, 300 steps, slot loss per "
+                   "word", "private_steps=300", *matrix, "bert.lora_freeze_a=True")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
-                                meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2]
+                                meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "

@@ -25,6 +25,15 @@ al.'s choice, which Yu et al. kept under DP). Kernels without factors stay froze
 train. Fewer factors, less noise: MiniLM-L6 at r 8 in the matrix layout trains 0.33M, 0.15M or
 74k factor entries.
 
+Frozen A (`lora_freeze_a`; FFA-LoRA, Sun et al. 2024): A keeps its random initialisation and
+only B trains, so the update s A B is linear in what trains. Why under DP: B starts at 0, so A's
+gradient (a^T s dz B^T) is 0 at first and stays small while B is small: A's factor entries get
+mostly noise, and share each example's clipped norm C with B. Frozen, they get neither: the
+noise is drawn for B alone (half the matrix layout's factor entries at r 8) and the whole clipped
+norm goes to B, the biases and the heads, at the same rank. A is a weight of the model like the
+frozen kernel (checkpoints and the serving export keep it); its draw is the model's
+initialisation (OS entropy unless a run fixes its seed), public like the pretrained kernel.
+
 Every recipe measured before 2026-11-25 ran "per_head" (still the base config's default, so that
 those commands reproduce); configs/snips_bert.py and atis_bert.py use "matrix" since (SNIPS at
 epsilon 8: test SER 0.156 against 0.170, one run each).
@@ -108,9 +117,11 @@ def _transformer_projections(backbone) -> list:
 
 
 def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 16.0,
-                   lora_layout: str = "per_head", lora_targets: str = "all") -> None:
+                   lora_layout: str = "per_head", lora_targets: str = "all",
+                   lora_freeze_a: bool = False) -> None:
     """Freezes the part of `joint.backbone` that `policy` does not train, or adds LoRA factors
-    (before compiling)."""
+    (before compiling); `lora_freeze_a` trains only their B (like the other lora_* options,
+    unused by the other policies, so that a private LoRA recipe's plain run needs no edit)."""
     if policy not in FINETUNE:
         raise ValueError(f"--config.bert.finetune={policy!r} is invalid: expected one of {FINETUNE}")
     if lora_layout not in LORA_LAYOUTS:
@@ -127,6 +138,8 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
         table.trainable = False
     if policy == "no_embeddings":
         return
+    if not isinstance(lora_freeze_a, bool):
+        raise ValueError(f"--config.bert.lora_freeze_a={lora_freeze_a!r} must be True or False")
     if policy == "lora":
         if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
             raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
@@ -143,6 +156,8 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
                 enable_matrix_lora(layer, lora_rank, lora_alpha)
             else:  # Dense: Keras' layout is the matrix one
                 layer.enable_lora(lora_rank, lora_alpha=lora_alpha)
+            if lora_freeze_a and getattr(layer, "lora_enabled", False):
+                layer.lora_kernel_a.trainable = False
         return
     for layer in _transformer_projections(backbone):  # "bias": every projection kernel frozen
         layer._kernel.trainable = False

@@ -118,6 +118,64 @@ def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path, l
     assert restored and all(np.all(restored[v.path] == 0.25) for v in factors)
 
 
+@pytest.mark.parametrize("layout", LORA_LAYOUTS)
+def test_frozen_a_trains_only_b_and_keeps_a_through_training_and_a_checkpoint(data, tmp_path,
+                                                                            layout):
+    """lora_freeze_a: every A is frozen (no noise, no step: exactly unchanged after noisy
+    per-example training), every B trains on the ghost path and moves, and a checkpoint restores
+    the random A (a fresh model draws another one, which would not fit the trained B)."""
+    import keras
+
+    from edp_tf import microbatch
+
+    pre, x, y = data
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    set_finetuning(model, "lora", lora_rank=2, lora_layout=layout, lora_freeze_a=True)
+    names = trainable_names(model)
+    kernels = [layer for layer in _transformer_projections(model.backbone)]
+    a = {layer.lora_kernel_a.path: layer.lora_kernel_a.numpy().copy() for layer in kernels}
+    b = {layer.lora_kernel_b.path: layer.lora_kernel_b.numpy().copy() for layer in kernels}
+    assert len(a) == len(b) == len(kernels) == 6 * testing.TINY_BERT["num_layers"]
+    assert not names & set(a) and set(b) <= names
+    assert all(np.std(v) > 0 for v in a.values())  # A random (B starts at 0)
+    variables = model.trainable_variables
+    reasons = {}
+
+    @tf.function
+    def plan():
+        p = microbatch.ghost_pass(model, model.per_example_loss, variables, x, y,
+                                  tf.ones([len(testing.TOKENS)]), 1, 1.0)
+        reasons.update({variables[i].path: r for i, r in p.plan.reasons.items()})
+        return 0
+
+    plan()
+    assert not {path: r for path, r in reasons.items() if "lora" in path}
+    private = edp_tf.PrivateModel(model, edp_tf.DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                                         microbatch_size=1))
+    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=model.per_example_loss)
+    private.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True),
+                epochs=1, verbose=0)
+    for layer in kernels:
+        np.testing.assert_array_equal(layer.lora_kernel_a.numpy(), a[layer.lora_kernel_a.path])
+        assert not np.array_equal(layer.lora_kernel_b.numpy(), b[layer.lora_kernel_b.path])
+    path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+    clone = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    set_finetuning(clone, "lora", lora_rank=2, lora_layout=layout, lora_freeze_a=True)
+    clone_kernels = _transformer_projections(clone.backbone)
+    assert not np.array_equal(clone_kernels[0].lora_kernel_a.numpy(),
+                              kernels[0].lora_kernel_a.numpy())
+    tf.train.Checkpoint(model=clone).restore(path).assert_existing_objects_matched()
+    for mine, theirs in zip(kernels, clone_kernels):
+        np.testing.assert_array_equal(theirs.lora_kernel_a.numpy(), mine.lora_kernel_a.numpy())
+        np.testing.assert_array_equal(theirs.lora_kernel_b.numpy(), mine.lora_kernel_b.numpy())
+
+
+def test_lora_freeze_a_is_checked(data):
+    model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
+    with pytest.raises(ValueError, match=r"--config\.bert\.lora_freeze_a='yes'"):
+        set_finetuning(model, "lora", lora_freeze_a="yes")
+
+
 def test_lora_rank_is_checked(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match="lora_rank=0"):
