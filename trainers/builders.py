@@ -117,8 +117,6 @@ def check_config(config) -> None:
             bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
         if b.get("lora_targets", "all") not in LORA_TARGETS:
             bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
-        if not isinstance(b.get("lora_freeze_a", False), bool):
-            bad("bert.lora_freeze_a", b.lora_freeze_a, "True or False")
         if b.get("pooling", "cls") not in POOLING:
             bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
