@@ -132,6 +132,8 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
     if lora_targets not in LORA_TARGETS:
         raise ValueError(f"--config.bert.lora_targets={lora_targets!r} is invalid: expected one "
                          f"of {tuple(LORA_TARGETS)}")
+    if not isinstance(lora_freeze_a, bool):
+        raise ValueError(f"--config.bert.lora_freeze_a={lora_freeze_a!r} must be True or False")
     if policy == "all":
         return
     backbone = joint.backbone
@@ -140,8 +142,6 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
         table.trainable = False
     if policy == "no_embeddings":
         return
-    if not isinstance(lora_freeze_a, bool):
-        raise ValueError(f"--config.bert.lora_freeze_a={lora_freeze_a!r} must be True or False")
     if policy == "lora":
         if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
             raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
