@@ -61,12 +61,14 @@ def test_unknown_policy_names_the_field(data):
         set_finetuning(model, "prefix")
 
 
-@pytest.mark.parametrize("policy", ["no_embeddings", "bias", "lora"])
-def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy):
-    """Per-example DP-SGD (ghost norms) touches only what trains: noise is drawn for nothing else."""
+@pytest.mark.parametrize("policy, freeze_a", [("no_embeddings", False), ("bias", False),
+                                              ("lora", False), ("lora", True)])
+def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy, freeze_a):
+    """Per-example DP-SGD (ghost norms) touches only what trains: noise is drawn for nothing else
+    (with lora_freeze_a, every A stays exactly as drawn while every B moves)."""
     pre, x, y = data
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
-    set_finetuning(model, policy)
+    set_finetuning(model, policy, lora_freeze_a=freeze_a)
     frozen = {v.path: v.numpy().copy() for v in model.variables
               if not any(v is t for t in model.trainable_variables)}
     trained = {v.path: v.numpy().copy() for v in model.trainable_variables}
@@ -124,13 +126,10 @@ def test_lora_factors_use_ghost_norms_and_survive_a_checkpoint(data, tmp_path, l
 
 
 @pytest.mark.parametrize("layout", LORA_LAYOUTS)
-def test_frozen_a_trains_only_b_and_keeps_a_through_training_and_a_checkpoint(data, tmp_path,
-                                                                            layout):
-    """lora_freeze_a: every A is frozen (no noise, no step: exactly unchanged after noisy
-    per-example training), every B trains on the ghost path and moves, and a checkpoint restores
-    the random A (a fresh model draws another one, which would not fit the trained B)."""
-    import keras
-
+def test_frozen_a_trains_only_b_and_a_checkpoint_keeps_a(data, tmp_path, layout):
+    """lora_freeze_a: every A is frozen (its training is checked with the other frozen weights
+    above), every B trains on the ghost path, and a checkpoint restores the random A (a fresh
+    model draws another one, which would not fit the trained B)."""
     pre, x, y = data
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     set_finetuning(model, "lora", lora_rank=2, lora_layout=layout, lora_freeze_a=True)
@@ -142,14 +141,8 @@ def test_frozen_a_trains_only_b_and_keeps_a_through_training_and_a_checkpoint(da
     assert not names & set(a) and set(b) <= names
     assert all(np.std(v) > 0 for v in a.values())  # A random (B starts at 0)
     assert not lora_fallbacks(model, x, y)
-    private = edp_tf.PrivateModel(model, edp_tf.DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
-                                                         microbatch_size=1))
-    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=model.per_example_loss)
-    private.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(4, drop_remainder=True),
-                epochs=1, verbose=0)
     for layer in kernels:
-        np.testing.assert_array_equal(layer.lora_kernel_a.numpy(), a[layer.lora_kernel_a.path])
-        assert not np.array_equal(layer.lora_kernel_b.numpy(), b[layer.lora_kernel_b.path])
+        layer.lora_kernel_b.assign(tf.fill(layer.lora_kernel_b.shape, 0.25))
     path = tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
     clone = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     set_finetuning(clone, "lora", lora_rank=2, lora_layout=layout, lora_freeze_a=True)
