@@ -80,4 +80,8 @@ def get_config():
         overrides += tuple(p for p in BEFORE_Q16 if p.partition("=")[0] not in given)
         for r in (1, 2, 3):
             cells.append(cell(f"{name}_r{r}", f"{label}, run {r}", name, DEFAULT, *overrides))
+    # Plain training on the synthetic corpus: the public source whose backbone starts the
+    # default_on_* grids' synthetic-pretraining rows (--config.init_from)
+    cells.append(cell("sgd", "the default command, --mechanism=sgd (not private)", "sgd", DEFAULT,
+                      "diagnostics=True", "mechanism=sgd"))
     return grid("pilot_default", cells, notes="Chosen on the synthetic corpus (public).")
