@@ -159,4 +159,13 @@ def _grid():
         cell("dpsgd_decay_exp05", "per-example, snips_clc's default, noise decay exponential "
              "0.05", "dpsgd", CLC, *DP, "decay=exponential", "decay_rate=0.05",
              "diagnostics=True"),
+        # Round 13 (2026-11-26): the paper's per-layer scaling, never measured for utility.
+        # Each variable's gradient is divided by alpha_k before the joint clip and multiplied
+        # back after the noise, so variable k keeps the same clipped signal per example but
+        # takes noise alpha_k z C: with alpha_k proportional to the variable's typical norm,
+        # every variable gets the same signal-to-noise ratio (uniform scaling: the ratio grows
+        # with the norm). Honest version: alpha from a noisy query of the first 64 examples'
+        # norm shares (z 5, sensitivity 1), charged to the ledger (epsilon stays 8 in all).
+        cell("dpsgd_scaling_private", "per-example, snips_clc's default, per-layer scales from "
+             "a private norm query", "dpsgd", CLC, *DP, "scaling=private", "diagnostics=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")
