@@ -161,11 +161,12 @@ def _grid():
              "diagnostics=True"),
         # Round 13 (2026-11-26): the paper's per-layer scaling, never measured for utility.
         # Each variable's gradient is divided by alpha_k before the joint clip and multiplied
-        # back after the noise, so variable k keeps the same clipped signal per example but
-        # takes noise alpha_k z C: with alpha_k proportional to the variable's typical norm,
-        # every variable gets the same signal-to-noise ratio (uniform scaling: the ratio grows
-        # with the norm). Honest version: alpha from a noisy query of the first 64 examples'
-        # norm shares (z 5, sensitivity 1), charged to the ledger (epsilon stays 8 in all).
+        # back after the noise, so variable k gets c g_k (one clip factor c = C / ||(g_k /
+        # alpha_k)_k|| per example) plus noise alpha_k z C: with alpha_k proportional to the
+        # variable's typical norm, every variable gets the same signal-to-noise ratio (uniform
+        # scaling: the ratio grows with the norm). Honest version: alpha from a noisy query of
+        # the first 64 examples' norm shares (z 5, sensitivity 1), charged to the ledger
+        # (epsilon stays 8 in all).
         # Ran 2026-11-26 (933 s, shared with ATIS's BERT): z0 1.452 against 1.44 (the query's
         # share of epsilon), alpha from 0.007 (the floor) to 2.5 over the 16 variables; test
         # SER 0.294 (intent 0.916, slot F1 0.737), outside the default's three runs
