@@ -171,8 +171,8 @@ def _grid():
         # share of epsilon), alpha from 0.007 (the floor) to 2.5 over the 16 variables; test
         # SER 0.294 (intent 0.916, slot F1 0.737), outside the default's three runs
         # (0.216-0.250) and behind them on dev at the end (0.269 against 0.196-0.201).
-        # Equal signal-to-noise per variable costs the large-gradient variables more than it
-        # gives the small ones: the scaling stays uniform.
+        # A likely reading (not measured): equal signal-to-noise per variable costs the
+        # large-gradient variables more than it gives the small ones. The scaling stays uniform.
         cell("dpsgd_scaling_private", "per-example, snips_clc's default, per-layer scales from "
              "a private norm query", "dpsgd", CLC, *DP, "scaling=private", "diagnostics=True"),
         # Per-layer clipping (each of the K variables clipped to C / sqrt(K) on its own, the same
