@@ -42,6 +42,10 @@ Field meanings (all overridable with `--config.FIELD=value`):
   init_from        "" or a finished run's directory: the backbone starts from that run's trained
                    weights, the heads fresh (public pretraining; that run's corpus must be public
                    and not this run's: trainers/warm_start.py)
+  probe_epochs     private runs: the first N epochs train only the intent and slot heads (the
+                   encoder frozen: no gradient, no noise), then everything trainable (DP linear
+                   probing then fine-tuning, Ke et al. 2024; the same epsilon: each step is the
+                   same Gaussian mechanism over what trains); 0 = off
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
@@ -117,6 +121,7 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: the weights are an exponential moving average with this time constant (a fraction of
     # the run's steps); post-processing, so free in epsilon (trainers/optimizers.py)
     c.ema_fraction = 0.0
+    c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
     c.slot_loss = "sum"
     c.intent_loss_weight = 1.0
     c.slot_loss_weight = 1.0

@@ -416,6 +416,8 @@ class PrivacyLedger(keras.callbacks.Callback):
             "clipping": facts.get("clipping", "flat"),  # informational: same S flat or per layer
             # informational (epsilon does not depend on it): DP-FedAvg's local epochs per user
             "local_epochs": facts.get("local_epochs", 0),
+            # informational: the first epochs trained only some variables (same mechanism)
+            "frozen_until_epoch": facts.get("frozen_until_epoch", 0),
         }
 
     def _schedule(self) -> dict:

@@ -12,7 +12,7 @@ tracing. The wrapped model stays an ordinary Keras model: save or export `wrappe
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Sequence
 
 import keras
 import numpy as np
@@ -35,6 +35,22 @@ class _NoiseScheduler(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         model = self._private_model
         model.dp_noise_multiplier.assign(model.mechanism.noise_multiplier_at(epoch))
+
+
+class _Unfreezer(keras.callbacks.Callback):
+    """At the epoch `freeze_until` named, the frozen variables join: the step's per-variable
+    constants are re-derived and the step retraced, in the same `fit`."""
+
+    def __init__(self, private_model: "PrivateModel"):
+        super().__init__()
+        self._private_model = private_model
+
+    def on_epoch_begin(self, epoch, logs=None):
+        model = self._private_model
+        if model._frozen_now and epoch >= model._freeze[0]:
+            model._frozen_now = False
+            model._prepare(model._first)
+            model.make_train_function(force=True)
 
 
 class PrivateModel(keras.Model):
@@ -63,6 +79,9 @@ class PrivateModel(keras.Model):
         self._extra_events: list = []
         self._not_covered: list = []
         self._per_example_loss = None
+        self._freeze: Optional[tuple] = None  # (epoch, the frozen variables)
+        self._frozen_now = False
+        self._first = None  # the first batch: _prepare again when the frozen variables join
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
             for name in ("noise_multiplier", "clipped_fraction", "preclip_norm")
@@ -126,7 +145,7 @@ class PrivateModel(keras.Model):
                 "is not private."
             )
         plan = self._clip_plan
-        variables = self.wrapped_model.trainable_variables
+        variables = self._trained_variables()
         sparse = None if plan is None or plan.selection is None else {
             "selection_clip": cfg.selection_clip, "selection_threshold": cfg.selection_threshold,
             "tables": [getattr(variables[i], "path", variables[i].name)
@@ -135,6 +154,8 @@ class PrivateModel(keras.Model):
             "sparse_embeddings": sparse,  # informational: epsilon depends on z_c only
             "clipping": cfg.clipping,  # informational: flat or per layer, S is the same
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
+            # freeze_until: until this epoch some variables got no signal and no noise
+            "frozen_until_epoch": self._freeze[0] if self._freeze else 0,
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
@@ -155,6 +176,43 @@ class PrivateModel(keras.Model):
         if sentence not in self._not_covered:
             self._not_covered.append(str(sentence))
 
+    def freeze_until(self, epoch: int, variables: Sequence) -> None:
+        """The first `epoch` epochs train only the other trainable variables; then all train.
+
+        DP linear probing then fine-tuning (Ke et al. 2024): fresh heads learn before they
+        drive the backbone's updates. The frozen variables get no gradient, no clipped signal and
+        no noise (their update is exactly zero), so each step stays the same Gaussian mechanism,
+        sensitivity C over what trains, and the accounting is unchanged. Decided by epoch, so a
+        resumed `fit(initial_epoch=...)` freezes exactly when the uninterrupted run would.
+        Call before `fit`; `epoch=0` turns it off.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"freeze_until: epoch must be an integer >= 0, got {epoch!r}")
+        trainable = self.wrapped_model.trainable_variables
+        known = {id(v) for v in trainable}
+        variables = list(variables)
+        for v in variables:
+            if id(v) not in known:
+                raise ValueError(f"freeze_until: {getattr(v, 'path', v)} is not a trainable "
+                                 "variable of the wrapped model")
+        if epoch and len({id(v) for v in variables}) >= len(trainable):
+            raise ValueError("freeze_until would freeze every trainable variable: nothing "
+                             "would train in the first epochs")
+        self._freeze = (int(epoch), tuple(variables)) if epoch and variables else None
+
+    def _trained_indices(self) -> list:
+        """Indices into the trainable variables of those the step trains now."""
+        count = len(self.wrapped_model.trainable_variables)
+        if not self._frozen_now:
+            return list(range(count))
+        frozen = {id(v) for v in self._freeze[1]}
+        return [i for i, v in enumerate(self.wrapped_model.trainable_variables)
+                if id(v) not in frozen]
+
+    def _trained_variables(self) -> list:
+        variables = self.wrapped_model.trainable_variables
+        return [variables[i] for i in self._trained_indices()]
+
     def restore_layer_scales(self, scales) -> None:
         """Reinstates the alpha a resumed run decided earlier (their cost is already accounted)."""
         scales = tuple(float(a) for a in scales)
@@ -167,8 +225,16 @@ class PrivateModel(keras.Model):
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
+        self._first = first
+        self._frozen_now = (self._freeze is not None
+                            and int(kwargs.get("initial_epoch") or 0) < self._freeze[0])
+        if self._freeze is not None and not self.optimizer.built:
+            self._ensure_built(first[0])
+            with self.distribute_strategy.scope():  # every variable: the frozen ones join later
+                self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
-        callbacks = [_NoiseScheduler(self)] + list(callbacks or [])
+        callbacks = [_NoiseScheduler(self)] + ([_Unfreezer(self)] if self._frozen_now else []
+                                               ) + list(callbacks or [])
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
@@ -195,16 +261,18 @@ class PrivateModel(keras.Model):
             _refuse_unvectorisable_layers(self.wrapped_model)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = Mechanism.from_config(cfg, n, batch)
-        self._noise_owners = noise.noise_owners(
-            [int(np.prod(v.shape)) for v in self.wrapped_model.trainable_variables], n)
-        if self._layer_scales is None or changed:
+        trained = self._trained_indices()
+        variables = self._trained_variables()
+        self._noise_owners = noise.noise_owners([int(np.prod(v.shape)) for v in variables], n)
+        if self._layer_scales is None or changed:  # alpha for every trainable variable
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
+        scales = tuple(self._layer_scales[i] for i in trained)
         local = None
         if cfg.local_epochs:
             local = local_training.LocalTraining(cfg.local_epochs, cfg.local_batch_size or k,
                                                  float(cfg.local_learning_rate))
         self._clip_plan = microbatch.ClipPlan(
-            k, self._mechanism.expected_examples_per_microbatch, self._layer_scales,
+            k, self._mechanism.expected_examples_per_microbatch, scales,
             cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local,
             self._row_selection(), cfg.clipping == "per_layer")
         # Several replicas with sparse tables: the step all-reduces the updates itself (the
@@ -230,8 +298,8 @@ class PrivateModel(keras.Model):
                              "tables' rows get noise only when selected, so their noise "
                              "variance is not one known constant; use Adam")
         unit = self._mechanism.summed_noise_std(1.0) / self._mechanism.expected_microbatches
-        self.optimizer.attach_noise(self.wrapped_model.trainable_variables,
-                                    [a * unit for a in self._layer_scales],
+        self.optimizer.attach_noise(self._trained_variables(),
+                                    [a * unit for a in self._clip_plan.scales],
                                     self.dp_noise_multiplier)
 
     def _row_selection(self) -> Optional[selection.RowSelection]:
@@ -239,7 +307,7 @@ class PrivateModel(keras.Model):
         if not cfg.sparse_embeddings:
             return None
         indices = selection.embedding_table_indices(self.wrapped_model,
-                                                    self.wrapped_model.trainable_variables)
+                                                    self._trained_variables())
         if not indices:
             raise ValueError("DPConfig.sparse_embeddings=True but the model has no trainable "
                              "Embedding table")
@@ -309,7 +377,7 @@ class PrivateModel(keras.Model):
         x, y, w = keras.utils.unpack_x_y_sample_weight(data)
         w = _mask(x, w)
         mechanism, plan = self._mechanism, self._clip_plan
-        variables = self.wrapped_model.trainable_variables
+        variables = self._trained_variables()  # all trainable ones unless some are frozen
         # 1. this replica's micro-batch gradients (single / stacked / ghost / loop; chunked when
         #    the replica's rows exceed physical_batch_size)
         grads = microbatch.gradients(self.wrapped_model, self._require_loss(), variables, x, y, w,

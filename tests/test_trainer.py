@@ -542,3 +542,58 @@ def test_head_dropout_reaches_the_heads(model):
         built = builders.build_model(config, preprocessor, vectors)
         assert built.intent_dropout.rate == built.tag_dropout.rate == expected
         assert built.dropout_rate == expected  # what get_config saves for the export
+
+
+# --------------------------------------------------------------------------- probing first
+class _EncoderAndHeads(keras.callbacks.Callback):
+    """The encoder's and the heads' trainable weights at the start and after each epoch."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def _record(self):
+        task = self.model.wrapped_model
+        heads = [v for v in task.trainable_variables
+                 if all(v is not e for e in task.encoder.trainable_variables)]
+        self.seen.append(([v.numpy().copy() for v in task.encoder.trainable_variables],
+                          [v.numpy().copy() for v in heads]))
+
+    def on_train_begin(self, logs=None):
+        self._record()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._record()
+
+
+def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
+    """BERT with LoRA on 2 replicas (ghost norms, mirrored noise): during the probing epoch the
+    encoder's trainable weights (LoRA factors, biases, layer norms) stay bit-identical, the
+    heads move; in the next epoch the encoder moves too. The ledger is that of any 2 epochs."""
+    config = tiny_config("bert", "dpsgd", replicas=2, epochs=2, probe_epochs=1,
+                         noise_multiplier=1.0)
+    config.bert.private_finetune = "lora"
+    seen = _EncoderAndHeads()
+    summary = run.train(config, str(tmp_path / "run"), strategy=strategy(2), callbacks=[seen],
+                        export=False)
+    (encoder0, heads0), (encoder1, heads1), (encoder2, _) = seen.seen
+    assert len(encoder0) > 0
+    for before, after in zip(encoder0, encoder1):
+        np.testing.assert_array_equal(before, after)
+    assert any(not np.allclose(b, a) for b, a in zip(heads0, heads1))
+    assert any(not np.allclose(b, a) for b, a in zip(encoder1, encoder2))
+    ledger = read(str(tmp_path / "run"), "privacy.json")
+    assert summary["private"] and len(ledger["epochs"]) == 2
+    assert ledger["frozen_until_epoch"] == 1  # recorded; epsilon is that of any 2 epochs
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(mechanism="sgd", probe_epochs=1), r"--config\.probe_epochs=1 is invalid.*private"),
+    (dict(mechanism="dpsgd", probe_epochs=2, epochs=2), r"--config\.probe_epochs=2 is invalid"
+                                                        r".*fewer than the run's 2 epochs"),
+    (dict(mechanism="dpsgd", probe_epochs=-1), r"--config\.probe_epochs=-1 is invalid"),
+])
+def test_probe_epochs_that_cannot_run_name_the_field(tmp_path, overrides, message):
+    config = tiny_config(**{"replicas": 1, **overrides})
+    with pytest.raises(ValueError, match=message):
+        run.train(config, str(tmp_path / "run"), strategy=strategy(1))

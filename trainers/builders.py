@@ -88,6 +88,10 @@ def check_config(config) -> None:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
+    if int(config.get("probe_epochs", 0)) < 0 or (
+            config.get("probe_epochs", 0) and config.mechanism == "sgd"):
+        bad("probe_epochs", config.probe_epochs, "0, or >= 1 with a private mechanism (the "
+            "private step freezes the encoder; plain training has no such phase)")
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")

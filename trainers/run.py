@@ -171,6 +171,7 @@ def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: 
         if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
+            _probe_first(config, model, trainer)
         else:
             trainer = model
             trainer.compile(optimizer=optimizer)
@@ -184,6 +185,18 @@ def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: 
             if dp is not None and state.get("layer_scales"):
                 trainer.restore_layer_scales(state["layer_scales"])
     return model, trainer, manager
+
+
+def _probe_first(config, model, trainer) -> None:
+    """--config.probe_epochs: the heads train alone for that many epochs, then the encoder
+    joins (the step leaves the encoder's variables out until then: edp_tf freeze_until)."""
+    probe = int(config.get("probe_epochs", 0))
+    if not probe:
+        return
+    if probe >= int(config.epochs):
+        raise ValueError(f"--config.probe_epochs={probe} is invalid: expected fewer than the "
+                         f"run's {config.epochs} epochs (the encoder would never train)")
+    trainer.freeze_until(probe, model.encoder.trainable_variables)
 
 
 def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float) -> None:

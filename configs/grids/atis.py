@@ -182,9 +182,18 @@ def get_config():
     frozen_a = dp8("bert_dpsgd_eps8_lora_frozen_a", "per-example DP-SGD, eps 8, LoRA r 8 "
                    "(matrix layout), A frozen (FFA-LoRA), no dropout, 300 steps, slot loss per "
                    "word", "private_steps=300", *matrix, "bert.lora_freeze_a=True")
+    # DP linear probing then fine-tuning (Ke et al. 2024; edp_tf freeze_until): the fresh intent
+    # and slot heads train alone for the first 3 epochs (~37 of the 300 steps), the encoder
+    # (LoRA factors, biases, layer norms) frozen, so early LoRA updates follow trained heads
+    # instead of random ones. Same z0 and epsilon: every step is the same Gaussian mechanism over
+    # what trains. Everything else as lora_matrix (bert_dpsgd_eps8: 0.153).
+    probe = dp8("bert_dpsgd_eps8_probe3", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), "
+                "heads alone for the first 3 epochs, no dropout, 300 steps, slot loss per word",
+                "private_steps=300", *matrix, "probe_epochs=3")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
-                                meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a]
+                                meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
+                                probe]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
