@@ -46,11 +46,7 @@ class _Unfreezer(keras.callbacks.Callback):
         self._private_model = private_model
 
     def on_epoch_begin(self, epoch, logs=None):
-        model = self._private_model
-        if model._frozen_now and epoch >= model._freeze[0]:
-            model._frozen_now = False
-            model._prepare(model._first)
-            model.make_train_function(force=True)
+        self._private_model._unfreeze_if_due(epoch)
 
 
 class PrivateModel(keras.Model):
@@ -81,7 +77,7 @@ class PrivateModel(keras.Model):
         self._per_example_loss = None
         self._freeze: Optional[tuple] = None  # (epoch, the frozen variables)
         self._frozen_now = False
-        self._first = None  # the first batch: _prepare again when the frozen variables join
+        self._first_batch_seen = None  # fit's first batch: _prepare again when frozen ones join
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
             for name in ("noise_multiplier", "clipped_fraction", "preclip_norm")
@@ -188,6 +184,11 @@ class PrivateModel(keras.Model):
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"freeze_until: epoch must be an integer >= 0, got {epoch!r}")
+        cfg = self._dp_config
+        if epoch and (cfg.sparse_embeddings or cfg.local_epochs):
+            # both select variables of their own (the tables; the model's own variables)
+            raise ValueError("freeze_until cannot be combined with DPConfig.sparse_embeddings "
+                             "or local_epochs")
         trainable = self.wrapped_model.trainable_variables
         known = {id(v) for v in trainable}
         variables = list(variables)
@@ -199,11 +200,21 @@ class PrivateModel(keras.Model):
             raise ValueError("freeze_until would freeze every trainable variable: nothing "
                              "would train in the first epochs")
         self._freeze = (int(epoch), tuple(variables)) if epoch and variables else None
+        self._frozen_now = False  # fit decides, from its initial_epoch
+
+    def _unfreeze_if_due(self, epoch: int) -> None:
+        """At the freeze's end the frozen variables join: the per-variable constants are
+        re-derived and the step retraced, within the same `fit` (Keras reads train_function at
+        every step)."""
+        if self._frozen_now and epoch >= self._freeze[0]:
+            self._frozen_now = False
+            self._prepare(self._first_batch_seen)
+            self.make_train_function(force=True)
 
     def _trained_indices(self) -> list:
         """Indices into the trainable variables of those the step trains now."""
         count = len(self.wrapped_model.trainable_variables)
-        if not self._frozen_now:
+        if self._freeze is None or not self._frozen_now:
             return list(range(count))
         frozen = {id(v) for v in self._freeze[1]}
         return [i for i, v in enumerate(self.wrapped_model.trainable_variables)
@@ -225,11 +236,11 @@ class PrivateModel(keras.Model):
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
-        self._first = first
+        self._first_batch_seen = first
         self._frozen_now = (self._freeze is not None
                             and int(kwargs.get("initial_epoch") or 0) < self._freeze[0])
         if self._freeze is not None and not self.optimizer.built:
-            self._ensure_built(first[0])
+            self._ensure_built(first[0])  # the variables must exist before the optimizer's build
             with self.distribute_strategy.scope():  # every variable: the frozen ones join later
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)

@@ -11,10 +11,10 @@ from edp_tf.testing import mse, per_example_update, small_model, small_regressio
 class _WeightsAtEpochEnd(keras.callbacks.Callback):
     def __init__(self, model):
         super().__init__()
-        self._model, self.seen = model, []
+        self._inner, self.seen = model, []  # not self._model: Keras sets that to the PrivateModel
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seen.append([w.copy() for w in self._model.get_weights()])
+        self.seen.append([w.copy() for w in self._inner.get_weights()])
 
 
 def _private(strategy, init, config, lr=0.1, optimizer=keras.optimizers.SGD):
@@ -86,6 +86,21 @@ def test_resumed_after_the_frozen_epochs_trains_everything(strategy):
     assert not np.allclose(inner.get_weights()[0], init[0])
 
 
+def test_resumed_inside_the_freeze_keeps_it_until_its_end(strategy):
+    """fit(initial_epoch=1) with freeze_until(2): epoch 1 is still frozen (the uninterrupted
+    run's schedule), epoch 2 trains everything."""
+    x, y = small_regression(seed=7)
+    init = small_model().get_weights()
+    inner, private = _private(strategy, init, DPConfig(l2_norm_clip=1.0, noise_multiplier=3.0))
+    private.freeze_until(2, inner.layers[0].trainable_variables)
+    seen = _WeightsAtEpochEnd(inner)
+    private.fit(x, y, batch_size=16, epochs=3, initial_epoch=1, shuffle=False, verbose=0,
+                callbacks=[seen])
+    np.testing.assert_array_equal(seen.seen[0][0], init[0])
+    assert not np.allclose(seen.seen[0][2], init[2])
+    assert not np.allclose(seen.seen[1][0], init[0])
+
+
 def test_adam_state_of_frozen_variables_starts_when_they_join(strategy):
     """The optimizer is built with every trainable variable before the first step (else the
     joining variables would be unknown to it); while frozen their Adam moments stay zero."""
@@ -111,6 +126,11 @@ def test_freeze_until_refuses_what_it_cannot_do(strategy):
         private.freeze_until(-1, inner.layers[0].trainable_variables)
     with pytest.raises(ValueError, match="every trainable variable"):
         private.freeze_until(1, inner.trainable_variables)
+    with strategy.scope():
+        sparse = PrivateModel(small_model(), DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                                      sparse_embeddings=True))
+    with pytest.raises(ValueError, match="sparse_embeddings or local_epochs"):
+        sparse.freeze_until(1, sparse.wrapped_model.layers[0].trainable_variables)
     stranger = keras.Variable(np.zeros(3, np.float32), name="stranger")
     with pytest.raises(ValueError, match="stranger.*not a trainable variable"):
         private.freeze_until(1, [stranger])

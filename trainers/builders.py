@@ -88,10 +88,13 @@ def check_config(config) -> None:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
-    if int(config.get("probe_epochs", 0)) < 0 or (
-            config.get("probe_epochs", 0) and config.mechanism == "sgd"):
-        bad("probe_epochs", config.probe_epochs, "0, or >= 1 with a private mechanism (the "
-            "private step freezes the encoder; plain training has no such phase)")
+    # probe_epochs < epochs is checked once epochs is resolved (trainers/run.py _probe_first)
+    probe = config.get("probe_epochs", 0)
+    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"
+                  or config.get("sparse_embeddings", False) or config.get("local_epochs", 0)):
+        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
+            "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
+            "training has no such phase)")
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
