@@ -180,7 +180,10 @@ class PrivateModel(keras.Model):
         no noise (their update is exactly zero), so each step stays the same Gaussian mechanism,
         sensitivity C over what trains, and the accounting is unchanged. Decided by epoch, so a
         resumed `fit(initial_epoch=...)` freezes exactly when the uninterrupted run would.
-        Call before `fit`; `epoch=0` turns it off.
+        One optimizer throughout (built with every variable before the first step): joining
+        variables start with zero moments, but Keras' bias correction and learning-rate
+        schedule count the global step, so their first Adam updates differ from a fresh
+        optimizer's. Call before `fit`; `epoch=0` turns it off.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"freeze_until: epoch must be an integer >= 0, got {epoch!r}")
