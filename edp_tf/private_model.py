@@ -24,9 +24,9 @@ from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
 
-class _NoiseScheduler(keras.callbacks.Callback):
-    """Sets the step's z_t at the start of each epoch, from the mechanism's schedule (the same
-    function the ledger charges)."""
+class _EpochSchedule(keras.callbacks.Callback):
+    """At the start of each epoch: the step's z_t from the mechanism's schedule (the same
+    function the ledger charges), and the frozen variables' joining (`freeze_until`)."""
 
     def __init__(self, private_model: "PrivateModel"):
         super().__init__()
@@ -35,18 +35,7 @@ class _NoiseScheduler(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         model = self._private_model
         model.dp_noise_multiplier.assign(model.mechanism.noise_multiplier_at(epoch))
-
-
-class _Unfreezer(keras.callbacks.Callback):
-    """At the epoch `freeze_until` named, the frozen variables join: the step's per-variable
-    constants are re-derived and the step retraced, in the same `fit`."""
-
-    def __init__(self, private_model: "PrivateModel"):
-        super().__init__()
-        self._private_model = private_model
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._private_model._unfreeze_if_due(epoch)
+        model._unfreeze_if_due(epoch)
 
 
 class PrivateModel(keras.Model):
@@ -247,8 +236,7 @@ class PrivateModel(keras.Model):
             with self.distribute_strategy.scope():  # every variable: the frozen ones join later
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
-        callbacks = [_NoiseScheduler(self)] + ([_Unfreezer(self)] if self._frozen_now else []
-                                               ) + list(callbacks or [])
+        callbacks = [_EpochSchedule(self)] + list(callbacks or [])
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
@@ -276,7 +264,7 @@ class PrivateModel(keras.Model):
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = Mechanism.from_config(cfg, n, batch)
         trained = self._trained_indices()
-        variables = self._trained_variables()
+        variables = [self.wrapped_model.trainable_variables[i] for i in trained]
         self._noise_owners = noise.noise_owners([int(np.prod(v.shape)) for v in variables], n)
         if self._layer_scales is None or changed:  # alpha for every trainable variable
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
