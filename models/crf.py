@@ -193,14 +193,17 @@ class CRF(keras.layers.Layer):
     The layer holds the CRF parameters only; emission potentials ([batch, length, num_tags]) come
     from a Dense layer in the model. `call` returns the Viterbi path (for serving / metrics); the
     training loss uses `log_likelihood`, which reads the same variables, so a loss computed outside
-    the model's `call` still trains the transitions.
+    the model's `call` still trains the transitions. `allowed_start` / `allowed_transitions`
+    (bools, e.g. `models.labels.bio_transitions`) restrict decoding to paths of allowed steps.
     """
 
-    def __init__(self, num_tags: int, **kwargs):
+    def __init__(self, num_tags: int, allowed_start=None, allowed_transitions=None, **kwargs):
         super().__init__(**kwargs)
         if num_tags < 1:
             raise ValueError(f"CRF num_tags must be >= 1, got {num_tags}")
         self.num_tags = int(num_tags)
+        self.allowed_start, self.allowed_transitions = _check_allowed(
+            self.num_tags, allowed_start, allowed_transitions)
         init = keras.initializers.Zeros()
         self.transitions = self.add_weight(
             name="transitions", shape=(self.num_tags, self.num_tags), initializer=init
@@ -221,9 +224,22 @@ class CRF(keras.layers.Layer):
         """log p(tags | potentials), one value per sequence: shape [batch]."""
         return crf_log_likelihood(potentials, tags, mask, *self._params())
 
-    def decode(self, potentials, mask=None):
-        """Viterbi path [batch, length] (int32, 0 where masked) and its score [batch]."""
-        return crf_decode(potentials, mask, *self._params())
+    @property
+    def constrained(self) -> bool:
+        return self.allowed_transitions is not None
+
+    def decode(self, potentials, mask=None, constrained: bool = True):
+        """Viterbi path [batch, length] (int32, 0 where masked) and its score [batch].
+
+        With `constrained` (and allowed transitions given) the path is the best one among those
+        that take only allowed transitions; the training likelihood never uses the constraint
+        (a gold path through a masked hole could break it), so it stays a decoding choice.
+        """
+        transitions, start, end = self._params()
+        if constrained and self.constrained:
+            transitions = _forbid(transitions, self.allowed_transitions)
+            start = _forbid(start, self.allowed_start)
+        return crf_decode(potentials, mask, transitions, start, end)
 
     def call(self, potentials, mask=None):
         return self.decode(potentials, mask)[0]
@@ -233,5 +249,35 @@ class CRF(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"num_tags": self.num_tags})
+        config.update({"num_tags": self.num_tags, "allowed_start": self.allowed_start,
+                       "allowed_transitions": self.allowed_transitions})
         return config
+
+
+# Added to a forbidden score: far below any reachable path score (potentials are O(10) per word,
+# at most a few hundred words) and still finite after summing a path, so no inf - inf = NaN.
+FORBIDDEN_SCORE = -1e6
+
+
+def _forbid(scores, allowed):
+    """`scores` with FORBIDDEN_SCORE added where `allowed` (same shape, bools) is False."""
+    return scores + tf.where(tf.constant(allowed, tf.bool), 0.0, FORBIDDEN_SCORE)
+
+
+def _check_allowed(num_tags: int, allowed_start, allowed_transitions):
+    """The constraint as plain lists (serialisable), or (None, None); ValueError when malformed or
+    when no path could satisfy it."""
+    if allowed_start is None and allowed_transitions is None:
+        return None, None
+    if allowed_start is None or allowed_transitions is None:
+        raise ValueError("CRF: give both allowed_start and allowed_transitions, or neither")
+    start = [bool(a) for a in allowed_start]
+    transitions = [[bool(a) for a in row] for row in allowed_transitions]
+    if len(start) != num_tags or len(transitions) != num_tags or any(
+            len(row) != num_tags for row in transitions):
+        raise ValueError(f"CRF: allowed_start must have {num_tags} entries and "
+                         f"allowed_transitions {num_tags}x{num_tags}")
+    # Some tag to start with, and every tag able to go on: else some lengths have no allowed path.
+    if not any(start) or not all(any(row) for row in transitions):
+        raise ValueError("CRF: the allowed transitions leave some sequences without any path")
+    return start, transitions

@@ -144,3 +144,58 @@ def test_config_round_trip():
     layer = crf_lib.CRF(5, name="ner_crf")
     clone = crf_lib.CRF.from_config(layer.get_config())
     assert clone.num_tags == 5 and clone.name == "ner_crf"
+
+
+# Tags O, B-a, I-a, B-b, I-b: enough to break BIO in every way (I after O, after the other type,
+# first).
+BIO_TAGS = ("O", "B-a", "I-a", "B-b", "I-b")
+
+
+def _well_formed(path) -> bool:
+    names = [BIO_TAGS[t] for t in path]
+    return all(not t.startswith("I-") or (i > 0 and names[i - 1][2:] == t[2:])
+               for i, t in enumerate(names))
+
+
+def test_constrained_decode_is_the_best_well_formed_path():
+    from models.labels import bio_transitions
+
+    start_ok, transitions_ok = bio_transitions(BIO_TAGS)
+    layer = crf_lib.CRF(len(BIO_TAGS), start_ok, transitions_ok)
+    rng = np.random.default_rng(7)
+    # Random transitions favour I-x everywhere, so the unconstrained best path is often ill-formed.
+    layer.transitions.assign(rng.normal(size=(5, 5)).astype(np.float32) + [0, 0, 2, 0, 2])
+    potentials = rng.normal(size=(40, 4, 5)).astype(np.float32) * 2
+    mask = rng.random((40, 4)) < 0.8
+    mask[0] = [False, True, False, True]  # holes: the rule applies between the kept words
+    decoded, best = layer.decode(potentials, mask)
+    plain, _ = layer.decode(potentials, mask, constrained=False)
+    t, s, e = (v.numpy() for v in (layer.transitions, layer.start_scores, layer.end_scores))
+    ill_formed_plain = 0
+    for b in range(len(potentials)):
+        positions = np.flatnonzero(mask[b])
+        ill_formed_plain += not _well_formed(plain.numpy()[b][positions])
+        if positions.size == 0:
+            continue
+        paths = [p for p in itertools.product(range(5), repeat=positions.size) if _well_formed(p)]
+        scores = [s[p[0]] + e[p[-1]] + sum(potentials[b, q, k] for q, k in zip(positions, p))
+                  + sum(t[i, j] for i, j in zip(p[:-1], p[1:])) for p in paths]
+        assert list(decoded.numpy()[b][positions]) == list(paths[int(np.argmax(scores))])
+        # float32 Viterbi vs float64 sums of <= 4 words: 1e-4 is ~100 ulp
+        np.testing.assert_allclose(best.numpy()[b], max(scores), atol=1e-4, rtol=1e-5)
+    assert ill_formed_plain > 5  # else this case would not test the constraint
+
+
+def test_constraint_round_trips_and_is_checked():
+    from models.labels import bio_transitions
+
+    layer = crf_lib.CRF(5, *bio_transitions(BIO_TAGS), name="ner_crf")
+    clone = crf_lib.CRF.from_config(layer.get_config())
+    assert clone.allowed_transitions == layer.allowed_transitions and clone.constrained
+    assert clone.allowed_start == [True, True, False, True, False]
+    with pytest.raises(ValueError, match="both"):
+        crf_lib.CRF(5, allowed_start=[True] * 5)
+    with pytest.raises(ValueError, match="5x5"):
+        crf_lib.CRF(5, [True] * 5, [[True] * 4] * 5)
+    with pytest.raises(ValueError, match="without any path"):
+        crf_lib.CRF(2, [True, True], [[True, True], [False, False]])

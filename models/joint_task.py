@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from models.crf import CRF
 from models.joint_loss import TAG_REDUCTIONS, joint_per_example_loss
+from models.labels import bio_transitions
 
 
 class JointTagger(keras.Model):
@@ -31,8 +32,13 @@ class JointTagger(keras.Model):
         intent_weight: float = 1.0,
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
+        tag_labels=None,
+        decoding: str | None = None,
         **kwargs,
     ):
+        """`tag_labels` (the tag vocabulary's labels, BIO) lets the CRF decode only well-formed
+        BIO; `decoding` is what `predict_labels` and the export use: "bio" (the default when
+        `tag_labels` is given) or "viterbi" (the unconstrained best path)."""
         super().__init__(**kwargs)
         if num_intents < 1 or num_tags < 1:
             raise ValueError(f"num_intents and num_tags must be >= 1, got {num_intents}, {num_tags}")
@@ -51,7 +57,13 @@ class JointTagger(keras.Model):
         self.intent_head = keras.layers.Dense(num_intents, name="intent_logits")
         self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
         self.tag_head = keras.layers.Dense(num_tags, name="tag_potentials")
-        self.crf = CRF(num_tags, name="crf")
+        self.tag_labels = None if tag_labels is None else tuple(str(t) for t in tag_labels)
+        if self.tag_labels is not None and len(self.tag_labels) != num_tags:
+            raise ValueError(f"tag_labels has {len(self.tag_labels)} labels for {num_tags} tags")
+        self.decoding = decoding or ("viterbi" if tag_labels is None else "bio")
+        _check_decoding(self.decoding, self.tag_labels)
+        allowed = bio_transitions(self.tag_labels) if self.tag_labels else (None, None)
+        self.crf = CRF(num_tags, *allowed, name="crf")
         # Build the heads now (one dummy example), so weights exist before the first fit / load.
         self(_dummy_inputs(encoder), training=False)
 
@@ -90,19 +102,41 @@ class JointTagger(keras.Model):
             loss = loss + tf.add_n(self.losses)
         return loss
 
-    def predict_labels(self, inputs) -> dict:
-        """Inference: intent id and its probability, Viterbi tag ids (0 where no word), per utterance."""
+    def predict_labels(self, inputs, decoding: str | None = None) -> dict:
+        """Inference: intent id and its probability, Viterbi tag ids (0 where no word), per
+        utterance; `decoding` ("bio" / "viterbi") overrides the model's own."""
+        decoding = decoding or self.decoding
+        _check_decoding(decoding, self.tag_labels)
         outputs = self(inputs, training=False)
         probabilities = tf.nn.softmax(tf.cast(outputs["intent_logits"], tf.float32), axis=-1)
         intent_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         intent_probability = tf.gather(probabilities, intent_ids, batch_dims=1)
-        tag_ids, _ = self.crf.decode(outputs["tag_potentials"], outputs["tag_mask"])
+        tag_ids, _ = self.crf.decode(outputs["tag_potentials"], outputs["tag_mask"],
+                                     constrained=decoding == "bio")
         return {
             "intent_ids": intent_ids,
             "intent_probability": intent_probability,
             "tag_ids": tag_ids,
             "tag_mask": outputs["tag_mask"],
         }
+
+    def head_config(self) -> dict:
+        """The constructor arguments of the heads (subclasses add their encoder's)."""
+        return {"name": self.name, "num_intents": self.num_intents, "num_tags": self.num_tags,
+                "dropout": self.dropout_rate, "intent_weight": self.intent_weight,
+                "tag_weight": self.tag_weight, "tag_reduction": self.tag_reduction,
+                "tag_labels": None if self.tag_labels is None else list(self.tag_labels),
+                "decoding": self.decoding}
+
+
+DECODINGS = ("bio", "viterbi")
+
+
+def _check_decoding(decoding: str, tag_labels) -> None:
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding must be one of {DECODINGS}, got {decoding!r}")
+    if decoding == "bio" and tag_labels is None:
+        raise ValueError('decoding="bio" needs the tag labels (tag_labels=...)')
 
 
 def _dummy_inputs(encoder: keras.Model) -> dict:

@@ -76,6 +76,29 @@ def build_tag_vocabulary(tag_sequences: Iterable[Sequence[str]]) -> LabelVocabul
     return LabelVocabulary((OUTSIDE_TAG, *sorted(tags)))
 
 
+def bio_transitions(tags: Sequence[str]) -> tuple[list[bool], list[list[bool]]]:
+    """(allowed first tags, allowed[previous][next]) of well-formed BIO over the tag list `tags`.
+
+    `I-X` may only follow `B-X` or `I-X`, so it may not start a sequence; everything else is
+    allowed. Why decoders want it: a CRF trained under DP noise learns its transition scores
+    poorly, and Viterbi then emits `O I-X` or `B-X I-Y`, which the CoNLL chunking rule reads as
+    wrong or split slots. The rule comes from the tag names alone (public), so decoding with it
+    is post-processing: it costs no privacy.
+    """
+    slot = []
+    for tag in tags:
+        if tag == OUTSIDE_TAG:
+            slot.append((OUTSIDE_TAG, ""))
+        elif tag[:2] in ("B-", "I-") and len(tag) > 2:
+            slot.append((tag[0], tag[2:]))
+        else:
+            raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-<slot>' or 'I-<slot>'")
+    start = [prefix != "I" for prefix, _ in slot]
+    transitions = [[prefix != "I" or (before != OUTSIDE_TAG and kind == name)
+                    for prefix, name in slot] for before, kind in slot]
+    return start, transitions
+
+
 def build_intent_vocabulary(intents: Iterable[str]) -> LabelVocabulary:
     """'[UNK]' first, then the intents sorted."""
     names = set(intents)

@@ -46,3 +46,19 @@ def test_label_vocabularies_accept_a_trainers_label_lists():
 def test_duplicate_labels_rejected():
     with pytest.raises(ValueError, match="unique"):
         labels.LabelVocabulary(("O", "O"))
+
+
+def test_bio_transitions_allow_i_only_after_its_own_b_or_i():
+    from models.labels import bio_transitions
+
+    tags = ("O", "B-a", "I-a", "B-b", "I-b")
+    start, allowed = bio_transitions(tags)
+    assert start == [True, True, False, True, False]
+    for i, before in enumerate(tags):
+        for j, after in enumerate(tags):
+            want = not after.startswith("I-") or before in (f"B-{after[2:]}", after)
+            assert allowed[i][j] == want, (before, after)
+    with pytest.raises(ValueError, match="'X-a' is not BIO"):
+        bio_transitions(("O", "X-a"))
+    with pytest.raises(ValueError, match="'B-' is not BIO"):
+        bio_transitions(("O", "B-"))

@@ -43,7 +43,9 @@ def test_cells_collect_the_runs_numbers(finished):
     for r in (sgd, dp):
         with open(os.path.join(g.runs_dir, r["name"], "metrics.json")) as f:
             metrics = json.load(f)
-        assert r["test"] == metrics["test"]
+        # rows keep the unconstrained decoding's numbers (comparable with every earlier row)
+        assert r["test"] == metrics["test_by_decoding"]["viterbi"]
+        assert r["test_bio"] == metrics["test"] == metrics["test_by_decoding"]["bio"]
         assert 0 <= r["membership_inference"]["auc"] <= 1
         assert r["command"].startswith("python -m trainers.train --config=configs/default.py")
     assert sgd["epsilon"] == float("inf") and sgd["private"] is False
@@ -60,6 +62,7 @@ def test_tables_and_plots(finished):
     assert [r["row"] for r in rows] == ["SGD", "per-example eps 8"]
     ser = float(rows[1]["test_ser"])
     assert ser == pytest.approx(dp["test"]["ser"])
+    assert float(rows[1]["ser_bio"]) == pytest.approx(dp["test_bio"]["ser"])
     assert float(rows[1]["delta_ser_pct"]) == pytest.approx(
         100 * (dp["test"]["ser"] - sgd["test"]["ser"]) / sgd["test"]["ser"])
     assert float(rows[1]["time_vs_sgd"]) > 0 and rows[1]["command"] == dp["command"]
@@ -122,7 +125,8 @@ def test_dev_attack_is_added_to_rows_measured_without_it(finished):
     with open(metrics_path) as f:
         metrics = json.load(f)
     metrics.pop("membership_inference_dev")
-    metrics["test"] = {}  # only a recomputation can bring both back
+    metrics["test"] = {}  # only a recomputation can bring them back
+    metrics.pop("test_by_decoding")
     experiment._write(metrics_path, metrics)
     old = {k: v for k, v in dp.items() if k != "membership_inference_dev"}
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), old)
@@ -133,10 +137,29 @@ def test_dev_attack_is_added_to_rows_measured_without_it(finished):
     assert again["membership_inference_dev"]["auc"] == pytest.approx(
         dp["membership_inference_dev"]["auc"])
     with open(metrics_path) as f:
-        assert json.load(f)["test"] == dp["test"]
+        assert json.load(f)["test_by_decoding"]["viterbi"] == dp["test"]
     assert ledger == {f: open(os.path.join(run_dir, f), "rb").read() for f in ledger}
     wrong = dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5))
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), wrong)
     with pytest.raises(RuntimeError, match="not this row's run"):
         experiment.add_dev_attack(g, cell, sys.executable)
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), again)
+
+
+def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
+    """--rescore: a row stored before the BIO decoding gets it from its run's last checkpoint;
+    a checkpoint that no longer scores the row's (Viterbi) test metrics is refused."""
+    g, (_, dp) = finished
+    path = experiment.cell_result_path(g, "clc_dpsgd")
+    stored = experiment._read(path)
+    old = {k: v for k, v in stored.items() if k != "test_bio"}
+    experiment._write(path, old)
+    cell = g.cells[1]
+    again = experiment.add_bio_decoding(g, cell)
+    # the same checkpoint and the same inference code as the run's own final scoring
+    assert again["test_bio"] == pytest.approx(dp["test_bio"], abs=1e-9)
+    assert experiment._read(path)["test_bio"] == again["test_bio"]
+    experiment._write(path, dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5)))
+    with pytest.raises(RuntimeError, match="not this row's run"):
+        experiment.add_bio_decoding(g, cell)
+    experiment._write(path, stored)

@@ -149,6 +149,10 @@ def check_run_dir(run_dir, config, epochs, private):
             assert e["train"]["noise_multiplier"] > 0
     test = metrics["test"]
     assert set(DEV_METRICS) <= set(test)
+    # both decodings of the same model are scored; "test" is the configured one's
+    assert set(metrics["test_by_decoding"]) == {"bio", "viterbi"}
+    assert metrics["decoding"] == config.decoding
+    assert test == metrics["test_by_decoding"][config.decoding]
     assert test["utterances"] == len(corpus(config).test)
     assert (("membership_inference" in metrics and "train_encoding" in metrics)
             == diagnostics)

@@ -48,6 +48,7 @@ def check_config(config) -> None:
     from models.bert.bert_backbone import POOLING
     from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
     from models.joint_loss import TAG_REDUCTIONS
+    from models.joint_task import DECODINGS
     from trainers.optimizers import OPTIMIZERS, SCHEDULES
 
     choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
@@ -84,6 +85,8 @@ def check_config(config) -> None:
         bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
     if not config.get("local_learning_rate", 0.1) > 0:
         bad("local_learning_rate", config.local_learning_rate, "> 0")
+    if config.get("decoding", "viterbi") not in DECODINGS:
+        bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
@@ -208,7 +211,9 @@ def build_model(config, preprocessor, vectors=None):
     """The joint model (call it inside the strategy's scope)."""
     task = dict(intent_weight=float(config.intent_loss_weight),
                 tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss,
-                head_dropout=float(config.get("head_dropout", HEAD_DROPOUT)))
+                head_dropout=float(config.get("head_dropout", HEAD_DROPOUT)),
+                # runs before the field decoded without the BIO constraint
+                decoding=config.get("decoding", "viterbi"))
     if config.model == "clc":
         from models.clc.clc_joint import CLCJoint
 

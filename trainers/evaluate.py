@@ -1,8 +1,11 @@
-"""`python -m trainers.evaluate --run_dir=... [--data_dir=...] [--split=test]`: score a saved run.
+"""`python -m trainers.evaluate --run_dir=... [--data_dir=...] [--split=test] [--decodings]`: score a
+saved run.
 
 It scores the exported SavedModel (what would be served: raw utterance strings in, intent and
 tags out), so it checks the export as much as the model. Without --data_dir it uses the data the
-run was trained on (its config). Prints the metrics as JSON (no utterance text).
+run was trained on (its config). With --decodings it instead rebuilds the model from the latest
+checkpoint and scores both CRF decodings (BIO-constrained and plain Viterbi). Prints the metrics as
+JSON (no utterance text).
 """
 from __future__ import annotations
 
@@ -13,7 +16,6 @@ from typing import Optional
 from absl import app, flags
 
 
-
 def define_flags() -> None:
     """Defined only when run as a command: other trainers use the same flag names and tests
     import several of them into one process."""
@@ -21,6 +23,8 @@ def define_flags() -> None:
     flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
     flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score.")
     flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
+    flags.DEFINE_bool("decodings", False, "Score the latest checkpoint (not the export) with "
+                      "both CRF decodings, BIO-constrained and unconstrained Viterbi.")
 
 
 def load_serving(run_dir: str):
@@ -63,10 +67,38 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
     return result
 
 
+def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
+    """{"viterbi": metrics, "bio": metrics} of a run's latest checkpoint on `split` of its own
+    data: the model is rebuilt from the run's config, so runs exported before the BIO decoding
+    existed get both (their SavedModel serves Viterbi only)."""
+    import tensorflow as tf
+
+    from trainers import builders, evaluation, rundir, warm_start
+
+    config = rundir.load_run_config(run_dir)
+    checkpoint = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    if checkpoint is None:
+        raise ValueError(f"{run_dir} has no checkpoint in checkpoints/")
+    utterances = getattr(builders.load_splits(config), split)
+    if not utterances:
+        raise ValueError(f"the {split} split of {run_dir}'s data is empty")
+    preprocessor = warm_start.run_preprocessor(run_dir, config)
+    widths = [shape[1] for name, shape in tf.train.list_variables(checkpoint)
+              if "word_embedding/_embeddings" in name and "optimizer" not in name]
+    model = warm_start.trained_model(config, preprocessor, checkpoint, widths[0] if widths else 0)
+    x = builders.encode(preprocessor, utterances, split).x
+    return evaluation.scores_by_decoding(model, preprocessor, utterances, x)
+
+
 def main(argv):
     del argv
     f = flags.FLAGS
-    result = evaluate_run(f.run_dir, f.data_dir, f.split)
+    if f.decodings:
+        if f.data_dir:
+            raise app.UsageError("--decodings scores the run's own data: drop --data_dir")
+        result = scores_by_decoding(f.run_dir, f.split)
+    else:
+        result = evaluate_run(f.run_dir, f.data_dir, f.split)
     text = json.dumps(result, indent=2, sort_keys=True)
     print(text)
     if f.output:

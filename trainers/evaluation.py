@@ -2,6 +2,8 @@
 membership attack and the scores against references (used by `train` and `evaluate`)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import tensorflow as tf
 
@@ -37,6 +39,23 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
         intents.extend(intent_names[i] for i in out["intent_ids"].numpy()[:real])
         tags.extend([tag_names[t] for t in row[:k]] for row, k in zip(ids, kept))
     return intents, tags
+
+
+def scores_by_decoding(model, preprocessor, references, x: dict, step=None) -> dict:
+    """{"viterbi": metrics, "bio": metrics (when the model knows its tag labels)}: both decodings
+    of the same model, so the constrained one's effect is measured on every run, not assumed.
+    `step` (a traced `model.predict_labels`) serves the model's own decoding."""
+    from models.joint_task import DECODINGS
+
+    out = {}
+    for decoding in DECODINGS:
+        if decoding == "bio" and model.tag_labels is None:
+            continue
+        own = step if step is not None and decoding == model.decoding else None
+        own = own or tf.function(functools.partial(model.predict_labels, decoding=decoding),
+                                 reduce_retracing=True)
+        out[decoding] = score(references, *predict(model, preprocessor, x, step=own))
+    return out
 
 
 def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:

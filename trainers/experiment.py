@@ -16,6 +16,8 @@ run's delta and at 1/n and 1e-6, log10 epsilon, seconds per epoch and its ratio 
 `frontier.png` (SER vs epsilon: per model and family, a line through the best row at each epsilon
 and the other rows as hollow markers), `epsilon_per_epoch.png` (per noise-decay schedule) and
 `membership_roc.png`.
+
+    python -m trainers.experiment --grid=configs/grids/snips.py --rescore  # add the BIO decoding
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ _DEV_ATTACK = flags.DEFINE_bool(
     "dev_attack", False, "For finished cells measured before the dev-split membership attack: "
     "resume their finished run (which recomputes its final metrics, the attack included) and add "
     "the attack to the cell's result. The run's test metrics must come out as stored.")
+
+_RESCORE = flags.DEFINE_bool(
+    "rescore", False, "For finished cells measured before the BIO-constrained decoding: score "
+    "their run's last checkpoint with both decodings and add the BIO one to the cell's result. "
+    "The unconstrained scores must come out as stored.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -87,6 +94,7 @@ def collect(grid, cell) -> dict:
     if not config or not metrics or "test" not in metrics:
         raise RuntimeError(f"cell {cell.name}: {run_dir} holds no finished run")
     privacy = _read(os.path.join(run_dir, "privacy.json"), {})
+    by_decoding = metrics.get("test_by_decoding") or {"viterbi": metrics["test"]}
     seconds = sorted(e["seconds"] for e in metrics["epochs"])
     c = config["config"]
     result = {
@@ -96,7 +104,10 @@ def collect(grid, cell) -> dict:
         # as a reader would type it: the default run directory, whatever this grid used
         "command": " ".join(shlex.quote(a) for a in cell_command(
             grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
-        "test": metrics["test"], "membership_inference": {
+        # Every row's SER is the unconstrained Viterbi's (all runs have it); test_bio is the
+        # BIO-constrained decoding's (runs since 2026-11-26, or --rescore).
+        "test": by_decoding["viterbi"], "test_bio": by_decoding.get("bio", {}),
+        "membership_inference": {
             k: v for k, v in (metrics.get("membership_inference") or {}).items()},
         "membership_inference_dev": metrics.get("membership_inference_dev") or {},
         "epochs": len(metrics["epochs"]),
@@ -146,11 +157,7 @@ def add_dev_attack(grid, cell, python: str) -> dict:
     result = _read(path)
     if "membership_inference_dev" in result or not result.get("membership_inference"):
         return result  # measured already (maybe {}: no dev split), or run without diagnostics
-    run_dir = next(a.split("=", 1)[1] for a in shlex.split(result["command"])
-                   if a.startswith("--run_dir="))
-    typed = f"runs/experiments/{grid.dataset}/"  # the command as typed; this grid's runs_dir
-    if run_dir.startswith(typed):
-        run_dir = os.path.join(grid.runs_dir, run_dir[len(typed):])
+    run_dir = _result_run_dir(grid, result)
     full = os.path.join(ROOT, run_dir)
     state = _read(os.path.join(full, "state.json"))
     config = _read(os.path.join(full, "config.json"))
@@ -169,7 +176,8 @@ def add_dev_attack(grid, cell, python: str) -> dict:
     if code != 0 or "membership_inference_dev" not in metrics:
         raise RuntimeError(f"cell {cell.name}: resuming {run_dir} failed ({code}); see "
                            f"{run_dir}.attack.log")
-    stored, now = result["test"], metrics["test"]
+    stored = result["test"]
+    now = (metrics.get("test_by_decoding") or {"viterbi": metrics["test"]})["viterbi"]
     if any(abs(stored[k] - now[k]) > 1e-9 for k in ("ser", "intent_accuracy", "slot_f1")):
         raise RuntimeError(f"cell {cell.name}: {run_dir} now scores test SER {now['ser']:.4f}, "
                            f"the row says {stored['ser']:.4f}: not this row's run")
@@ -178,9 +186,47 @@ def add_dev_attack(grid, cell, python: str) -> dict:
     return result
 
 
+def _result_run_dir(grid, result: dict) -> str:
+    """The run directory a stored result's command names, inside this grid's runs_dir."""
+    run_dir = next(a.split("=", 1)[1] for a in shlex.split(result["command"])
+                   if a.startswith("--run_dir="))
+    typed = f"runs/experiments/{grid.dataset}/"  # the command as typed; this grid's runs_dir
+    if run_dir.startswith(typed):
+        run_dir = os.path.join(grid.runs_dir, run_dir[len(typed):])
+    return run_dir
+
+
+def add_bio_decoding(grid, cell) -> dict:
+    """The cell's stored result with `test_bio`, scored on its run's last checkpoint;
+    RuntimeError if the run is gone or its Viterbi scores differ from the stored ones (then it
+    is not the run of this row)."""
+    from trainers.evaluate import scores_by_decoding
+
+    path = cell_result_path(grid, cell.name)
+    result = _read(path)
+    if result.get("test_bio"):
+        return result
+    full = os.path.join(ROOT, _result_run_dir(grid, result))
+    if not os.path.isfile(os.path.join(full, "state.json")):
+        raise RuntimeError(f"cell {cell.name}: its run directory {full} is not here")
+    try:
+        now = scores_by_decoding(full)
+    except ValueError as error:
+        raise RuntimeError(f"cell {cell.name}: {error}") from error
+    stored = result["test"]
+    if any(abs(stored[k] - now["viterbi"][k]) > 1e-9 for k in ("ser", "intent_accuracy",
+                                                               "slot_f1")):
+        raise RuntimeError(f"cell {cell.name}: its checkpoint now scores test SER "
+                           f"{now['viterbi']['ser']:.4f}, the row says {stored['ser']:.4f}: not "
+                           "this row's run")
+    result["test_bio"] = now["bio"]
+    _write(path, result)
+    return result
+
+
 # ------------------------------------------------------------------------------ report
 COLUMNS = ["model", "row", "batch", "epochs", "target_eps", "epsilon", "log10_eps", "eps_at_1/n", "eps_at_1e-6",
-           "test_ser", "delta_ser_pct", "intent_acc", "slot_f1", "mia_auc", "mia_auc_ci95", "delta_auc",
+           "test_ser", "delta_ser_pct", "ser_bio", "slot_f1_bio", "intent_acc", "slot_f1", "mia_auc", "mia_auc_ci95", "delta_auc",
            "mia_auc_dev", "mia_auc_dev_ci95", "tpr_at_1pct", "tpr_at_0.1pct", "s_per_epoch", "time_vs_sgd", "command"]
 
 
@@ -205,6 +251,8 @@ def table_rows(results: list) -> list:
             "eps_at_1/n": (others.get("1/n") or {}).get("epsilon", ""),
             "eps_at_1e-6": (others.get("1e-06") or {}).get("epsilon", ""),
             "test_ser": r["test"]["ser"], "intent_acc": r["test"]["intent_accuracy"],
+            "ser_bio": (r.get("test_bio") or {}).get("ser", ""),
+            "slot_f1_bio": (r.get("test_bio") or {}).get("slot_f1", ""),
             "slot_f1": r["test"]["slot_f1"], "mia_auc": mia.get("auc", ""),
             "mia_auc_ci95": _auc_interval(mia),
             "mia_auc_dev": mia_dev.get("auc", ""), "mia_auc_dev_ci95": _auc_interval(mia_dev),
@@ -256,6 +304,9 @@ def write_tables(grid, results: list, missing: list) -> None:
     lines = [f"# {grid.dataset}: utility, privacy and speed (test split)", "",
              f"Generated by `python -m trainers.experiment --grid={grid.grid_file}`; one run per "
              f"row, 2-core CPU. delta = {results[0]['delta']:.3g} (0.1/n) unless stated; "
+             "test_ser, slot_f1 and the rest decode the CRF's unconstrained best path (as every "
+             "row before 2026-11-26); ser_bio and slot_f1_bio decode the best well-formed BIO "
+             "path, the trainer's default since (blank: that run's checkpoint is gone). "
              "epsilon is PLD (dp-accounting) at that delta; eps_at_1/n and eps_at_1e-6 are the "
              "same run at other deltas. delta_ser_pct is relative to the same model's SGD row; "
              "mia = loss-threshold membership inference (members: training utterances, "
@@ -424,7 +475,16 @@ def main(argv):
                      "todo")
             print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
         return
-    if _DEV_ATTACK.value:
+    if _RESCORE.value:
+        for cell in (c for c in grid.cells if c.name in wanted):
+            if os.path.isfile(cell_result_path(grid, cell.name)):
+                try:
+                    bio = add_bio_decoding(grid, cell)["test_bio"]
+                    print(f"{cell.name}: BIO decoding: test SER {bio['ser']:.4f}, slot F1 "
+                          f"{bio['slot_f1']:.4f}", flush=True)
+                except RuntimeError as error:
+                    print(f"{cell.name}: FAILED: {error}", flush=True)
+    elif _DEV_ATTACK.value:
         for cell in (c for c in grid.cells if c.name in wanted):
             if os.path.isfile(cell_result_path(grid, cell.name)):
                 try:

@@ -231,8 +231,10 @@ def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
     """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
     splits, diagnostics = data.splits, bool(config.diagnostics)
     # the dev predictions' trace serves the test split too (same batch shapes)
-    test = (evaluation.score(splits.test, *evaluation.predict(
-        model, data.preprocessor, data.test_x, step=predict_step)) if splits.test else {})
+    by_decoding = (evaluation.scores_by_decoding(model, data.preprocessor, splits.test,
+                                                 data.test_x, step=predict_step)
+                   if splits.test else {})
+    test = by_decoding.get(model.decoding, {})
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
     attack = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.test)
               if splits.test and diagnostics else {})
@@ -242,7 +244,8 @@ def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
     attack_dev = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.dev,
                                                 "dev")
                   if splits.dev and diagnostics else {})
-    record.update({"test": test, "unseen_labels": data.unseen})
+    record.update({"test": test, "decoding": model.decoding, "test_by_decoding": by_decoding,
+                   "unseen_labels": data.unseen})
     if diagnostics:
         record.update({"train_encoding": data.train.report, "membership_inference": attack,
                        "membership_inference_dev": attack_dev})

@@ -194,10 +194,17 @@ def get_config():
     probe = dp8("bert_dpsgd_eps8_probe3", "per-example DP-SGD, eps 8, LoRA r 8 (matrix layout), "
                 "heads alone for the first 3 epochs, no dropout, 300 steps, slot loss per word",
                 "private_steps=300", *matrix, "probe_epochs=3")
+    # atis_bert's private default once more (bert_dpsgd_eps8's run was interrupted twice and
+    # ran 22 of its 24 epochs): a second sample of the default, uninterrupted, scored with both
+    # CRF decodings (its run directory is gone, so it cannot be rescored). Its command is
+    # bert_dpsgd_eps8's.
+    run2 = cell("bert_dpsgd_eps8_run2", "per-example DP-SGD, eps 8 (atis_bert's default, second "
+                "run)", "per-example", ATIS, "diagnostics=True", "mechanism=dpsgd",
+                "target_epsilon=8.0")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
                                 meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
-                                probe]
+                                probe, run2]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "

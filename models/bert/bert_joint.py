@@ -31,6 +31,7 @@ class BertJoint(JointTagger):
         intent_weight: float = 1.0,
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
+        decoding: str = "bio",
         pooling: str = "cls",
         **size,
     ) -> "BertJoint":
@@ -56,19 +57,12 @@ class BertJoint(JointTagger):
             intent_weight=intent_weight,
             tag_weight=tag_weight,
             tag_reduction=tag_reduction,
+            tag_labels=preprocessor.tag_vocabulary.labels,
+            decoding=decoding,
         )
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "encoder": keras.saving.serialize_keras_object(self.encoder),
-            "num_intents": self.num_intents,
-            "num_tags": self.num_tags,
-            "dropout": self.dropout_rate,
-            "intent_weight": self.intent_weight,
-            "tag_weight": self.tag_weight,
-            "tag_reduction": self.tag_reduction,
-        }
+        return {"encoder": keras.saving.serialize_keras_object(self.encoder), **self.head_config()}
 
     @classmethod
     def from_config(cls, config):

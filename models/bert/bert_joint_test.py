@@ -198,3 +198,11 @@ def test_minilm_checkpoint_matches_direct_forward_pass():
     # The word-level encoder gathers these states at the first piece of each word.
     words = model.encoder(x)["sequence_output"].numpy()[0]
     np.testing.assert_allclose(words[:5], tanh_reference[x["word_starts"][0, :5]], atol=1e-4)
+
+
+def test_config_keeps_the_bio_decoding(data):
+    pre = data[0]
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
+    clone = BertJoint.from_config(model.get_config())
+    assert clone.tag_labels == pre.tag_vocabulary.labels and clone.decoding == "bio"
+    assert clone.crf.allowed_transitions == model.crf.allowed_transitions

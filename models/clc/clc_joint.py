@@ -28,6 +28,7 @@ class CLCJoint(JointTagger):
         intent_weight: float = 1.0,
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
+        decoding: str = "bio",
         **backbone_kwargs,
     ) -> "CLCJoint":
         """Sizes the model for `preprocessor`; `word_vectors` initialises the word embeddings.
@@ -52,19 +53,12 @@ class CLCJoint(JointTagger):
             intent_weight=intent_weight,
             tag_weight=tag_weight,
             tag_reduction=tag_reduction,
+            tag_labels=preprocessor.tag_vocabulary.labels,
+            decoding=decoding,
         )
 
     def get_config(self):
-        return {
-            "name": self.name,
-            "backbone": keras.saving.serialize_keras_object(self.backbone),
-            "num_intents": self.num_intents,
-            "num_tags": self.num_tags,
-            "dropout": self.dropout_rate,
-            "intent_weight": self.intent_weight,
-            "tag_weight": self.tag_weight,
-            "tag_reduction": self.tag_reduction,
-        }
+        return {"backbone": keras.saving.serialize_keras_object(self.backbone), **self.head_config()}
 
     @classmethod
     def from_config(cls, config):

@@ -101,3 +101,31 @@ def test_rejects_mismatched_embeddings(data):
 
     with pytest.raises(ValueError, match="word_embeddings has 3 rows"):
         CLCBackbone(word_vocabulary_size=10, char_vocabulary_size=5, word_embeddings=vectors_matrix)
+
+
+def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
+    pre, x, _ = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    labels = pre.tag_vocabulary.labels
+    # Transitions that make every "I-" tag attractive after anything: unconstrained Viterbi
+    # then emits I-x after O or after another type; the BIO decoding must not.
+    bias = np.array([3.0 if t.startswith("I-") else 0.0 for t in labels], np.float32)
+    model.crf.transitions.assign(np.zeros((len(labels),) * 2, np.float32) + bias)
+    model.crf.start_scores.assign(bias)
+
+    def ill_formed(out):
+        count = 0
+        for row, kept in zip(out["tag_ids"].numpy(), out["tag_mask"].numpy().sum(axis=1)):
+            tags = [labels[t] for t in row[:kept]]
+            count += sum(t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:])
+                         for i, t in enumerate(tags))
+        return count
+
+    assert model.decoding == "bio" and ill_formed(model.predict_labels(x)) == 0
+    assert ill_formed(model.predict_labels(x, decoding="viterbi")) > 0
+    clone = CLCJoint.from_config(model.get_config())
+    assert clone.tag_labels == labels and clone.decoding == "bio" and clone.crf.constrained
+    plain = CLCJoint.from_preprocessor(pre, decoding="viterbi", **testing.TINY_CLC)
+    assert CLCJoint.from_config(plain.get_config()).decoding == "viterbi"
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        model.predict_labels(x, decoding="greedy")
