@@ -232,7 +232,8 @@ class CRF(keras.layers.Layer):
         """Viterbi path [batch, length] (int32, 0 where masked) and its score [batch].
 
         With `constrained` (and allowed transitions given) the path is the best one among those
-        that take only allowed transitions; the training likelihood never uses the constraint
+        that take only allowed transitions between unmasked positions (masked ones read 0; the
+        preprocessors' masks are prefixes); the training likelihood never uses the constraint
         (a gold path through a masked hole could break it), so it stays a decoding choice.
         """
         transitions, start, end = self._params()
@@ -242,6 +243,8 @@ class CRF(keras.layers.Layer):
         return crf_decode(potentials, mask, transitions, start, end)
 
     def call(self, potentials, mask=None):
+        """The constrained path when the layer has a constraint (the joint models decode through
+        `decode` with their own choice, not through this)."""
         return self.decode(potentials, mask)[0]
 
     def compute_output_shape(self, input_shape):

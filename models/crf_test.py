@@ -165,6 +165,8 @@ def test_constrained_decode_is_the_best_well_formed_path():
     rng = np.random.default_rng(7)
     # Random transitions favour I-x everywhere, so the unconstrained best path is often ill-formed.
     layer.transitions.assign(rng.normal(size=(5, 5)).astype(np.float32) + [0, 0, 2, 0, 2])
+    layer.start_scores.assign(rng.normal(size=5).astype(np.float32) + [0, 0, 2, 0, 2])
+    layer.end_scores.assign(rng.normal(size=5).astype(np.float32))
     potentials = rng.normal(size=(40, 4, 5)).astype(np.float32) * 2
     mask = rng.random((40, 4)) < 0.8
     mask[0] = [False, True, False, True]  # holes: the rule applies between the kept words
@@ -175,6 +177,7 @@ def test_constrained_decode_is_the_best_well_formed_path():
     for b in range(len(potentials)):
         positions = np.flatnonzero(mask[b])
         ill_formed_plain += not _well_formed(plain.numpy()[b][positions])
+        assert np.all(decoded.numpy()[b][~mask[b]] == 0)
         if positions.size == 0:
             continue
         paths = [p for p in itertools.product(range(5), repeat=positions.size) if _well_formed(p)]
@@ -184,6 +187,13 @@ def test_constrained_decode_is_the_best_well_formed_path():
         # float32 Viterbi vs float64 sums of <= 4 words: 1e-4 is ~100 ulp
         np.testing.assert_allclose(best.numpy()[b], max(scores), atol=1e-4, rtol=1e-5)
     assert ill_formed_plain > 5  # else this case would not test the constraint
+    # training is unchanged: the likelihood is the unconstrained CRF's
+    free = crf_lib.CRF(5)
+    for mine, theirs in zip(layer.weights, free.weights):
+        theirs.assign(mine)
+    tags = rng.integers(0, 5, size=(40, 4)).astype(np.int32)
+    np.testing.assert_array_equal(layer.log_likelihood(potentials, tags, mask),
+                                  free.log_likelihood(potentials, tags, mask))
 
 
 def test_constraint_round_trips_and_is_checked():

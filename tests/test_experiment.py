@@ -154,12 +154,20 @@ def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
     stored = experiment._read(path)
     old = {k: v for k, v in stored.items() if k != "test_bio"}
     experiment._write(path, old)
+    # as a run directory written before the decoding field: no config.decoding, no
+    # test_by_decoding (the run is rebuilt with the unconstrained decoding it had then)
+    run_dir = os.path.join(g.runs_dir, "clc_dpsgd")
+    for name, key in (("config.json", None), ("metrics.json", "test_by_decoding")):
+        with open(os.path.join(run_dir, name)) as f:
+            saved = json.load(f)
+        (saved["config"] if key is None else saved).pop(key or "decoding")
+        experiment._write(os.path.join(run_dir, name), saved)
     cell = g.cells[1]
-    again = experiment.add_bio_decoding(g, cell)
+    again = experiment.add_bio_decoding(g, cell, sys.executable)
     # the same checkpoint and the same inference code as the run's own final scoring
     assert again["test_bio"] == pytest.approx(dp["test_bio"], abs=1e-9)
     assert experiment._read(path)["test_bio"] == again["test_bio"]
     experiment._write(path, dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5)))
     with pytest.raises(RuntimeError, match="not this row's run"):
-        experiment.add_bio_decoding(g, cell)
+        experiment.add_bio_decoding(g, cell, sys.executable)
     experiment._write(path, stored)

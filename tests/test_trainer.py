@@ -151,6 +151,7 @@ def check_run_dir(run_dir, config, epochs, private):
     assert set(DEV_METRICS) <= set(test)
     # both decodings of the same model are scored; "test" is the configured one's
     assert set(metrics["test_by_decoding"]) == {"bio", "viterbi"}
+    assert metrics["test_by_decoding"]["bio"]["ill_formed_utterances"] == 0
     assert metrics["decoding"] == config.decoding
     assert test == metrics["test_by_decoding"][config.decoding]
     assert test["utterances"] == len(corpus(config).test)

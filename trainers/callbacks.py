@@ -38,7 +38,8 @@ class EpochEnd(keras.callbacks.Callback):
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
-        entry = {"epoch": epoch, "seconds": round(seconds, 3), "dev": dev}
+        entry = {"epoch": epoch, "seconds": round(seconds, 3), "dev": dev,
+                 "decoding": self.joint.decoding}
         if self.diagnostics:  # unnoised statistics of the training data: not covered by epsilon
             entry["train"] = {k: float(v) for k, v in logs.items()}
         record["epochs"].append(entry)

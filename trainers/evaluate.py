@@ -76,6 +76,9 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     from trainers import builders, evaluation, rundir, warm_start
 
     config = rundir.load_run_config(run_dir)
+    if config.get("ema_fraction", 0.0) > 0:  # its checkpoint holds the raw weights, not these
+        raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
+                         "its checkpoint does not hold: score its export instead")
     checkpoint = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if checkpoint is None:
         raise ValueError(f"{run_dir} has no checkpoint in checkpoints/")

@@ -90,6 +90,15 @@ def membership_attack(model, preprocessor, train_enc, nonmembers, name: str = "t
 
 
 def score(references, intents, tags) -> dict:
-    """Metrics against the original references; words past the model's length count as 'O'."""
+    """Metrics against the original references; words past the model's length count as 'O'.
+    `ill_formed_utterances`: predictions with an `I-X` not after `B-X` / `I-X` (the chunking
+    rule still reads them; the BIO decoding never emits them)."""
     full_tags = [list(t) + ["O"] * (len(r.tokens) - len(t)) for r, t in zip(references, tags)]
-    return metrics_lib.evaluate_utterances(references, intents, full_tags)
+    result = metrics_lib.evaluate_utterances(references, intents, full_tags)
+    result["ill_formed_utterances"] = sum(not _well_formed(t) for t in full_tags)
+    return result
+
+
+def _well_formed(tags) -> bool:
+    return all(not tag.startswith("I-") or (i > 0 and tags[i - 1][2:] == tag[2:])
+               for i, tag in enumerate(tags))

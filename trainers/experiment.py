@@ -182,6 +182,8 @@ def add_dev_attack(grid, cell, python: str) -> dict:
         raise RuntimeError(f"cell {cell.name}: {run_dir} now scores test SER {now['ser']:.4f}, "
                            f"the row says {stored['ser']:.4f}: not this row's run")
     result["membership_inference_dev"] = metrics["membership_inference_dev"]
+    if "bio" in (metrics.get("test_by_decoding") or {}):  # the resume scored it too
+        result["test_bio"] = metrics["test_by_decoding"]["bio"]
     _write(path, result)
     return result
 
@@ -196,23 +198,29 @@ def _result_run_dir(grid, result: dict) -> str:
     return run_dir
 
 
-def add_bio_decoding(grid, cell) -> dict:
-    """The cell's stored result with `test_bio`, scored on its run's last checkpoint;
-    RuntimeError if the run is gone or its Viterbi scores differ from the stored ones (then it
-    is not the run of this row)."""
-    from trainers.evaluate import scores_by_decoding
-
+def add_bio_decoding(grid, cell, python: str) -> dict:
+    """The cell's stored result with `test_bio`, scored on its run's last checkpoint (by
+    `trainers.evaluate --decodings`, from the repository root as the run was); RuntimeError if
+    the run is gone or its Viterbi scores differ from the stored ones (then it is not the run of
+    this row)."""
     path = cell_result_path(grid, cell.name)
     result = _read(path)
     if result.get("test_bio"):
         return result
-    full = os.path.join(ROOT, _result_run_dir(grid, result))
+    run_dir = _result_run_dir(grid, result)
+    full = os.path.join(ROOT, run_dir)
     if not os.path.isfile(os.path.join(full, "state.json")):
-        raise RuntimeError(f"cell {cell.name}: its run directory {full} is not here")
-    try:
-        now = scores_by_decoding(full)
-    except ValueError as error:
-        raise RuntimeError(f"cell {cell.name}: {error}") from error
+        raise RuntimeError(f"cell {cell.name}: its run directory {run_dir} is not here")
+    scores = full + ".decodings.json"
+    with open(full + ".decodings.log", "a") as out:
+        code = subprocess.call([python, "-m", "trainers.evaluate", f"--run_dir={run_dir}",
+                                "--decodings", f"--output={scores}"], cwd=ROOT, stdout=out,
+                               stderr=subprocess.STDOUT)
+    now = _read(scores)
+    if code != 0 or not now:
+        raise RuntimeError(f"cell {cell.name}: scoring {run_dir} failed ({code}); see "
+                           f"{run_dir}.decodings.log")
+    os.remove(scores)
     stored = result["test"]
     if any(abs(stored[k] - now["viterbi"][k]) > 1e-9 for k in ("ser", "intent_accuracy",
                                                                "slot_f1")):
@@ -306,7 +314,8 @@ def write_tables(grid, results: list, missing: list) -> None:
              f"row, 2-core CPU. delta = {results[0]['delta']:.3g} (0.1/n) unless stated; "
              "test_ser, slot_f1 and the rest decode the CRF's unconstrained best path (as every "
              "row before 2026-11-26); ser_bio and slot_f1_bio decode the best well-formed BIO "
-             "path, the trainer's default since (blank: that run's checkpoint is gone). "
+             "path, the trainer's default since (blank: not measured, e.g. that run's checkpoint is gone "
+             "or no longer reproduces the row). "
              "epsilon is PLD (dp-accounting) at that delta; eps_at_1/n and eps_at_1e-6 are the "
              "same run at other deltas. delta_ser_pct is relative to the same model's SGD row; "
              "mia = loss-threshold membership inference (members: training utterances, "
@@ -475,11 +484,13 @@ def main(argv):
                      "todo")
             print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
         return
+    if _RESCORE.value and _DEV_ATTACK.value:
+        raise app.UsageError("--rescore and --dev_attack: one at a time")
     if _RESCORE.value:
         for cell in (c for c in grid.cells if c.name in wanted):
             if os.path.isfile(cell_result_path(grid, cell.name)):
                 try:
-                    bio = add_bio_decoding(grid, cell)["test_bio"]
+                    bio = add_bio_decoding(grid, cell, _PYTHON.value)["test_bio"]
                     print(f"{cell.name}: BIO decoding: test SER {bio['ser']:.4f}, slot F1 "
                           f"{bio['slot_f1']:.4f}", flush=True)
                 except RuntimeError as error:

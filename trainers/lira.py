@@ -194,7 +194,8 @@ def main(argv):
             started = time.time()
             summary = _train_one(j, config, splits, pool, masks, strategy)
             done[j] = {"loss": [float(v) for v in summary["after_training"]],
-                       "test": summary["test"], "epsilon": summary["epsilon"],
+                       "test": summary["test"], "decoding": summary["decoding"],
+                       "epsilon": summary["epsilon"],
                        "delta": summary["delta"], "seconds": round(time.time() - started, 1)}
             write_json_atomically(_losses_path(j), done[j])
             print(f"[{len(done)}/{flags.FLAGS.models}] model {j}: test SER "
@@ -211,6 +212,8 @@ def main(argv):
         "epsilon": max((d["epsilon"] or 0.0) for d in done.values()),
         "delta": max(d["delta"] for d in done.values()),
         "mean_test_ser": float(np.mean([d["test"]["ser"] for d in done.values()])),
+        # models trained before 2026-11-26 decoded without the BIO constraint
+        "decodings": sorted({d.get("decoding", "viterbi") for d in done.values()}),
         "seconds_per_model": float(np.mean([d["seconds"] for d in done.values()])),
     }
     write_json_atomically(os.path.join(flags.FLAGS.out, f"{flags.FLAGS.mechanism}.json"), result)

@@ -110,7 +110,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     return extra | {
         "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
         "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
-        "test": test, "membership_inference": attack,
+        "test": test, "decoding": model.decoding, "membership_inference": attack,
         "epsilon": privacy.get("epsilon", math.inf if not private else None),
         "delta": delta, "private": bool(privacy.get("private", False)),
         "noise_multiplier": z0 if private else 0.0,
@@ -264,7 +264,8 @@ def summary_line(summary: dict) -> str:
                f"epsilon {eps:.3g} at delta {summary['delta']:.2g}"
                + ("" if summary["private"] else " (NOT private: see privacy.json)"))
     quality = (f"test SER {test['ser']:.4f}, intent acc {test['intent_accuracy']:.4f}, "
-               f"slot F1 {test['slot_f1']:.4f}" if test else "no test split")
+               f"slot F1 {test['slot_f1']:.4f} ({summary.get('decoding', 'viterbi')} decoding)"
+               if test else "no test split")
     attack = summary.get("membership_inference") or {}
     if attack:
         privacy += f"; membership-inference AUC {attack['auc']:.3f}"

@@ -195,9 +195,9 @@ def get_config():
                 "heads alone for the first 3 epochs, no dropout, 300 steps, slot loss per word",
                 "private_steps=300", *matrix, "probe_epochs=3")
     # atis_bert's private default once more (bert_dpsgd_eps8's run was interrupted twice and
-    # ran 22 of its 24 epochs): a second sample of the default, uninterrupted, scored with both
-    # CRF decodings (its run directory is gone, so it cannot be rescored). Its command is
-    # bert_dpsgd_eps8's.
+    # ran 22 of its 24 epochs, and that run's directory is gone, so it cannot be rescored): a
+    # second sample of the default, uninterrupted, scored with both CRF decodings. Its command
+    # is bert_dpsgd_eps8's but for --run_dir.
     run2 = cell("bert_dpsgd_eps8_run2", "per-example DP-SGD, eps 8 (atis_bert's default, second "
                 "run)", "per-example", ATIS, "diagnostics=True", "mechanism=dpsgd",
                 "target_epsilon=8.0")

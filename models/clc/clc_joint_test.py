@@ -127,5 +127,11 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
     assert clone.tag_labels == labels and clone.decoding == "bio" and clone.crf.constrained
     plain = CLCJoint.from_preprocessor(pre, decoding="viterbi", **testing.TINY_CLC)
     assert CLCJoint.from_config(plain.get_config()).decoding == "viterbi"
+    # a config saved before the BIO decoding existed: no labels, the unconstrained decoding
+    older = {k: v for k, v in model.get_config().items() if k not in ("tag_labels", "decoding")}
+    older = CLCJoint.from_config(older)
+    assert older.decoding == "viterbi" and not older.crf.constrained
+    with pytest.raises(ValueError, match="needs the tag labels"):
+        older.predict_labels(x, decoding="bio")
     with pytest.raises(ValueError, match="decoding must be one of"):
         model.predict_labels(x, decoding="greedy")
