@@ -201,10 +201,14 @@ def get_config():
     run2 = cell("bert_dpsgd_eps8_run2", "per-example DP-SGD, eps 8 (atis_bert's default, second "
                 "run)", "per-example", ATIS, "diagnostics=True", "mechanism=dpsgd",
                 "target_epsilon=8.0")
+    # bert_sgd's command again (its run directory is gone): the SGD side of the BIO decoding's
+    # ratio on ATIS
+    sgd2 = cell("bert_sgd_run2", "SGD (not private), summed slot loss (second run)", "sgd", ATIS,
+                "diagnostics=True", "mechanism=sgd", "slot_loss=sum")
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
                                 meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
-                                probe, run2]
+                                probe, run2, sgd2]
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips],
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
