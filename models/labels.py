@@ -85,18 +85,23 @@ def bio_transitions(tags: Sequence[str]) -> tuple[list[bool], list[list[bool]]]:
     wrong or split slots. The rule comes from the tag names alone (public), so decoding with it
     is post-processing: it costs no privacy.
     """
-    slot = []
     for tag in tags:
-        if tag == OUTSIDE_TAG:
-            slot.append((OUTSIDE_TAG, ""))
-        elif tag[:2] in ("B-", "I-") and len(tag) > 2:
-            slot.append((tag[0], tag[2:]))
-        else:
+        if tag != OUTSIDE_TAG and not (tag[:2] in ("B-", "I-") and len(tag) > 2):
             raise ValueError(f"tag {tag!r} is not BIO: expected 'O', 'B-<slot>' or 'I-<slot>'")
-    start = [prefix != "I" for prefix, _ in slot]
-    transitions = [[prefix != "I" or (before != OUTSIDE_TAG and kind == name)
-                    for prefix, name in slot] for before, kind in slot]
+    start = [may_follow(None, tag) for tag in tags]
+    transitions = [[may_follow(before, tag) for tag in tags] for before in tags]
     return start, transitions
+
+
+def may_follow(before: str | None, tag: str) -> bool:
+    """Whether BIO allows `tag` right after `before` (None: at the start of the sequence)."""
+    return not tag.startswith("I-") or (
+        before is not None and before != OUTSIDE_TAG and before[2:] == tag[2:])
+
+
+def is_well_formed_bio(tags: Sequence[str]) -> bool:
+    """Whether every tag of the sequence may follow the one before it (`may_follow`)."""
+    return all(may_follow(tags[i - 1] if i else None, tag) for i, tag in enumerate(tags))
 
 
 def build_intent_vocabulary(intents: Iterable[str]) -> LabelVocabulary:

@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from edp_tf import attacks
+from models.labels import is_well_formed_bio
 from trainers import builders
 from trainers import metrics as metrics_lib
 
@@ -95,10 +96,5 @@ def score(references, intents, tags) -> dict:
     rule still reads them; the BIO decoding never emits them)."""
     full_tags = [list(t) + ["O"] * (len(r.tokens) - len(t)) for r, t in zip(references, tags)]
     result = metrics_lib.evaluate_utterances(references, intents, full_tags)
-    result["ill_formed_utterances"] = sum(not _well_formed(t) for t in full_tags)
+    result["ill_formed_utterances"] = sum(not is_well_formed_bio(t) for t in full_tags)
     return result
-
-
-def _well_formed(tags) -> bool:
-    return all(not tag.startswith("I-") or (i > 0 and tags[i - 1][2:] == tag[2:])
-               for i, tag in enumerate(tags))
