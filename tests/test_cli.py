@@ -31,3 +31,23 @@ def test_quiet_by_default_and_verbose_shows_everything():
     assert verbose.returncode != 0
     assert "Traceback" in verbose.stderr
     assert any(n in verbose.stderr for n in NATIVE_NOISE)  # nothing hidden with --verbose
+
+
+def _allocator_probe(env):
+    """A fresh process that starts like a command, then asks TensorFlow for CPU memory stats:
+    only the BFC allocator keeps them (the default malloc allocator raises)."""
+    code = ("from trainers import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
+            "try:\n    tf.config.experimental.get_memory_info('CPU:0'); bfc = True\n"
+            "except Exception:\n    bfc = False\n"
+            "print(os.environ['TF_CPU_ALLOCATOR_USE_BFC'], bfc)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.split()[-2:]
+
+
+def test_commands_use_the_bfc_cpu_allocator_unless_the_user_chose():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    env["PYTHONPATH"] = str(REPO)
+    assert _allocator_probe(env) == ["true", "True"]
+    assert _allocator_probe(dict(env, TF_CPU_ALLOCATOR_USE_BFC="false")) == ["false", "False"]

@@ -77,3 +77,47 @@ def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path):
                                            if ln.strip()[:1].isdigit()]) == 2
     tampered = dict(content, epsilon=content["epsilon"] / 2)
     assert "WARNING" in privacy.statement_from_ledger(tampered)
+
+
+def test_sampling_table_rows_meet_the_target_and_report_their_noise():
+    """Each row's z reaches the target epsilon (recomputed here from its own schedule, within
+    calibrate_noise's 1e-3 relative tolerance on z, which moves epsilon by well under 1%), and its
+    noise columns follow from z, q, n and the step count; more passes at one q need more noise."""
+    n, target = 1000, 4.0
+    rows = privacy.sampling_table(n, target, sampling_rates=(0.1,), passes=(2, 4))
+    assert [(r.passes, r.sampling_rate, r.steps) for r in rows] == [(2, 0.1, 20), (4, 0.1, 40)]
+    for r in rows:
+        eps = acc.compute_epsilon(acc.plan_schedule(r.noise_multiplier, 1, r.steps),
+                                  r.sampling_rate, 0.1 / n)
+        assert 0.99 * target < eps <= target
+        assert r.step_noise == pytest.approx(r.noise_multiplier / (r.sampling_rate * n))
+        assert r.run_noise == pytest.approx(r.step_noise / r.steps ** 0.5)
+    assert rows[1].noise_multiplier > rows[0].noise_multiplier
+    text = privacy.sampling_table_text(rows, n, target, 0.1 / n)
+    assert len([line for line in text.splitlines() if line.strip()[:1].isdigit()]) == 2
+    assert "run noise spans" in text
+    for bad in ({"passes": (0,)}, {"sampling_rates": (1.5,)}):
+        with pytest.raises(ValueError):
+            privacy.sampling_table(n, target, **bad)
+    with pytest.raises(ValueError, match="dataset_size"):
+        privacy.sampling_table(0, target)
+
+
+def test_sampling_table_command(tmp_path):
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(__file__))
+    base = [sys.executable, "-m", "trainers.privacy", "--dataset_size=1000", "--sampling_table",
+            "--sampling_rates=0.1", "--passes=2"]
+    out = subprocess.run(base + ["--target_epsilon=4"], capture_output=True, text=True,
+                         timeout=120, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    row = [line.split() for line in out.stdout.splitlines() if line.strip()[:1].isdigit()]
+    assert len(row) == 1 and row[0][:4] == ["2", "0.1", "100", "20"]
+    eps = acc.compute_epsilon(acc.plan_schedule(float(row[0][4]), 1, 20), 0.1, 0.1 / 1000)
+    # z is printed to 4 digits (<= 0.05% off), which moves epsilon by well under 0.25%
+    assert 3.9 < eps < 4.01
+    assert "run noise spans 1.00x" in out.stdout
+    bad = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=root)
+    assert bad.returncode != 0 and "--target_epsilon" in bad.stderr

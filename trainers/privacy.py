@@ -5,6 +5,8 @@
         --noise_multiplier=0.6 --replicas=4 --noise_mode=both     # a planned run
     python -m trainers.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
         --replicas=4 --target_epsilon=8                           # calibrate z0 first
+    python -m trainers.privacy --dataset_size=13084 --target_epsilon=8 --sampling_table
+                                       # the noise each (q, passes) leaves at that epsilon
 
 Epsilon is cumulative per epoch, from both accountants (RDP and PLD; PLD is the headline), for
 add/remove-one-example adjacency with every intermediate model released.
@@ -16,6 +18,7 @@ if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs re
 
     cli.quiet_unless_verbose()
 
+import dataclasses
 import math
 from typing import Optional, Sequence
 
@@ -186,6 +189,65 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
     return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingRow:
+    """One (sampling rate, passes) plan calibrated to an epsilon: per-example clipping (S = C),
+    constant noise. `step_noise` is the std of one step's noise in the averaged update,
+    z S / (q n), in units of C (the most one example's clipped gradient can add to the sum);
+    `run_noise` = step_noise / sqrt(steps), what is left of it in the mean of all the steps'
+    updates: a proxy for how much noise the trained weights keep, which only the data's size
+    and epsilon move much (the table shows by how much the knobs do)."""
+
+    sampling_rate: float
+    passes: float
+    steps: int
+    noise_multiplier: float
+    step_noise: float
+    run_noise: float
+
+
+def sampling_table(dataset_size: int, target_epsilon: float, delta: Optional[float] = None,
+                   sampling_rates: Sequence[float] = (0.02, 0.04, 0.08, 0.16, 0.32),
+                   passes: Sequence[float] = (12, 24, 48, 96)) -> list:
+    """SamplingRows for every (passes, q): round(passes / q) steps at rate q, each calibrated
+    (PLD) to `target_epsilon` at `delta` (default 0.1/n). Why: at a fixed epsilon the sampling
+    rate and the step count trade noise per step against steps; this shows what the trade can
+    buy before a run is spent on it."""
+    if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
+        raise ValueError(f"--dataset_size must be an integer >= 1, got {dataset_size!r}")
+    delta = accounting.default_delta(dataset_size) if delta is None else delta
+    rows = []
+    for e in passes:
+        if not e > 0:
+            raise ValueError(f"--passes must be > 0, got {e!r}")
+        for q in sampling_rates:
+            accounting.check_sampling_rate(q)
+            steps = max(1, round(e / q))
+            z = accounting.calibrate_noise(target_epsilon, delta, q, 1, steps)
+            step_noise = z / (q * dataset_size)
+            rows.append(SamplingRow(q, e, steps, z, step_noise, step_noise / math.sqrt(steps)))
+    return rows
+
+
+def sampling_table_text(rows: Sequence[SamplingRow], dataset_size: int, target_epsilon: float,
+                        delta: float) -> str:
+    lines = [f"Per-example DP-SGD calibrated to epsilon {target_epsilon:g} at delta {delta:.3g} "
+             f"(PLD), n = {dataset_size}, Poisson sampling, constant noise",
+             "step noise = z / (q n), the std of one step's noise in the averaged update (units "
+             "of C); run noise = step noise / sqrt(steps)",
+             f"{'passes':>6} {'q':>6} {'batch':>8} {'steps':>6} {'z':>7} {'step noise':>11} "
+             f"{'run noise':>10}"]
+    for r in rows:
+        lines.append(f"{r.passes:>6g} {r.sampling_rate:>6g} {r.sampling_rate * dataset_size:>8.0f} "
+                     f"{r.steps:>6} {r.noise_multiplier:>7.4g} {r.step_noise:>11.3e} "
+                     f"{r.run_noise:>10.3e}")
+    best = min(rows, key=lambda r: r.run_noise)
+    worst = max(rows, key=lambda r: r.run_noise)
+    lines.append(f"run noise spans {worst.run_noise / best.run_noise:.2f}x over this table "
+                 f"(lowest at q {best.sampling_rate:g}, {best.passes:g} passes)")
+    return "\n".join(lines)
+
+
 def define_flags() -> None:
     """Flags are defined only when run as a command: trainers.train defines some of the same
     names, and both modules may be imported by one test process."""
@@ -209,6 +271,13 @@ def define_flags() -> None:
                        "> 0: charge a private per-layer scale query with this z.")
     flags.DEFINE_float("selection_noise_multiplier", 0.0,
                        "> 0: sparse embedding noise (DP-AdaFEST) with row counts at this z_c.")
+    flags.DEFINE_bool("sampling_table", False,
+                      "Print z and the noise left per (sampling rate, passes) at "
+                      "--target_epsilon for --dataset_size (per-example clipping), then exit.")
+    flags.DEFINE_list("sampling_rates", ["0.02", "0.04", "0.08", "0.16", "0.32"],
+                      "Sampling rates q of --sampling_table.")
+    flags.DEFINE_list("passes", ["12", "24", "48", "96"],
+                      "Expected passes over the data (q x steps) of --sampling_table.")
 
 
 def main(argv):
@@ -220,6 +289,18 @@ def main(argv):
         from edp_tf import ledger
 
         print(statement_from_ledger(ledger.read_ledger(f.run_dir), f.delta))
+        return
+    if f.sampling_table:
+        if f.dataset_size is None or f.target_epsilon is None:
+            raise app.UsageError("--sampling_table needs --dataset_size and --target_epsilon")
+        try:
+            rates = [float(v) for v in f.sampling_rates]
+            passes = [float(v) for v in f.passes]
+        except ValueError as e:
+            raise app.UsageError(f"--sampling_rates / --passes must be numbers: {e}") from None
+        delta = f.delta or accounting.default_delta(f.dataset_size)
+        rows = sampling_table(f.dataset_size, f.target_epsilon, delta, rates, passes)
+        print(sampling_table_text(rows, f.dataset_size, f.target_epsilon, delta))
         return
     missing = [name for name in ("dataset_size", "batch_size", "epochs") if f[name].value is None]
     if missing or (f.noise_multiplier is None and f.target_epsilon is None):

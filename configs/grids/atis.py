@@ -2,7 +2,7 @@
 
     python -m trainers.experiment --grid=configs/grids/atis.py
 """
-from configs.grids.common import bert_private, cell, grid
+from configs.grids.common import EDP_BERT_LEFT_OUT, bert_private, cell, grid
 from configs.grids.snips import rows
 
 
@@ -231,4 +231,4 @@ def get_config():
                       "was interrupted twice (the OOM killer, a session's end) and resumed, and "
                       "the ledger charged each interrupted epoch again, so the budget ran out "
                       "two epochs early. The from_snips cells need the SNIPS grid's clc_sgd and "
-                      "bert_sgd runs (their init_from).")
+                      "bert_sgd runs (their init_from). " + EDP_BERT_LEFT_OUT)

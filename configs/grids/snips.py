@@ -4,7 +4,8 @@ best mechanism of both models, and epsilon 8 for the others.
 
     python -m trainers.experiment --grid=configs/grids/snips.py
 """
-from configs.grids.common import LORA_LAYOUT_BEFORE, bert_private, cell, grid
+from configs.grids.common import (EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell,
+                                  grid)
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
 # experiments on public benchmarks, not shareable runs.
@@ -121,4 +122,4 @@ def get_config():
                        "clc_sgd_steps6000 run (its init_from). bert_sgd's run directory holds a "
                        "second run of its command (2026-11-25, test SER 0.068; the ATIS grid's "
                        "BERT init_from), now replaced by a third (test SER 0.0735): the row is "
-                       "the first run's."))
+                       "the first run's. " + EDP_BERT_LEFT_OUT))
