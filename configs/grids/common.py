@@ -48,16 +48,11 @@ def bert_private(*overrides: str) -> tuple:
         pinned += (f"bert.lora_layout={LORA_LAYOUT_BEFORE}",)
     return pinned + tuple(p for p in BERT_FULL_FINETUNING if p.partition("=")[0] not in given)
 
-# Why the BERT eDP cells of the SNIPS and ATIS grids are left out (2026-11-27). ATIS's
-# bert_edp_paper_eps8 was started and stopped after 2 of 24 epochs: its epochs took 1,254 s and
-# 589 s (the CPU shared with another BERT job and then a benchmark), about 3 hours for the run
-# alone, and SNIPS's would take three times that. After 2 epochs its dev split gave SER 2.51
-# (3,719 slot insertions in 500 utterances), intent accuracy 0.712 (the majority intent's
-# share) and slot F1 0.009: the paper's mechanism at an honest epsilon sums 2 clipped vectors
-# a step against noise calibrated to an expected batch of 358, as the CLC rows of both grids
-# show to the end (test SER 1.016 on SNIPS, 0.878 on ATIS). eDP with micro-batches of 2 costs
-# about what per-example clipping costs (ghost norms, one replica) and lost to it on CLC in both
-# grids (0.388 against 0.230, 0.262 against 0.186).
+# Why the BERT eDP cells of both grids are left out (the numbers are in the note below): the
+# paper's mechanism at an honest epsilon sums 2 clipped vectors a step against noise calibrated
+# to the expected batch (358 on ATIS), as the CLC rows of both grids show to the end (test SER
+# 1.016 on SNIPS, 0.878 on ATIS); eDP with micro-batches of 2 costs about what per-example
+# clipping costs and lost to it on CLC in both grids (0.388 against 0.230, 0.262 against 0.186).
 EDP_BERT_LEFT_OUT = (
     "bert_edp_paper_eps8 and bert_edp_k2_eps8 are left out on the 2-core CPU (2026-11-27): "
     "ATIS's bert_edp_paper_eps8 ran 2 of 24 epochs (1,254 s and 589 s on a shared CPU; about 3 "
