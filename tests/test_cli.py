@@ -34,19 +34,34 @@ def test_quiet_by_default_and_verbose_shows_everything():
 
 
 def _allocator_probe(env):
-    """A fresh process that starts like a command, then asks TensorFlow for CPU memory stats:
-    only the BFC allocator keeps them (the default malloc allocator raises)."""
+    """A fresh process that starts like a command, then asks TensorFlow for CPU memory stats.
+
+    With oneDNN off only the BFC allocator keeps stats (malloc raises); with oneDNN on (TensorFlow
+    turns it on by itself on AVX-512 CPUs) stats exist under either allocator, so the probe turns
+    oneDNN off: the signal then identifies the allocator on every x86 machine."""
     code = ("from trainers import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
             "try:\n    tf.config.experimental.get_memory_info('CPU:0'); bfc = True\n"
             "except Exception:\n    bfc = False\n"
             "print(os.environ['TF_CPU_ALLOCATOR_USE_BFC'], bfc)")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                         env=dict(env, TF_ENABLE_ONEDNN_OPTS="0"), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.split()[-2:]
 
 
-def test_commands_use_the_bfc_cpu_allocator_unless_the_user_chose():
+def test_commands_set_the_bfc_cpu_allocator_and_keep_the_users_choice(monkeypatch):
+    from trainers import cli
+    monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
+    cli.use_bfc_cpu_allocator()
+    assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
+    for users in ("false", "0"):
+        monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", users)
+        cli.use_bfc_cpu_allocator()
+        assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == users
+
+
+def test_commands_run_on_the_bfc_cpu_allocator_unless_the_user_chose():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
     env["PYTHONPATH"] = str(REPO)
     assert _allocator_probe(env) == ["true", "True"]
