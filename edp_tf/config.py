@@ -193,6 +193,14 @@ class DPConfig:
         if self.privacy_unit not in PRIVACY_UNITS:
             raise ValueError(f"DPConfig.privacy_unit must be one of {PRIVACY_UNITS}, "
                              f"got {self.privacy_unit!r}")
+        if self.privacy_unit == "user" and self.scaling == "private":
+            # the scaling query adds one unit vector per *row* and is charged with sensitivity
+            # 1; one user may own up to microbatch_size of those rows, so its true sensitivity
+            # is the user's row count and the charge would understate epsilon
+            raise ValueError("DPConfig.scaling='private' is an example-level query and cannot be "
+                             "combined with privacy_unit='user' (one user moves it by up to "
+                             "microbatch_size): use scaling='uniform', or 'public' scales "
+                             "measured on public data")
         if self.privacy_unit == "user" and (self.microbatch_size is None
                                             or self.expected_batch_size is None):
             raise ValueError("DPConfig.privacy_unit='user' needs microbatch_size (the cap of "

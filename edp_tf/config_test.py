@@ -26,6 +26,9 @@ from edp_tf import DPConfig
         ({"seed": "abc"}, "seed"),
         ({"expected_batch_size": 0}, "expected_batch_size"),
         ({"scaling_noise_multiplier": 0}, "scaling_noise_multiplier"),
+        # the scaling query is charged per row: one user owns up to microbatch_size rows
+        ({"scaling": "private", "privacy_unit": "user", "microbatch_size": 8,
+          "expected_batch_size": 10.0}, "scaling"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):

@@ -18,8 +18,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, multi_worker,
-                    noise, scaling, selection)
+from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, model_state,
+                    multi_worker, noise, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 
@@ -42,10 +42,13 @@ class PrivateModel(keras.Model):
     """Wraps `model`; `fit` runs the private step of `config`.
 
     Create it (and compile it) inside `strategy.scope()`: the noise generator must be created
-    there to give each replica its own stream.
+    there to give each replica its own stream. `public_layers` names preprocessing layers
+    (Normalization, TextVectorization, ...) adapted on public data: epsilon assumes they were,
+    and any other adaptable layer is refused (edp_tf/model_state.py).
     """
 
-    def __init__(self, model: keras.Model, config: DPConfig, **kwargs):
+    def __init__(self, model: keras.Model, config: DPConfig, public_layers: Sequence[str] = (),
+                 **kwargs):
         super().__init__(**kwargs)
         if not isinstance(config, DPConfig):
             raise ValueError(f"PrivateModel needs an edp_tf.DPConfig, got {type(config).__name__}")
@@ -53,6 +56,8 @@ class PrivateModel(keras.Model):
             raise ValueError(f"PrivateModel wraps a keras.Model, got {type(model).__name__}")
         self.wrapped_model = model
         self._dp_config = config
+        self._public_layers = tuple(str(name) for name in public_layers)
+        self._state_checked = False  # model_state's refusal runs once, before the first step
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
         self._noise_generator = noise.make_generator(config.seed)
@@ -119,6 +124,10 @@ class PrivateModel(keras.Model):
         mechanism = self.mechanism
         cfg = self._dp_config
         not_covered = list(self._not_covered)
+        if self._public_layers:
+            not_covered.append(
+                f"Layers {', '.join(self._public_layers)} hold state fitted by adapt(); epsilon "
+                "assumes it was fitted on public data, as the user declared.")
         if cfg.scaling == "first_batch":
             not_covered.append(
                 "Per-layer scales were measured on the first private batch (the paper's choice): "
@@ -249,6 +258,10 @@ class PrivateModel(keras.Model):
         """Decides the step's constants (the mechanism, alpha) before tracing it."""
         fx, fy, fw = first
         self._ensure_built(fx)
+        if not self._state_checked:
+            model_state.refuse_state_outside_the_clip(self.wrapped_model, fx,
+                                                      self._public_layers)
+            self._state_checked = True
         fw = _mask(fx, fw)
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])
