@@ -5,9 +5,10 @@ Poisson-subsampled Gaussian, `SelfComposedDpEvent(PoissonSampledDpEvent(q, Gauss
 steps_t)`, and the run is their composition (plus extra events such as the private alpha query).
 
 `z_eff` is the std of the noise on the *sum* of clipped micro-batch gradients divided by the
-sensitivity S*C of that sum (DESIGN.md 2.1-2.2): `z_t` in calibrated mode, `z_t / (sqrt(N) * S)`
-in paper mode. Both accountants return upper bounds (add/remove adjacency); the PLD one is
-tighter and is the headline. A zero multiplier gives epsilon = inf, never a number.
+sensitivity S*C of that sum (docs/design.md, noise on each replica and sensitivity): `z_t` in
+calibrated mode, `z_t / (sqrt(N) * S)` in paper mode. Both accountants return upper bounds
+(add/remove adjacency); the PLD one is tighter and is the headline. A zero multiplier gives
+epsilon = inf, never a number.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Membership inference: what the guarantee is worth in practice (DESIGN.md 5).
+"""Membership inference: what the guarantee is worth in practice (docs/design.md, evaluation).
 
 `loss_threshold_attack` is the population attack of Yeom et al.: an example is called a member
 when its loss is low. Its ROC against known members (the training split) and non-members (held-out

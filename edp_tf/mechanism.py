@@ -1,7 +1,8 @@
 """`Mechanism`: the private step described once, for the step, calibration, the ledger and
 `trainers.privacy` alike (plain Python: no TensorFlow).
 
-The formulas the step and the accountant share live here and nowhere else (DESIGN.md 2):
+The formulas the step and the accountant share live here and nowhere else (docs/design.md,
+mechanism):
   S     sensitivity of a replica's clipped sum, in units of C, under add/remove adjacency: 1 with
         one example per micro-batch; 2 otherwise (one example can move its micro-batch's clipped
         gradient from c to c' with ||c - c'|| <= 2C);
@@ -11,7 +12,7 @@ The formulas the step and the accountant share live here and nowhere else (DESIG
         and the accountant's multiplier is z_eff = std / (S C);
   k_e   expected real examples per micro-batch, and D = expected micro-batches per global batch:
         the update is alpha (clipped sum + noise) / D, normalised by the *expected* batch so that
-        Poisson padding never changes it (DESIGN.md 2.4).
+        Poisson padding never changes it (docs/design.md, sampling).
 
 User-level privacy (McMahan et al. 2018, DP-FedSGD): the unit is a user. Users are Poisson-
 sampled, each sampled user's examples (at most `microbatch_size`) make one micro-batch whose loss

@@ -7,7 +7,8 @@ every term of norm <= C, the quantity whose sensitivity the mechanism states.
 
 The micro-batch loss is `sum_i w_i L_i / k_e`: w is the 0/1 mask of real rows (Poisson sampling
 pads), L_i the per-example loss and k_e the expected number of real examples in a micro-batch, so
-that padding never changes the normalisation (DESIGN.md 2.4: normalise by the expected batch).
+that padding never changes the normalisation (docs/design.md, sampling: normalise by the expected
+batch).
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ def stacked_microbatch_gradients(
     """Gradients of m = b/k micro-batches of k examples, stacked on a leading axis [m, ...].
 
     `tf.vectorized_map` runs the forward and backward pass of all micro-batches as one batched
-    computation (1.7x a plain step for BERT on CPU, vs 2.9x for a while_loop: STACK-FACTS.md).
+    computation (1.7x a plain step for BERT on CPU, vs 2.9x for a while_loop: docs/benchmarks.md).
     """
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
 

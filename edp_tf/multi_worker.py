@@ -1,8 +1,9 @@
 """Several processes (machines) training one model: TensorFlow's MultiWorkerMirroredStrategy.
 
 Why TensorFlow's own engine: its collective all-reduce is the same SUM the private step relies on
-under MirroredStrategy (DESIGN.md 2), with `replica_id_in_sync_group` numbered across workers, so
-the step, the noise owners and the accounting need nothing new. What a multi-worker run needs:
+under MirroredStrategy (docs/design.md, mechanism), with `replica_id_in_sync_group` numbered across
+workers, so the step, the noise owners and the accounting need nothing new. What a multi-worker run
+needs:
 
 * every worker must build the *same* Poisson batches (each keeps its replicas' part of the global
   batch): the sampling key is drawn from OS entropy on worker 0 and all-reduced to the others

@@ -1,8 +1,8 @@
 """Gaussian noise drawn on each replica, independently.
 
 Why a `tf.random.Generator` created in the strategy's scope: it is the one source measured to give
-independent streams per replica that advance at every call (STACK-FACTS.md). `keras.random` with a
-SeedGenerator and op-level seeds give the *same* noise on every replica, which would make the
+independent streams per replica that advance at every call (docs/benchmarks.md). `keras.random`
+with a SeedGenerator and op-level seeds give the *same* noise on every replica, which would make the
 summed noise sqrt(N) times larger than intended in one direction and correlated in another: the
 tests check independence through the variance of the summed update.
 """
@@ -41,10 +41,11 @@ def add_owned_noise(
 ) -> list:
     """Each variable's noise drawn once, on its owner replica, with std sqrt(N) * stddev.
 
-    Why: the replicas' SUM then carries N(0, N stddev^2) per entry, exactly the distribution of
-    N independent per-replica draws of std `stddev` (DESIGN.md 2: the summed noise is what the
-    accountant sees), with 1/N of the Gaussian draws (BERT's 9.5M-entry embedding noise is most
-    of eDP's extra time on CPU). The draw happens inside a `tf.cond`, so other replicas skip it.
+    Why: the replicas' SUM then carries N(0, N stddev^2) per entry, exactly the distribution of N
+    independent per-replica draws of std `stddev` (docs/design.md, noise on each replica: the summed
+    noise is what the accountant sees), with 1/N of the Gaussian draws (BERT's 9.5M-entry embedding
+    noise is most of eDP's extra time on CPU). The draw happens inside a `tf.cond`, so other
+    replicas skip it.
     """
     if replicas == 1:
         return add_noise(tensors, stddev, generator)

@@ -1,6 +1,6 @@
 """`PrivateModel`: any Keras model, trained by `fit` with the replica-local (e)DP-SGD step.
 
-On each replica (DESIGN.md 2), in `train_step`, top to bottom:
+On each replica (docs/design.md, mechanism), in `train_step`, top to bottom:
     g_j  = grad(sum_{i in M_j} w_i L_i / k_e)          micro-batch gradients (microbatch.gradients)
     c_j  = (g_j / alpha) * min(1, C / ||g_j / alpha||)   scaled and clipped (NaN/Inf -> 0, counted)
     u_r  = alpha * (sum_j c_j + eta_r) / D               noise, then clipping.to_update

@@ -1,4 +1,4 @@
-"""Per-variable scales alpha_k (DESIGN.md 2.3).
+"""Per-variable scales alpha_k (docs/design.md, per-layer scaling).
 
 Clipping happens on g_k / alpha_k, so a layer with a large alpha gets a proportionally larger
 share of the clipping budget C (and of the noise, once unscaled). Scales are normalised so that
