@@ -163,7 +163,7 @@ def _run_forward_collect(step, carry, sequence, mask):
 def _unstacked(sequence, mask):
     """The time steps of `sequence` and `mask` (axis 1) as lists. Why not `sequence[:, t]`: the
     gradient of each slice is a full-size tensor of zeros around one step (StridedSliceGrad was a
-    third of CLC's step time, BENCHMARKS.md); the gradient of one unstack is one stack."""
+    third of CLC's step time, docs/benchmarks.md); the gradient of one unstack is one stack."""
     return tf.unstack(sequence, axis=1), tf.unstack(mask, axis=1)
 
 

@@ -191,7 +191,7 @@ def test_minilm_checkpoint_matches_direct_forward_pass():
     # remains (measured 3e-6 for states up to |h| = 5.4); 1e-4 leaves a 30x margin.
     np.testing.assert_allclose(got, tanh_reference, atol=1e-4)
     # The checkpoint was trained with exact (erf) GELU, which the HF model uses: the approximation
-    # moves the states by up to 2.8e-3 here (STACK-FACTS: about 4e-3); 1e-2 bounds it, far below
+    # moves the states by up to 2.8e-3 here (docs/benchmarks.md: about 4e-3); 1e-2 bounds it, far below
     # the scale of the states themselves.
     np.testing.assert_allclose(got, exact_reference, atol=1e-2)
     assert np.abs(exact_reference).max() > 1.0

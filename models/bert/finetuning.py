@@ -33,12 +33,12 @@ noise is drawn for B alone (half the matrix layout's factor entries at r 8) and 
 norm goes to B, the biases and the heads, at the same rank. A is a weight of the model like the
 frozen kernel (checkpoints and the serving export keep it); its draw is the model's
 initialisation (OS entropy unless a run fixes its seed), public like the pretrained kernel.
-ATIS at epsilon 8 (results/atis, one run each): test SER 0.149 against 0.153 with A trained, so
-it is an option, not a default.
+On ATIS at epsilon 8 it did about as well as a trained A, one run each (results/atis), so it is
+an option, not a default.
 
-Every recipe measured before 2026-11-25 ran "per_head" (still the base config's default, so that
-those commands reproduce); configs/snips_bert.py and atis_bert.py use "matrix" since (SNIPS at
-epsilon 8: test SER 0.156 against 0.170, one run each).
+"per_head" stays the base config's default so that the grids' per_head commands reproduce;
+configs/snips_bert.py and atis_bert.py use "matrix", which did better at epsilon 8 on SNIPS
+(results/snips).
 """
 from __future__ import annotations
 
