@@ -110,3 +110,30 @@ def test_local_training_is_user_level_only_and_checked():
     assert DPConfig(local_epochs=2, **user).local_epochs == 2
     mechanism = edp_tf.Mechanism.from_config(DPConfig(local_epochs=2, **user), 2, 20)
     assert mechanism.sensitivity == 1  # a clipped user update, as in DP-FedSGD
+
+
+@pytest.mark.parametrize("weight", [2.0, -1.0])
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_a_user_weight_outside_0_1_is_refused(strategy, weight, as_dataset):
+    """A user's weight scales the clipped update: above 1 it would move the sum past C. Arrays
+    are checked before the step; a dataset's later batches in the step itself."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8 * K, 4)).astype("float32")
+    y = rng.normal(size=(8 * K, 2)).astype("float32")
+    w = np.ones(8 * K, "float32")
+    if as_dataset:
+        w[4 * K:] = weight  # the second batch: the first one passes the eager check
+    else:
+        w[1] = weight
+    model, _, _ = model_and_user(seed=2)
+    with strategy.scope():
+        private = PrivateModel(keras.models.clone_model(model), DPConfig(
+            l2_norm_clip=1.0, noise_multiplier=0.0, microbatch_size=K, privacy_unit="user",
+            expected_batch_size=4.0))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="must be in \\[0, 1\\]"):
+        if as_dataset:
+            private.fit(tf.data.Dataset.from_tensor_slices((x, y, w)).batch(4 * K), epochs=1,
+                        verbose=0)
+        else:
+            private.fit(x, y, sample_weight=w, batch_size=4 * K, epochs=1, verbose=0)

@@ -72,9 +72,20 @@ def _weighted_loss(model, loss_fn, x, y, w, k_e):
     return tf.reduce_sum(per_example * w) / k_e, y_pred
 
 
+USER_WEIGHT_RANGE = ("privacy_unit='user': every sample_weight (a user's weight w_k) must be in "
+                     "[0, 1]: it scales the user's *clipped* update, so a weight above 1 would "
+                     "move the sum by more than C, the sensitivity accounted")
+
+
 def user_weights(w: tf.Tensor, k: int) -> tf.Tensor:
-    """[m] the weight w_k of each micro-batch's user (its rows' mask value; 0 for no user)."""
-    return tf.reduce_max(tf.reshape(w, [-1, k]), axis=1)
+    """[m] the weight w_k of each micro-batch's user (its rows' mask value; 0 for no user).
+
+    Checked in the step, whatever the input pipeline: a weight outside [0, 1] stops training."""
+    w = tf.cast(w, tf.float32)
+    checks = [tf.debugging.assert_greater_equal(w, 0.0, message=USER_WEIGHT_RANGE),
+              tf.debugging.assert_less_equal(w, 1.0, message=USER_WEIGHT_RANGE)]
+    with tf.control_dependencies(checks):
+        return tf.reduce_max(tf.reshape(w, [-1, k]), axis=1)
 
 
 def _dense(grads: Sequence) -> list:

@@ -237,6 +237,12 @@ class PrivateModel(keras.Model):
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
+        if self._dp_config.privacy_unit == "user":  # arrays in full, a dataset's first batch
+            weights = kwargs.get("sample_weight")
+            weights = first[2] if weights is None else weights
+            if weights is not None and not np.all((np.asarray(weights) >= 0)
+                                                  & (np.asarray(weights) <= 1)):
+                raise ValueError(microbatch.USER_WEIGHT_RANGE)
         self._first_batch_seen = first
         self._frozen_now = (self._freeze is not None
                             and int(kwargs.get("initial_epoch") or 0) < self._freeze[0])
