@@ -322,7 +322,8 @@ def unmet_imports(root: Path, graph: dict[str, Target]) -> list[str]:
 
 
 def layering_violations(graph: dict[str, Target], rules: dict[str, tuple[str, ...]]) -> list[str]:
-    """rules: directory -> directories its libraries must never bring in (DESIGN.md's layering)."""
+    """rules: directory -> directories its libraries must never bring in (docs/design.md,
+    layout)."""
     problems = []
     for target in graph.values():
         pkg = target.label[2:].split(":")[0]

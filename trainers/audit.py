@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 MECHANISMS = {
     # name: (microbatch_size, noise_mode, claim); replicas come from --replicas
-    "default": (2, "calibrated", "honest"),  # eDP, micro-batches of 2 (the default job until 11-24)
+    "default": (2, "calibrated", "honest"),  # eDP, micro-batches of 2
     "dpsgd": (1, "calibrated", "honest"),
     "paper": (None, "paper", "paper-style"),
 }

@@ -30,9 +30,9 @@ def use_bfc_cpu_allocator() -> None:
     """TensorFlow's CPU tensors come from malloc by default, and glibc serves every block above
     32 MB with a fresh mmap, so each step of a large batch (a private run's ~1,000 rows) pays
     page faults for its activations again: half the CPU time went to the kernel. TensorFlow's
-    BFC allocator keeps and reuses that memory (MiniLM, batch 128, one process each: a
-    per-example private step 6.4 -> 3.3 s, a plain step 9.3 -> 8.2 s; BENCHMARKS.md). A value
-    the user set is kept. Must run before TensorFlow initialises its runtime."""
+    BFC allocator keeps and reuses that memory: it about halves a per-example private step of MiniLM
+    at batch 128 (docs/benchmarks.md). A value the user set is kept. Must run before TensorFlow
+    initialises its runtime."""
     os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 

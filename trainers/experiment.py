@@ -105,7 +105,7 @@ def collect(grid, cell) -> dict:
         "command": " ".join(shlex.quote(a) for a in cell_command(
             grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
         # Every row's SER is the unconstrained Viterbi's (all runs have it); test_bio is the
-        # BIO-constrained decoding's (runs since 2026-11-26, or --rescore).
+        # BIO-constrained decoding's (runs that decoded both ways, or --rescore).
         "test": by_decoding["viterbi"], "test_bio": by_decoding.get("bio", {}),
         "membership_inference": {
             k: v for k, v in (metrics.get("membership_inference") or {}).items()},

@@ -212,7 +212,7 @@ def main(argv):
         "epsilon": max((d["epsilon"] or 0.0) for d in done.values()),
         "delta": max(d["delta"] for d in done.values()),
         "mean_test_ser": float(np.mean([d["test"]["ser"] for d in done.values()])),
-        # models trained before 2026-11-26 decoded without the BIO constraint
+        # a model's run may have decoded without the BIO constraint
         "decodings": sorted({d.get("decoding", "viterbi") for d in done.values()}),
         "seconds_per_model": float(np.mean([d["seconds"] for d in done.values()])),
     }

@@ -18,14 +18,14 @@ import math
 import ml_collections
 
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
-# CLC (since 2026-11-25): q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a
-# user's. q 0.16 / 3e-2 came from SNIPS (configs/snips_clc.py, 150 steps: 0.230 against 0.290);
-# a larger expected batch at the same epsilon lowers a step's noise per example, z / (q n).
-# The built-in corpus is easy and its default job has a time goal (issue 14, 180 s): 84 steps
-# took 161-168 s on a quiet 2-core machine (100 steps 184 s, BENCHMARKS.md), at test SER
-# 0.011-0.019 in five runs (100 steps 0.010-0.014, 150 steps 0.011-0.013; results/pilot_default).
-# A user's corpus has no such goal and wants the steps (the default command on SNIPS, one run
-# each: 84 steps 0.286, 100 steps 0.237, 150 steps 0.237; ATIS: 0.221, 0.230, 0.195).
+# CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
+# came from SNIPS (configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch at the
+# same epsilon lowers a step's noise per example, z / (q n).
+# The built-in corpus is easy and its default job has a time goal (180 s on a 2-core machine):
+# 84 steps fit it where 100 do not (docs/benchmarks.md), at nearly the same test SER
+# (results/pilot_default). A user's corpus has no such goal and wants the steps: on SNIPS and
+# ATIS the default command did better with 150 than with 84 (results/default_on_snips and
+# results/default_on_atis).
 # BERT: Li et al. 2022's regime (q ~0.08, ~150 steps); the BERT configs give 300 steps.
 PRIVATE_SAMPLING_RATE = {"clc": 0.16, "bert": 0.08}
 PRIVATE_STEPS = {  # (model, data source) -> steps in all
@@ -33,19 +33,19 @@ PRIVATE_STEPS = {  # (model, data source) -> steps in all
     ("bert", "synthetic"): 150, ("bert", "data_dir"): 150,
 }
 # User-level privacy samples users (n/12 of them on the synthetic corpus), so it wants a larger
-# rate: CLC at epsilon 8 per user, q 0.053 / 190 steps gave test SER 0.456, q 0.1 / 200 steps
-# 0.301 (results/user_level).
+# rate: CLC at epsilon 8 per user did clearly better at q 0.1 / 200 steps than at q 0.053 / 190
+# (results/user_level).
 USER_SAMPLING_RATE, USER_STEPS = 0.1, 200
 # Plain training: a fixed batch and enough epochs to converge on a 10k corpus.
 SGD_BATCH = {"clc": 64, "bert": 32}
 SGD_EPOCHS = {"clc": 15, "bert": 3}
 # ...and at least this many steps, so that a small corpus is not undertrained: on 1,000 SNIPS
-# utterances 15 epochs of 64 (235 steps) left CLC at test SER 0.96 (trainers.lira's first try);
-# on 1,000 synthetic ones (--config.synthetic_size=1250) 15 epochs gave 0.258, the 67 epochs
-# (1,000 steps) of this rule 0.006.
-# SNIPS's own counts (3,060 / 1,224 steps): ATIS's 15 epochs (1,035 CLC steps) left its CLC at
-# dev intent accuracy 0.73 (the majority class is 0.71) and test SER 0.233, still falling; a corpus
-# of 4-10k utterances needs as many steps as SNIPS, not as many epochs.
+# utterances 15 epochs of 64 (235 steps) left CLC with nearly every utterance wrong, and on 1,000
+# synthetic ones (--config.synthetic_size=1250) 15 epochs stayed far behind the 67 epochs (1,000
+# steps) of this rule.
+# SNIPS's own counts (3,060 / 1,224 steps): ATIS's 15 epochs (1,035 CLC steps) left its CLC barely
+# above the majority intent, still improving; a corpus of 4-10k utterances needs as many steps as
+# SNIPS, not as many epochs.
 SGD_MIN_STEPS = {"clc": 3000, "bert": 1200}
 # Words per utterance (the padded length; longer utterances are cut and counted). A public
 # constant, never the data's longest utterance: the synthetic generator's templates and fillers
@@ -53,8 +53,8 @@ SGD_MIN_STEPS = {"clc": 3000, "bert": 1200}
 # padding is time: CLC unrolls its two BiLSTMs over every position.
 MAX_WORDS = {"synthetic": 20, "data_dir": 32}
 LEARNING_RATE = {  # (model, private) -> peak learning rate of the config's optimizer
-    ("clc", False): 2e-3, ("clc", True): 3e-2,  # private: 2e-2 until 2026-11-25 (see above)
-    ("bert", False): 1e-4, ("bert", True): 2e-3,  # SNIPS eps 8: 1e-3 -> test SER 0.398, 2e-3 -> 0.300
+    ("clc", False): 2e-3, ("clc", True): 3e-2,  # private: with q 0.16 (see above)
+    ("bert", False): 1e-4, ("bert", True): 2e-3,  # private: 2e-3 beat 1e-3 on SNIPS at epsilon 8
 }
 
 
