@@ -48,7 +48,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    same Gaussian mechanism over what trains); 0 = off
   decoding         how the CRF picks the tags: "bio" (the best well-formed BIO path: `I-X` only
                    after `B-X` / `I-X`; rules from the tag names, so free in epsilon) or
-                   "viterbi" (the unconstrained best path, as every run before 2026-11-26).
+                   "viterbi" (the unconstrained best path, the results tables' SER).
                    The run reports the test metrics of both (metrics.json test_by_decoding)
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
@@ -99,7 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
         finetune="all",
         lora_rank=8,
         lora_alpha=16.0,
-        lora_layout="per_head",  # what every LoRA run before 2026-11-25 used
+        lora_layout="per_head",  # kept so that the grids' per_head LoRA commands reproduce
         lora_targets="all",
         lora_freeze_a=False,
         pooling="cls",
