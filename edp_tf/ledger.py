@@ -324,9 +324,9 @@ class PrivacyLedger(keras.callbacks.Callback):
         predicted = self._predict(epoch, steps)
         if predicted > self.target_epsilon:
             self.cancel_epoch(epoch)
-            raise BudgetExhaustedError(
-                f"epoch {epoch} would bring epsilon from {self._now():.4g} to {predicted:.4g} > "
-                f"target {self.target_epsilon:.4g}: not training it")
+            raise BudgetExhaustedError(  # epochs counted from 1, as Keras prints them
+                f"epoch {epoch + 1} would bring epsilon from {self._now():.4g} to "
+                f"{predicted:.4g} > target {self.target_epsilon:.4g}: not training it")
 
     def _stop_if_next_exceeds(self, epoch: int) -> None:
         records = self.records
@@ -338,10 +338,12 @@ class PrivacyLedger(keras.callbacks.Callback):
             return
         self.model.stop_training = True
         self.stopped_after_epoch = epoch
-        self.reason = (f"stopping after epoch {epoch}: epsilon is {self._now():.4g}; epoch "
-                       f"{epoch + 1} would bring it to {predicted:.4g} > target "
+        # epochs counted from 1, as Keras prints them; the planned end of a budgeted run, not a
+        # fault, hence INFO
+        self.reason = (f"stopping after epoch {epoch + 1}: epsilon is {self._now():.4g}; epoch "
+                       f"{epoch + 2} would bring it to {predicted:.4g} > target "
                        f"{self.target_epsilon:.4g}")
-        logging.warning("privacy budget: %s", self.reason)
+        logging.info("privacy budget: %s", self.reason)
 
     def _predict(self, epoch: int, steps: int) -> float:
         return self.epsilon_with([self.record_for(epoch, steps)], self.budget_accountant)

@@ -382,6 +382,28 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
     assert privacy["epsilon"] <= 8.0
     assert not any("vocabulary" in s for s in privacy["not_covered"])
     assert f"test SER {metrics['test']['ser']:.4f}" in lines[0]
+    # without diagnostics the progress bar shows public quantities only: no unnoised loss or
+    # clipping statistics of the private batches
+    assert "epsilon: " in proc.stdout, proc.stdout[-3000:]
+    assert not re.search(r"\bloss: |clipped_fraction|preclip_norm|nonfinite",
+                         proc.stdout + proc.stderr)
+
+
+def test_public_progress_shows_no_statistic_of_the_private_batches(capsys):
+    from trainers.callbacks import PublicProgress
+
+    bar = PublicProgress()
+    bar.set_params({"verbose": 2, "epochs": 1, "steps": 2})
+    bar.on_train_begin()
+    bar.on_epoch_begin(0)
+    private_logs = {"loss": 1.234, "clipped_fraction": 0.5, "preclip_norm": 3.0,
+                    "nonfinite_microbatches": 0.0, "noise_multiplier": 1.1}
+    for step in range(2):
+        bar.on_train_batch_end(step, dict(private_logs))
+    bar.on_epoch_end(0, dict(private_logs))
+    shown = capsys.readouterr().out
+    assert "noise_multiplier: 1.1" in shown
+    assert not [k for k in private_logs if k != "noise_multiplier" and k in shown], shown
 
 
 def test_cli_output_holds_no_utterance_text(cli_run):

@@ -57,15 +57,46 @@ class EpochEnd(keras.callbacks.Callback):
 # --------------------------------------------------------------------------- training
 
 
-def in_resume_order(privacy_ledger, epoch_end: EpochEnd, tensorboard_dir, extra=()) -> list:
-    """[privacy ledger, EpochEnd, TensorBoard, extra]: at the end of an epoch the ledger charges
-    it *before* EpochEnd saves its checkpoint and state, so an interruption can only make the
-    ledger count an epoch whose weights were lost (an over-estimate of epsilon), never the
-    reverse. The ledger also refuses an epoch over the budget before its first step.
-    `privacy_ledger` None (plain SGD) and `tensorboard_dir` None are left out."""
+class PublicProgress(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar showing only what is public: steps, time, the noise multiplier z_t
+    and, after each epoch, the epsilon spent so far (the ledger's). The step's other logs
+    (training loss, clipped fraction, pre-clip norm, non-finite micro-batches) are unnoised
+    statistics of the private batches: a private run shows them only with diagnostics."""
+
+    PUBLIC = ("noise_multiplier",)
+
+    def __init__(self, privacy_ledger=None):
+        super().__init__()
+        self._ledger = privacy_ledger
+
+    def _public(self, logs) -> dict:
+        return {k: v for k, v in (logs or {}).items() if k in self.PUBLIC}
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, self._public(logs))
+
+    def on_epoch_end(self, epoch, logs=None):
+        public = self._public(logs)
+        if self._ledger is not None and self._ledger.records:  # it ran first: this epoch's
+            public["epsilon"] = self._ledger.ledger["epsilon"]
+        super().on_epoch_end(epoch, public)
+
+
+def in_resume_order(privacy_ledger, epoch_end: EpochEnd, tensorboard_dir, extra=(),
+                    diagnostics: bool = False) -> list:
+    """[privacy ledger, EpochEnd, TensorBoard, extra, progress bar]: at the end of an epoch the
+    ledger charges it *before* EpochEnd saves its checkpoint and state, so an interruption can
+    only make the ledger count an epoch whose weights were lost (an over-estimate of epsilon),
+    never the reverse. The ledger also refuses an epoch over the budget before its first step.
+    `privacy_ledger` None (plain SGD) and `tensorboard_dir` None are left out. A private run
+    without `diagnostics` gets the public progress bar, last so that it shows the epsilon of
+    the epoch that just ended."""
     ordered = [privacy_ledger] if privacy_ledger is not None else []
     ordered.append(epoch_end)
     if tensorboard_dir is not None:  # the training loss and clipping statistics: diagnostics
         ordered.append(keras.callbacks.TensorBoard(tensorboard_dir, write_graph=False,
                                                    profile_batch=0))
-    return ordered + list(extra)
+    ordered += list(extra)
+    if privacy_ledger is not None and not diagnostics:
+        ordered.append(PublicProgress(privacy_ledger))
+    return ordered

@@ -92,7 +92,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         try:
             trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
                         steps_per_epoch=steps, verbose="auto", callbacks=callbacks_lib
-                        .in_resume_order(ledger, epoch_end, tensorboard, callbacks))
+                        .in_resume_order(ledger, epoch_end, tensorboard, callbacks,
+                                         bool(config.diagnostics)))
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
     # The averaged weights, also when fit had nothing left to run or stopped; not before the
