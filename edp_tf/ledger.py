@@ -41,6 +41,14 @@ UNVERIFIED_POISSON_SENTENCE = (
     "The ledger was not given the PoissonSampler that produced the batches "
     "(PrivacyLedger.for_sampler): epsilon assumes Poisson sampling that it cannot verify, so "
     "the run is not reported as private.")
+PUBLIC_SIZE_SENTENCE = (
+    "The dataset size n is treated as public (as in the usual DP-SGD accounting): the sampling "
+    "rate q, the normaliser of every update (the expected batch q n), the number of steps and "
+    "the default delta = 0.1/n follow from it, and adding or removing one record would change "
+    "them. Release n, or fix these from a declared public size, only if it may be known.")
+PUBLIC_USERS_SENTENCE = (
+    "User level: the number of users and their total weight W are treated as public: the "
+    "sampling rate, the normaliser q W and the steps follow from them.")
 SAMPLING_SEED_SENTENCE = (
     "The Poisson sampling seed was fixed: the batches are predictable, so the amplification by "
     "sampling that epsilon relies on does not hold.")
@@ -253,6 +261,9 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self.sampling_seed_fixed:
             not_covered.append(SAMPLING_SEED_SENTENCE)
         led["not_covered"] = _merge_sentences(led["not_covered"], not_covered)
+        # what the epsilon statement takes as given, beside what it does not cover
+        led["assumes"] = [PUBLIC_SIZE_SENTENCE] + (
+            [PUBLIC_USERS_SENTENCE] if facts.get("privacy_unit") == "user" else [])
         void = (facts.get("seed_fixed") or self.sampling_seed_fixed
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
                 or unverified)

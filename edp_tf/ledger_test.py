@@ -76,6 +76,7 @@ def test_ledger_records_every_epoch_with_the_issue_fields(strategy, data, tmp_pa
     assert content["microbatch_size"] == facts["microbatch_size"] == sampler.max_batch_size // N
     assert content["noise_mode"] == "calibrated" and content["l2_norm_clip"] == 1.0
     assert content["private"] is True and content["not_covered"] == []
+    assert content["assumes"] == [ledger.PUBLIC_SIZE_SENTENCE]  # n is public, and says so
     assert content["in_progress"] is None
     for t, e in enumerate(content["epochs"]):
         assert set(e) == {"epoch", "steps", "noise_multiplier", "effective_noise_multiplier"}

@@ -110,6 +110,7 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     if ledger.get("in_progress"):
         lines.append(f"Epoch {ledger['in_progress']['epoch']} was interrupted: it is charged in "
                      "full when the run resumes.")
+    lines += [f"Assumes: {s}" for s in ledger.get("assumes", [])]
     lines += _extras_and_caveats(extras, ledger.get("not_covered", []),
                                  bool(ledger.get("private")) and math.isfinite(recomputed))
     return "\n".join(lines)
