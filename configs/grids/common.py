@@ -22,15 +22,15 @@ def grid(dataset: str, cells: list, notes: str = "", schedule_reference: str = "
     return g
 
 
-# What configs/snips_bert.py (and atis_bert.py) gave private runs before its private recipe
-# became LoRA r 8 without dropout at Adam 5e-3 (2026-11-25): every kernel but the embedding
-# tables trained, dropout 0.1, Adam 2e-3.
+# What configs/snips_bert.py (and atis_bert.py) gave private runs before their private recipe became
+# LoRA r 8 without dropout at Adam 5e-3, and so what the grids' cells that leave it open ran with:
+# every kernel but the embedding tables trained, dropout 0.1, Adam 2e-3.
 BERT_FULL_FINETUNING = ("bert.private_finetune=no_embeddings", "bert.private_dropout=0.1",
                         "private_learning_rate=0.002")
 
 
-# The LoRA layout of every LoRA cell run before snips_bert's default became "matrix"
-# (2026-11-25): bert_private pins it on LoRA cells that leave the layout open.
+# The LoRA layout (Keras' per_head) the grids' LoRA cells that leave it open ran with: bert_private
+# pins it on them.
 LORA_LAYOUT_BEFORE = "per_head"
 
 
@@ -48,11 +48,11 @@ def bert_private(*overrides: str) -> tuple:
         pinned += (f"bert.lora_layout={LORA_LAYOUT_BEFORE}",)
     return pinned + tuple(p for p in BERT_FULL_FINETUNING if p.partition("=")[0] not in given)
 
-# Why the BERT eDP cells of both grids are left out (the numbers are in the note below): the
-# paper's mechanism at an honest epsilon sums 2 clipped vectors a step against noise calibrated
-# to the expected batch (358 on ATIS), as the CLC rows of both grids show to the end (test SER
-# 1.016 on SNIPS, 0.878 on ATIS); eDP with micro-batches of 2 costs about what per-example
-# clipping costs and lost to it on CLC in both grids (0.388 against 0.230, 0.262 against 0.186).
+# Why the BERT eDP cells of both grids are left out (the numbers are in the note below): the paper's
+# mechanism at an honest epsilon sums 2 clipped vectors a step against noise calibrated to the
+# expected batch (358 on ATIS), as the CLC rows of both grids show to the end (results/snips,
+# results/atis); eDP with micro-batches of 2 costs about what per-example clipping costs and lost to
+# it on CLC in both grids.
 EDP_BERT_LEFT_OUT = (
     "bert_edp_paper_eps8 and bert_edp_k2_eps8 are left out on the 2-core CPU (2026-11-27): "
     "ATIS's bert_edp_paper_eps8 ran 2 of 24 epochs (1,254 s and 589 s on a shared CPU; about 3 "

@@ -1,4 +1,4 @@
-"""The default command on a corpus it was not tuned on (issue 10's "user's own corpus" goal).
+"""The default command on a corpus it was not tuned on (the "user's own corpus" goal).
 
     python -m trainers.experiment --grid=configs/grids/default_on_snips.py
 
@@ -6,10 +6,10 @@ Each cell is exactly what a new user types: `python -m trainers.train --data_dir
 (private, epsilon 8) and the same with `--mechanism=sgd`, with configs/default.py's automatic
 batch, steps and learning rate (trainers/recipes.py). No SNIPS-specific setting is involved:
 configs/default.py was chosen on the synthetic corpus, except its private sampling rate and
-learning rate since 2026-11-25 (q 0.16, 3e-2), which were found on SNIPS
-(configs/snips_clc.py) and confirmed on the synthetic corpus, and its step count on a
---data_dir corpus since 2026-11-25 afternoon (150), chosen on these SNIPS and ATIS rows. Only
-diagnostics (membership inference) are added. SNIPS has 7 intents, not the issue's ~60: a proxy, not the goal's corpus.
+learning rate (q 0.16, 3e-2), which were found on SNIPS (configs/snips_clc.py) and confirmed on
+the synthetic corpus, and its step count on a --data_dir corpus (150), chosen on these SNIPS and
+ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60
+of the goal's corpus: a proxy.
 """
 from configs.grids.common import cell, grid
 
@@ -19,9 +19,9 @@ SYNTHETIC_SGD = "runs/experiments/pilot_default/sgd"
 
 def cells(data_dir: str):
     common = ("diagnostics=True", f"data_dir={data_dir}")
-    # the default until 2026-11-24 evening kept CLC's dropout 0.25 (results/pilot_default)
+    # CLC's dropout 0.25, which the default recipe dropped (results/pilot_default)
     before = "clc.dropout=0.25"
-    # the default's private recipe until 2026-11-25: q 0.0533, 190 steps, Adam 2e-2
+    # the private recipe q 0.16 replaced: q 0.0533, 190 steps, Adam 2e-2
     q053 = ("private_sampling_rate=0.0533", "private_steps=190", "private_learning_rate=0.02")
     return [
         cell("clc_sgd", "default command, --mechanism=sgd (not private)", "SGD",
@@ -32,8 +32,7 @@ def cells(data_dir: str):
         cell("clc_default_steps84", "the default of 2026-11-25 noon (q 0.16, 84 steps), "
              "private, eps 8", "per-example (84 steps)", "configs/default.py", *common,
              "private_steps=84"),
-        # ran as "clc_q16_steps100" with the three values as private_* flags, before they became
-        # the default of 2026-11-25 morning (then as clc_default)
+        # 100 steps at q 0.16: between the built-in corpus's 84 and a --data_dir corpus's 150
         cell("clc_default_steps100", "the default of 2026-11-25 morning (q 0.16, 100 steps), "
              "private, eps 8", "per-example (100 steps)", "configs/default.py", *common,
              "private_steps=100"),
@@ -44,11 +43,11 @@ def cells(data_dir: str):
         cell("clc_default_dropout", "the default before (dropout 0.25, q 0.053), private, eps 8",
              "per-example (before)", "configs/default.py", *common, before, *q053),
         # Public pretraining from the built-in synthetic corpus, which every install has: CLC's
-        # backbone starts from the default command's plain training on it (results/pilot_default
-        # row sgd), then the default private recipe adapts it (trainers/warm_start.py). ATIS's
-        # CLC gained 0.015 from SNIPS pretraining, SNIPS nothing from ATIS (results/{atis,snips}).
-        # Ran 2026-11-26, one run each: SNIPS 0.249 against 0.237 from scratch, ATIS 0.203
-        # against 0.195. No gain: the default does not pretrain.
+        # backbone starts from the default command's plain training on it (results/pilot_default row
+        # sgd), then the default private recipe adapts it (trainers/warm_start.py). ATIS's CLC
+        # gained a little from SNIPS pretraining, SNIPS nothing from ATIS (results/{atis,snips}).
+        # Synthetic pretraining gave no gain on either corpus (one run each, results/default_on_*):
+        # the default does not pretrain.
         cell("clc_default_from_synthetic", "default command, backbone from the synthetic "
              "corpus's SGD run (public pretraining), private, eps 8",
              "per-example (synthetic pretraining)", "configs/default.py", *common,

@@ -1,19 +1,19 @@
 """Pilot: the default job's private recipe on the synthetic corpus (public; chooses configs/default.py).
 
-On a quiet 2-core machine the default job (per-example, 95 steps of the expected batch 512) took
-72-106 s, so there is time to spare under the 180 s goal, and its test SER varied from 0.23 to
-0.38 over five runs (intent accuracy 0.51-0.80: the intent is what fails). Dev SER was still
-falling fast at the last epoch. Candidates: the per-word slot loss (on SNIPS it raised private
-intent accuracy from 0.86 to 0.92), one BiLSTM layer (half the trained weights, so more signal
-per noisy coordinate, and a faster step), and more steps at the same epsilon. Each recipe runs
-three times (r1..r3), since one run is not enough at this variance.
+The recipe this pilot starts from (per-example, 95 steps of the expected batch 512) leaves time
+to spare under the default job's 180 s goal on a 2-core machine, its test SER varies widely from
+run to run (the intent is what fails), and its dev SER is still falling fast at the last epoch.
+Candidates: the per-word slot loss (on SNIPS it raised private intent accuracy), one BiLSTM layer
+(half the trained weights, so more signal per noisy coordinate, and a faster step), and more steps
+at the same epsilon. Each recipe runs three times (r1..r3), since one run is not enough at this
+variance.
 """
 from configs.grids.common import cell, grid
 
 DEFAULT = "configs/default.py"
 # Every recipe states its knobs, so its command reproduces it whatever configs/default.py says
-# (since 2026-11-25 the default is q16_steps84). Recipes that leave the sampling rate and the
-# learning rate open ran with what they were then (q 0.0533, Adam 2e-2): get_config pins them.
+# (configs/default.py is q16_steps84). Recipes that leave the sampling rate and the learning rate
+# open were measured at q 0.0533, Adam 2e-2: get_config pins them.
 BEFORE_Q16 = ("private_sampling_rate=0.0533", "private_learning_rate=0.02")
 D = "clc.dropout=0.25"
 OLD = ("slot_loss=sum", "clc.num_lstm_layers=2", "private_steps=95", D)
@@ -30,33 +30,33 @@ RECIPES = {
     "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (the default "
                                 "of 2026-11-24 morning)",
                                 ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190", D)),
-    # no dropout took SNIPS CLC from 0.284 to 0.230 (results/pilot_snips_clc); the same here
+    # no dropout helped SNIPS CLC (results/pilot_snips_clc); the same here
     "slotmean_1lstm_steps190_nodropout": (
         "slot loss per word, one BiLSTM layer, 190 steps, no dropout (the default since "
         "2026-11-24)", ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190",
                         "clc.dropout=0.0")),
-    # snips_clc's sampling rate, steps and learning rate (SNIPS eps 8: 0.230 against the
-    # default's 0.290, ATIS 0.186 against 0.230): does the synthetic corpus keep its utility, and
-    # what does the 2.4x compute cost against the 180 s goal?
+    # snips_clc's sampling rate, steps and learning rate (on SNIPS and ATIS at eps 8 better than q
+    # 0.053 / 190 steps): does the synthetic corpus keep its utility, and what does the 2.4x compute
+    # cost against the 180 s goal?
     "q16_steps150": (
         "q 0.16, 150 steps, Adam 3e-2 (snips_clc's rate, steps and learning rate)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=150", "private_learning_rate=0.03")),
-    # q 0.16 cost about 190 s of wall time on a quiet machine (the 180 s goal of the default
-    # job): q 0.1 for the same 150 steps is 37% less compute
+    # q 0.16 for 150 steps runs past the default job's 180 s goal: q 0.1 for the same 150 steps is
+    # 37% less compute
     "q10_steps150": (
         "the default with q 0.1, 150 steps, Adam 3e-2",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.1", "private_steps=150", "private_learning_rate=0.03")),
-    # q 0.16 for 150 steps is about twice the default job's compute (22 epochs of the synthetic
-    # corpus against 10): 100 steps (15 epochs) at the same rate
+    # q 0.16 for 150 steps is about twice the compute of q 0.053 / 190 steps (22 epochs of the
+    # synthetic corpus against 10): 100 steps (15 epochs) at the same rate
     "q16_steps100": (
         "q 0.16, 100 steps, Adam 3e-2 (1.4x the compute of q 0.053 / 190 steps; the default "
         "of 2026-11-25 morning)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=100", "private_learning_rate=0.03")),
-    # q16_steps100 took 184 s of wall time on a quiet but slower 2-core machine (2026-11-25;
-    # the q 0.053 default before it 137 s there): two recipes of 12 epochs, about 0.8x its compute
+    # q16_steps100 runs past the 180 s goal on a slower 2-core machine (docs/benchmarks.md): two
+    # recipes of 12 epochs, about 0.8x its compute
     "q16_steps84": (
         "q 0.16, 84 steps (12 epochs), Adam 3e-2 (the default since 2026-11-25 noon)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
@@ -65,7 +65,7 @@ RECIPES = {
         "q 0.12, 100 steps (12 epochs), Adam 3e-2",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.12", "private_steps=100", "private_learning_rate=0.03")),
-    # "no dropout" above kept the heads' fixed 0.1 (before head_dropout was a config field)
+    # "no dropout" above keeps the heads' dropout of 0.1 (head_dropout): without it too
     "headdrop0": (
         "the default (190 steps) without dropout before the heads either",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0", "private_steps=190",

@@ -1,13 +1,13 @@
 """Pilot: BERT private recipes on SNIPS at epsilon 8 (per-example, q 0.08, Adam linear decay).
 
-At 150 steps Adam 2e-3 won against 1e-3 (test SER 0.300 vs 0.398) and 5e-3 (0.342); 300 steps
-gave 0.218; LoRA r 8 at 5e-3 0.189, without dropout 0.170, and in the matrix layout 0.156, which
-is configs/snips_bert.py's private recipe since 2026-11-25 (that run is the SNIPS grid's
-bert_dpsgd_eps8 row; LoRA cells that leave the layout open ran per_head, which bert_private pins). Twice the
-sampling rate for half the steps (q 0.16, 150 steps, the same 24 epochs) gave test SER 0.163 but
-a worse last dev SER (0.164 against 0.153): one run each cannot tell them apart, so the default
-stays q 0.08 / 300 steps. Runs that
-shared the CPU with other jobs have seconds per epoch that are not comparable."""
+What configs/snips_bert.py's private recipe rests on (results/pilot_snips_bert, one run each):
+at 150 steps Adam 2e-3 beat 1e-3 and 5e-3; 300 steps beat 150; LoRA r 8 at 5e-3 beat every kernel
+trained, no dropout beat dropout 0.1, and the matrix layout beat the per-head one, which gives
+the recipe (that run is the SNIPS grid's bert_dpsgd_eps8 row; LoRA cells that leave the layout
+open ran per_head, which bert_private pins). Twice the sampling rate for half the steps (q 0.16,
+150 steps, the same 24 epochs) could not be told apart from it in one run each, so the default
+stays q 0.08 / 300 steps. Runs that shared the CPU with other jobs have seconds per epoch that
+are not comparable."""
 from configs.grids.common import bert_private, cell, grid
 
 BERT = "configs/snips_bert.py"
@@ -31,32 +31,32 @@ def get_config():
               "steps=300", "learning_rate=0.005"),
         pilot("dpsgd_lora_nodropout", "per-example, LoRA r 8, no dropout, 300 steps",
               "bert.finetune=lora", "steps=300", "learning_rate=0.005", "bert.dropout=0.0"),
-        # CLC on SNIPS went from 0.284 to 0.230 without dropout (the noise already regularises);
-        # the same question for BERT, at the 150 steps of the learning-rate pilots (0.300 there).
+        # CLC on SNIPS did better without dropout (the noise already regularises); the same question
+        # for BERT, at the 150 steps of the learning-rate pilots.
         pilot("dpsgd_nodropout", "per-example, no dropout, 150 steps", "bert.dropout=0.0",
               "steps=150"),
         # all-MiniLM-L6-v2 was trained through mean pooling; its pooler is untrained
         pilot("dpsgd_meanpool", "per-example, mean pooling, 150 steps", "bert.pooling=mean",
               "steps=150"),
-        # DP-AdaFEST (issue 13): every table trainable, dense noise vs sparse embedding noise at
-        # the same epsilon (z0 recalibrated with the selection's z_c = 5 included: 0.954 against
-        # 0.937). Test SER 0.307 sparse vs 0.316 dense, 0.25-0.28% of table rows per step.
+        # DP-AdaFEST: every table trainable, dense noise vs sparse embedding noise at the same
+        # epsilon (z0 recalibrated with the selection's z_c = 5 included). Sparse noise touches a
+        # fraction of a percent of the table rows a step and did no worse than dense
+        # (results/pilot_snips_bert).
         # (150 steps: the pair fits one sitting on 2 cores)
         pilot("dpsgd_all", "per-example, embeddings trainable, dense noise, 150 steps",
               "bert.finetune=all", "steps=150"),
         pilot("dpsgd_all_sparse", "per-example, embeddings trainable, sparse noise (AdaFEST), "
               "150 steps", "bert.finetune=all", "steps=150", "sparse_embeddings=True"),
-        # Round 3 (2026-11-25), from the LoRA recipe: twice the sampling rate for half the steps
-        # (the same 24 epochs). At epsilon 8 z0 goes from 1.12 to 1.43, so the noise of a step
-        # relative to its expected batch falls from z/(qn) = 0.00107 to 0.00068.
+        # From the LoRA recipe: twice the sampling rate for half the steps (the same 24 epochs). At
+        # epsilon 8 z0 goes from 1.12 to 1.43, so the noise of a step relative to its expected batch
+        # falls from z/(qn) = 0.00107 to 0.00068.
         pilot("lora_q16_150steps", "per-example, LoRA r 8, no dropout, q 0.16, 150 steps",
               "bert.finetune=lora", "bert.dropout=0.0", "learning_rate=0.005",
               "sampling_rate=0.16", "steps=150"),
-        # Round 4 (2026-11-25): fewer trained weights again. Every trained weight gets noise of
-        # std z C. The LoRA cells above ran Keras' layout ("per_head": the query/key/value A
-        # holds the heads axis), 1.11M trained weights in all (0.89M factors). The matrix
-        # layout (Hu et al.'s rank-8 update of each kernel's [Din, Dout] view) trains 0.55M
-        # (0.33M factors), at the same rank:
+        # Fewer trained weights again. Every trained weight gets noise of std z C. The LoRA cells
+        # above ran Keras' layout ("per_head": the query/key/value A holds the heads axis), 1.11M
+        # trained weights in all (0.89M factors). The matrix layout (Hu et al.'s rank-8 update of
+        # each kernel's [Din, Dout] view) trains 0.55M (0.33M factors), at the same rank:
         pilot("lora_matrix", "per-example, LoRA r 8 (matrix layout), no dropout, 300 steps",
               "bert.finetune=lora", "bert.dropout=0.0", "learning_rate=0.005", "steps=300",
               "bert.lora_layout=matrix"),

@@ -1,7 +1,7 @@
 """Pilot: CLC private recipes on SNIPS at epsilon 8 (chose the snips_clc defaults; see notes).
 
-Round 1 (q 0.08, 300 steps, linear decay) showed that CLC, trained from scratch, needs a large
-learning rate under DP: 1e-2 left dev SER at 0.96 for 10 epochs. Round 2 tries larger batches.
+CLC, trained from scratch, needs a large learning rate under DP (at q 0.08, 300 steps and linear
+decay, 1e-2 barely learned in 10 epochs), so the cells try larger rates, and larger batches.
 """
 from configs.grids.common import cell, grid
 
@@ -9,8 +9,9 @@ CLC = "configs/snips_clc.py"
 DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1")
 
 
-# What snips_clc.py's defaults were when each cell ran, so that its command still reproduces it:
-# two BiLSTM layers with dropout 0.25 until round 6, and the summed slot loss until round 4.
+# What snips_clc.py's defaults were when each cell ran, so that its command still reproduces it: the
+# cells before the one-layer, no-dropout recipe ran two BiLSTM layers with dropout 0.25, and those
+# before the per-word slot loss the summed one.
 TWO_LAYERS = ("clc.num_lstm_layers=2", "clc.dropout=0.25")
 THEN = dict(**{name: TWO_LAYERS + ("slot_loss=sum",) for name in (
     "dpsgd_q08_lr1e-2_lin", "dpsgd_q08_lr2e-2_lin", "dpsgd_b512_lr2e-2", "dpsgd_q16_lr3e-2",
@@ -45,10 +46,10 @@ def _grid():
         cell("dpsgd_q16_lr5e-2_lin", "per-example, q 0.16, 150 steps, lr 5e-2 linear", "dpsgd",
              CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.05",
              "lr_schedule=linear", "warmup_fraction=0.05"),
-        # Round 3: Adam's step under noise is about lr x signal / noise per coordinate, so the
-        # private learning rate may still be too small; and the sigma = 0 row at 3e-2 (test SER
-        # 0.614, worse than with noise) suggests that without noise 3e-2 is far too large, so its
-        # clipping-only diagnostic gets its own smaller rate.
+        # Adam's step under noise is about lr x signal / noise per coordinate, so the private
+        # learning rate may still be too small; and the sigma = 0 row at 3e-2 (worse than with
+        # noise) suggests that without noise 3e-2 is far too large, so its clipping-only diagnostic
+        # gets its own smaller rate.
         cell("dpsgd_q16_lr1e-1", "per-example, q 0.16, 150 steps, lr 1e-1 constant", "dpsgd",
              CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.1",
              "lr_schedule=constant"),
@@ -56,9 +57,9 @@ def _grid():
              CLC, "mechanism=dpsgd", "replicas=1", "target_epsilon=0.0", "noise_multiplier=0.0",
              "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.003",
              "lr_schedule=constant"),
-        # Round 4: the joint loss. Every example is clipped, so an example moves the model in the
-        # direction of its whole gradient, and the summed slot loss (one CRF term per word)
-        # outweighs the intent's: intent accuracy 0.861 private vs 0.959 plain. Per-word slot
+        # The joint loss. Every example is clipped, so an example moves the model in the direction
+        # of its whole gradient, and the summed slot loss (one CRF term per word) outweighs the
+        # intent's: private intent accuracy falls well short of plain training's. Per-word slot
         # loss, or a heavier intent loss, gives the intent a larger share of each clipped vector.
         cell("dpsgd_q16_lr3e-2_slotmean", "per-example, q 0.16, 150 steps, lr 3e-2, slot loss "
              "per word", "dpsgd", CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150",
@@ -66,10 +67,10 @@ def _grid():
         cell("dpsgd_q16_lr3e-2_intent3", "per-example, q 0.16, 150 steps, lr 3e-2, intent loss "
              "x 3", "dpsgd", CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150",
              "learning_rate=0.03", "lr_schedule=constant", "intent_loss_weight=3.0"),
-        # Round 5 (2026-11-24, slot loss per word, the snips_clc default now): what limits the
-        # model is per-coordinate noise (every example is clipped to C, the noise has std z C on
-        # every trained weight), so fewer trained weights, no dropout (the noise regularises and
-        # dropout thins the clipped signal), and larger batches at the same epsilon.
+        # With the slot loss per word (snips_clc's): what limits the model is per-coordinate noise
+        # (every example is clipped to C, the noise has std z C on every trained weight), so fewer
+        # trained weights, no dropout (the noise regularises and dropout thins the clipped signal),
+        # and larger batches at the same epsilon.
         cell("dpsgd_q16_1lstm", "per-example, q 0.16, 150 steps, one BiLSTM layer", "dpsgd",
              CLC, *DP, "clc.num_lstm_layers=1"),
         cell("dpsgd_q16_nodropout", "per-example, q 0.16, 150 steps, no dropout", "dpsgd",
@@ -78,109 +79,93 @@ def _grid():
              CLC, *DP, "sampling_rate=0.32", "steps=75", "physical_batch_size=1024"),
         cell("dpsgd_q16_300steps", "per-example, q 0.16, 300 steps", "dpsgd",
              CLC, *DP, "steps=300"),
-        # Round 6: one layer and no dropout each helped (0.284 and 0.288 against 0.385); both
-        # together, and with twice the steps at the same epsilon (on the synthetic corpus one
-        # layer with 190 steps instead of 95 went from test SER 0.14 to 0.06). With diagnostics,
-        # so that the winner can serve as results/snips's row.
+        # One layer and no dropout each helped; both together, and with twice the steps at the same
+        # epsilon (on the synthetic corpus one layer gained from 190 steps instead of 95). With
+        # diagnostics, so that the winner can serve as results/snips's row.
         cell("dpsgd_q16_1lstm_nodropout", "per-example, q 0.16, 150 steps, one BiLSTM layer, "
              "no dropout", "dpsgd", CLC, *DP, "clc.num_lstm_layers=1", "clc.dropout=0.0",
              "diagnostics=True"),
         cell("dpsgd_q16_1lstm_nodropout_300steps", "per-example, q 0.16, 300 steps, one BiLSTM "
              "layer, no dropout", "dpsgd", CLC, *DP, "clc.num_lstm_layers=1", "clc.dropout=0.0",
              "steps=300", "diagnostics=True"),
-        # Round 7 (2026-11-25): the constant learning rate leaves the last steps' noise in the
-        # weights. Two ways to average it away, both free in epsilon: an exponential moving
-        # average of the weights (time constant 10% of the steps), and linear decay to 0.
+        # The constant learning rate leaves the last steps' noise in the weights. Two ways to
+        # average it away, both free in epsilon: an exponential moving average of the weights (time
+        # constant 10% of the steps), and linear decay to 0.
         cell("dpsgd_ema10", "per-example, snips_clc's default, weights averaged (EMA, 10% of "
              "the steps)", "dpsgd", CLC, *DP, "ema_fraction=0.1", "diagnostics=True"),
         cell("dpsgd_linear", "per-example, snips_clc's default, learning rate decayed linearly",
              "dpsgd", CLC, *DP, "lr_schedule=linear", "diagnostics=True"),
-        # Round 8: fewer trained weights again. One BiLSTM layer of 64 units per direction holds
-        # 74k of the ~88k trained weights; 32 units hold ~19k, so each weight's share of the
-        # clipped signal grows about 2x (RMS) against the same per-weight noise.
+        # Fewer trained weights again. One BiLSTM layer of 64 units per direction holds 74k of the
+        # ~88k trained weights; 32 units hold ~19k, so each weight's share of the clipped signal
+        # grows about 2x (RMS) against the same per-weight noise.
         cell("dpsgd_units32", "per-example, snips_clc's default, 32 LSTM units per direction",
              "dpsgd", CLC, *DP, "clc.lstm_units=32", "diagnostics=True"),
-        # Round 9 (2026-11-25): "no dropout" above kept the heads' fixed 0.1 (a constant of the
-        # models until head_dropout became a config field); without it too:
+        # "no dropout" above keeps the heads' dropout of 0.1 (head_dropout); without it too:
         cell("dpsgd_headdrop0", "per-example, snips_clc's default, no dropout before the heads "
              "either", "dpsgd", CLC, *DP, "private_head_dropout=0.0", "diagnostics=True"),
-        # Round 10 (2026-11-26): C was never tuned (1.0 since the start). An example whose
-        # gradient norm falls below C adds less than C of signal against the same noise z C; on
-        # ATIS's private BERT a third of the real examples were below C = 1 after 6 epochs. Adam
-        # divides out C's scale, so C = 0.1 clips (nearly) every example to one norm throughout.
-        # Ran 2026-11-26: test SER 0.235 (intent 0.926, slot F1 0.794) against 0.230 at C = 1:
-        # no gain. Even at C = 0.1 the clipped fraction fell from 1.0 (epochs 1-5) to 0.74 (22).
+        # C is 1.0 everywhere else. An example whose gradient norm falls below C adds less than C of
+        # signal against the same noise z C, and on ATIS's private BERT many real examples fall
+        # below C = 1 within a few epochs. Adam divides out C's scale, so C = 0.1 clips (nearly)
+        # every example to one norm throughout. No gain (results/pilot_snips_clc): C stays 1. Even
+        # at C = 0.1 the clipped fraction falls below 1 late in training.
         cell("dpsgd_clip0.1", "per-example, snips_clc's default, C 0.1", "dpsgd", CLC, *DP,
              "l2_norm_clip=0.1", "diagnostics=True"),
-        # Round 11 (2026-11-26): DP-AdamBC (edp_tf/bias_corrected_adam.py): Adam's second moment
-        # without the noise variance it knows, so Adam's per-weight step sizes come back. Weights
-        # with no measurable signal step up to 4.5x further (floor 0.05) than under DP-Adam, so
-        # at 1e-2 they step as DP-Adam's at ~4.5e-2 (the tried 5e-2 range).
-        # Ran 2026-11-26 (927 s, shared): test SER 0.276 (intent 0.920, slot F1 0.761) against
-        # 0.230; ATIS's BERT with it went off too (configs/grids/atis.py, adam_bc). Floor 1 keeps
-        # the noise-only weights' steps at DP-Adam's and only lets weights whose signal exceeds
-        # the noise (g^2 > phi) step further, up to sqrt(2) x; at the default learning rate:
+        # DP-AdamBC (edp_tf/bias_corrected_adam.py): Adam's second moment without the noise variance
+        # it knows, so Adam's per-weight step sizes come back. Weights with no measurable signal
+        # step up to 4.5x further (floor 0.05) than under DP-Adam, so at 1e-2 they step as DP-Adam's
+        # at ~4.5e-2 (the tried 5e-2 range). It did worse than the default, and ATIS's BERT with it
+        # went off too (configs/grids/atis.py, adam_bc). Floor 1 keeps the noise-only weights' steps
+        # at DP-Adam's and only lets weights whose signal exceeds the noise (g^2 > phi) step
+        # further, up to sqrt(2) x; at the default learning rate:
         cell("dpsgd_adam_bc_lr1e-2", "per-example, snips_clc's default, DP-AdamBC 1e-2 (floor "
              "0.05)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "private_learning_rate=0.01",
              "adam_bc_floor=0.05", "diagnostics=True"),
-        # Ran 2026-11-26 (846 s, shared): test SER 0.223 (intent 0.924, slot F1 0.804) against
-        # 0.230. One run each cannot tell 0.007 apart, so both again, with fresh noise (the
-        # second default run also measures how far two runs of one recipe fall apart):
+        # One run each cannot tell floor 1 from the default, so both again, with fresh noise (the
+        # repeated default runs also measure how far two runs of one recipe fall apart):
         cell("dpsgd_adam_bc_floor1", "per-example, snips_clc's default, DP-AdamBC 3e-2, floor 1",
              "dpsgd", CLC, *DP, "optimizer=adam_bc", "adam_bc_floor=1.0", "diagnostics=True"),
-        # Ran 2026-11-26 (shared with ATIS's BERT): the default again 0.250 (intent 0.926, slot F1
-        # 0.781; 0.230 the first time), floor 1 again 0.240 (intent 0.930, slot F1 0.786). Two
-        # runs of one recipe differ by ~0.02: floor 1 is not worse, perhaps 0.01 better; Adam
-        # stays.
         cell("dpsgd_default_run2", "per-example, snips_clc's default (second run)", "dpsgd", CLC,
              *DP, "diagnostics=True"),
         cell("dpsgd_adam_bc_floor1_run2", "per-example, snips_clc's default, DP-AdamBC 3e-2, "
              "floor 1 (second run)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "adam_bc_floor=1.0",
              "diagnostics=True"),
-        # Ran 2026-11-26: the default 0.216 (intent 0.936, slot F1 0.805), floor 1 0.237 (intent
-        # 0.931, slot F1 0.793). Means of three: 0.232 (sd 0.017) and 0.233 (sd 0.009): the
-        # same. The default's sd is the run-to-run spread every single-run row here carries.
+        # A third run of each: over three runs floor 1 and the default are the same, so Adam stays;
+        # the default's spread over its runs is the run-to-run spread every single-run row here
+        # carries (results/pilot_snips_clc).
         cell("dpsgd_default_run3", "per-example, snips_clc's default (third run)", "dpsgd", CLC,
              *DP, "diagnostics=True"),
         cell("dpsgd_adam_bc_floor1_run3", "per-example, snips_clc's default, DP-AdamBC 3e-2, "
              "floor 1 (third run)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "adam_bc_floor=1.0",
              "diagnostics=True"),
-        # Round 12 (2026-11-26): the paper's per-epoch noise decay, never measured for utility.
-        # Every schedule is calibrated to the same epsilon, so a decay starts above the constant
-        # z (1.44) and ends below it: the first epochs, when the clipped gradients of a fresh
-        # model agree and their sum is large, take more noise, the last ones, when they
-        # disagree, less. Exponential tau 0.05 over 22 epochs ends at 0.35 x its start.
-        # Ran 2026-11-26 (884 s, shared with ATIS's BERT): z0 2.86 (1.00 at the end), test SER
-        # 0.240 (intent 0.934, slot F1 0.788), inside the default's three runs (0.216-0.250),
-        # and behind them on dev at every epoch compared (0.402 against 0.352-0.355 after 8;
-        # 0.226 against 0.206-0.215 after 20). A likely reason (not measured): Adam's second
-        # moment keeps the early, larger noise (b2 0.999 over 154 steps), so the later steps
-        # shrink with the noise. No second run, no linear schedule: the decay stays off.
+        # The paper's per-epoch noise decay, measured for utility. Every schedule is calibrated to
+        # the same epsilon, so a decay starts above the constant z (1.44) and ends below it: the
+        # first epochs, when the clipped gradients of a fresh model agree and their sum is large,
+        # take more noise, the last ones, when they disagree, less. Exponential tau 0.05 over 22
+        # epochs ends at 0.35 x its start (z0 2.86, 1.00 at the end). Its test SER fell inside the
+        # default's three runs, and it was behind them on dev at every epoch compared
+        # (results/pilot_snips_clc). A likely reason (not measured): Adam's second moment keeps the
+        # early, larger noise (b2 0.999 over 154 steps), so the later steps shrink with the noise.
+        # The decay stays off.
         cell("dpsgd_decay_exp05", "per-example, snips_clc's default, noise decay exponential "
              "0.05", "dpsgd", CLC, *DP, "decay=exponential", "decay_rate=0.05",
              "diagnostics=True"),
-        # Round 13 (2026-11-26): the paper's per-layer scaling, never measured for utility.
-        # Each variable's gradient is divided by alpha_k before the joint clip and multiplied
-        # back after the noise, so variable k gets c g_k (one clip factor c = C / ||(g_k /
-        # alpha_k)_k|| per example) plus noise alpha_k z C: with alpha_k proportional to the
-        # variable's typical norm, every variable gets the same signal-to-noise ratio (uniform
-        # scaling: the ratio grows with the norm). Honest version: alpha from a noisy query of
-        # the first 64 examples' norm shares (z 5, sensitivity 1), charged to the ledger
-        # (epsilon stays 8 in all).
-        # Ran 2026-11-26 (933 s, shared with ATIS's BERT): z0 1.452 against 1.44 (the query's
-        # share of epsilon), alpha from 0.007 (the floor) to 2.5 over the 16 variables; test
-        # SER 0.294 (intent 0.916, slot F1 0.737), outside the default's three runs
-        # (0.216-0.250) and behind them on dev at the end (0.269 against 0.196-0.201).
-        # A likely reading (not measured): equal signal-to-noise per variable costs the
-        # large-gradient variables more than it gives the small ones. The scaling stays uniform.
+        # The paper's per-layer scaling, measured for utility. Each variable's gradient is divided
+        # by alpha_k before the joint clip and multiplied back after the noise, so variable k gets c
+        # g_k (one clip factor c = C / ||(g_k / alpha_k)_k|| per example) plus noise alpha_k z C:
+        # with alpha_k proportional to the variable's typical norm, every variable gets the same
+        # signal-to-noise ratio (uniform scaling: the ratio grows with the norm). Honest version:
+        # alpha from a noisy query of the first 64 examples' norm shares (z 5, sensitivity 1),
+        # charged to the ledger (epsilon stays 8 in all; the query's share raises z0 from 1.44 to
+        # 1.452). It did worse than the default's three runs, on test and on dev
+        # (results/pilot_snips_clc). A likely reading (not measured): equal signal-to-noise per
+        # variable costs the large-gradient variables more than it gives the small ones. The scaling
+        # stays uniform.
         cell("dpsgd_scaling_private", "per-example, snips_clc's default, per-layer scales from "
              "a private norm query", "dpsgd", CLC, *DP, "scaling=private", "diagnostics=True"),
         # Per-layer clipping (each of the K variables clipped to C / sqrt(K) on its own, the same
-        # sensitivity), offered by the library and never measured for utility: a variable whose
-        # gradients are small keeps them whole instead of sharing one joint clip.
-        # Ran 2026-11-26 (865 s, shared): test SER 0.272 (intent 0.911, slot F1 0.766), outside
-        # the flat default's three runs (0.216-0.250); dev 0.239 at the end against 0.196-0.201.
-        # Flat clipping stays.
+        # sensitivity), offered by the library: a variable whose gradients are small keeps them
+        # whole instead of sharing one joint clip. It did worse than the flat default's three runs
+        # (results/pilot_snips_clc): flat clipping stays.
         cell("dpsgd_clip_per_layer", "per-example, snips_clc's default, per-layer clipping",
              "dpsgd", CLC, *DP, "clipping=per_layer", "diagnostics=True"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data.")

@@ -22,7 +22,8 @@ def rows(m: str, config: str) -> list:
         row("dpsgd_eps8", "per-example DP-SGD, eps 8", "per-example", "mechanism=dpsgd",
             "target_epsilon=8.0"),
     ] + ([
-        # The defaults before 2026-11-24 (two BiLSTM layers; before that, a summed slot loss)
+        # snips_clc's earlier recipes (two BiLSTM layers; also a summed slot loss), beside its
+        # one-layer, per-word recipe
         row("sgd_2lstm", "SGD, two BiLSTM layers (the default before)", "sgd",
             "mechanism=sgd", "clc.num_lstm_layers=2", "clc.dropout=0.25", "slot_loss=sum"),
         row("dpsgd_eps8_2lstm", "per-example DP-SGD, eps 8, two BiLSTM layers (the default "
@@ -34,7 +35,7 @@ def rows(m: str, config: str) -> list:
     ] if m == "clc" else []) + [
         # CLC's private Adam 3e-2 is far too large without noise (Adam divides by the noise's
         # scale): its sigma = 0 row takes 1e-2, between that and plain training's 2e-3
-        # BERT's sigma = 0 rows ran LoRA in the layout before today's (LORA_LAYOUT_BEFORE)
+        # BERT's sigma = 0 rows pin the LoRA layout they were measured with (LORA_LAYOUT_BEFORE)
         row("dpsgd_sigma0", "per-example, sigma = 0 (clipping only)" +
             (", Adam 1e-2" if m == "clc" else ", LoRA per-head layout"), "diagnostic",
             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
@@ -52,7 +53,7 @@ def rows(m: str, config: str) -> list:
 
 
 def get_config():
-    # The 150-step default before commit eb1013d, kept beside today's 300-step default.
+    # snips_bert's earlier 150-step recipe, beside its 300-step default.
     steps150 = cell("bert_dpsgd_eps8_steps150",
                     "per-example DP-SGD, eps 8, 150 steps (the default before)", "per-example",
                     "configs/snips_bert.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
@@ -62,12 +63,12 @@ def get_config():
                 "dropout 0.1 (the default before)", "per-example", "configs/snips_bert.py", DIAG,
                 "mechanism=dpsgd", "target_epsilon=8.0", *bert_private())
     bert = rows("bert", "configs/snips_bert.py")
-    # The sigma = 0 and eDP k = 2 rows of CLC that ran with the recipe before 2026-11-24 (two
-    # BiLSTM layers, dropout 0.25, summed slot loss); clc_dpsgd_sigma0 / clc_edp_k2_eps8 are
-    # today's recipe, so that the diagnostic compares with clc_dpsgd_eps8
+    # The sigma = 0 and eDP k = 2 rows of CLC with snips_clc's earlier recipe (two BiLSTM layers,
+    # dropout 0.25, summed slot loss); clc_dpsgd_sigma0 / clc_edp_k2_eps8 run snips_clc's recipe, so
+    # that the diagnostic compares with clc_dpsgd_eps8
     old_clc = ("slot_loss=sum", "clc.num_lstm_layers=2", "clc.dropout=0.25")
-    # Ran 2026-11-26: test SER 0.434 (intent 0.914, slot F1 0.614), dev still falling fast at
-    # the end; 1e-2 (clc_dpsgd_sigma0) 0.179: 150 steps at 3e-3 are too small.
+    # sigma = 0 at the pilot's clipping-only rate, 3e-3, beside clc_dpsgd_sigma0's 1e-2: 150 steps
+    # at 3e-3 are too small (dev SER still falling fast at the end; results/snips).
     clc_sigma0_3e3 = cell("clc_dpsgd_sigma0_lr3e-3", "per-example, sigma = 0 (clipping only), "
                           "Adam 3e-3", "diagnostic", "configs/snips_clc.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
@@ -86,7 +87,7 @@ def get_config():
              "summed slot loss (the recipe before)", "eDP k=2", "configs/snips_clc.py", DIAG,
              "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
     ]
-    # snips_bert's private default before its LoRA layout became "matrix" (2026-11-25)
+    # snips_bert's private recipe in LoRA's per-head layout, beside the "matrix" layout it uses
     per_head = cell("bert_dpsgd_eps8_lora_per_head", "per-example DP-SGD, eps 8, LoRA per-head "
                     "layout (the default before)", "per-example", "configs/snips_bert.py", DIAG,
                     "mechanism=dpsgd", "target_epsilon=8.0",
@@ -94,9 +95,8 @@ def get_config():
                                   "bert.dropout=0.0"))
     # snips_bert's private default once more, uninterrupted (bert_dpsgd_eps8's run directory is
     # gone, so it cannot be rescored): a second sample of the headline row, scored with both CRF
-    # decodings. Its command is bert_dpsgd_eps8's but for --run_dir. Ran 2026-11-27 (8,124 s,
-    # alone for 7 of its 24 epochs): test SER 0.176 Viterbi, 0.141 BIO (intent 0.969, slot F1
-    # 0.833 -> 0.861) against the first run's 0.156: two runs of the default differ by 0.02.
+    # decodings, and so the default's run-to-run spread (results/snips). Its command is
+    # bert_dpsgd_eps8's but for --run_dir.
     run2 = cell("bert_dpsgd_eps8_run2", "per-example DP-SGD, eps 8 (snips_bert's default, second "
                 "run)", "per-example", "configs/snips_bert.py", DIAG, "mechanism=dpsgd",
                 "target_epsilon=8.0")
