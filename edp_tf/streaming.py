@@ -68,10 +68,17 @@ class StreamingPoissonSampler(PoissonSampler):
     def batches(self, records: Records, steps: Optional[int] = None,
                 epoch: int = 0) -> Iterator[tuple[list, np.ndarray]]:
         """One epoch: `steps` (default steps_per_epoch) pairs (records [max_batch_size] with b""
-        padding, float32 mask). Randomness from OS entropy at each call; with a fixed `seed`
+        padding, float32 mask). Randomness from OS entropy at each call; with a shared secret
+        `key` (multi_worker.shared_key) from (key, epoch), so that every worker draws the same
+        batches, one Poisson sample per step, as the accounting assumes; with a fixed `seed`
         (not private) from (seed, epoch)."""
         steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
-        entropy = secrets.randbits(128) if self.seed is None else [self.seed % 2**64, epoch]
+        if self.seed is not None:
+            entropy = [self.seed % 2**64, epoch]
+        elif self.key is not None:  # the stream of "key" apart from any "seed" stream
+            entropy = [self.key, epoch, 1]
+        else:
+            entropy = secrets.randbits(128)
         rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
         directory = tempfile.mkdtemp(prefix="edp_tf_poisson_", dir=self.work_dir)
         try:

@@ -77,6 +77,19 @@ def test_fixed_seed_repeats_per_epoch_and_entropy_does_not():
     assert not private.seed_fixed and run(private, 0) != run(private, 0)
 
 
+def test_a_shared_key_gives_every_worker_the_same_batches():
+    """Two workers' samplers with the same secret key draw one Poisson sample per step between
+    them (the same batches); another key, or none, draws other batches. 8 steps of batches of
+    ~8 of 40 records: equal by chance with probability far below 1e-9."""
+    run = lambda s, epoch: [b for b, _ in s.batches(corpus(), epoch=epoch)]  # noqa: E731
+    key = 2**62 + 12345
+    worker_0, worker_1 = (StreamingPoissonSampler(N, Q, key=key) for _ in range(2))
+    assert not worker_0.seed_fixed
+    assert run(worker_0, 0) == run(worker_1, 0) != run(worker_0, 1)
+    assert run(StreamingPoissonSampler(N, Q, key=key + 1), 0) != run(worker_0, 0)
+    assert run(StreamingPoissonSampler(N, Q), 0) != run(worker_0, 0)
+
+
 def test_a_reader_with_another_count_is_refused_before_any_batch(tmp_path):
     sampler = StreamingPoissonSampler(N, Q, work_dir=str(tmp_path))
     with pytest.raises(ValueError, match=r"gave 39 records .* dataset_size=40"):
