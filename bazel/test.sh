@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline `bazel test` with Debian's bazel-bootstrap (4.2.3) and the project's virtualenv; see BAZEL.md.
+# Offline `bazel test` with Debian's bazel-bootstrap (4.2.3) and the project's virtualenv; see docs/bazel.md.
 #   bazel/test.sh                              # bazel test //...
 #   bazel/test.sh //edp_tf:config_test        # any `bazel test` arguments
 #   PYTHON=/path/to/venv/bin/python bazel/test.sh

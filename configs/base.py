@@ -127,7 +127,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.ema_fraction = 0.0
     c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
     c.slot_loss = "sum"
-    # the BIO-constrained best path; on saved private runs it cut test SER by 0.01-0.05 (README)
+    # the BIO-constrained best path; it lowers private test SER (docs/results.md)
     c.decoding = "bio"
     c.intent_loss_weight = 1.0
     c.slot_loss_weight = 1.0

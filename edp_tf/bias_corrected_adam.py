@@ -17,7 +17,7 @@ floor (a fraction of phi, so one value suits every layer's scale) bounds the ste
 signal the estimate cannot yet tell from zero: their step is at most 1 / sqrt(floor) times DP-
 Adam's. The default floor, 1, never steps them further than DP-Adam and only lets weights whose
 signal exceeds the noise step further (up to sqrt(2) x at signal^2 = phi); Tang et al.'s small
-floors (~0.05 phi) made ATIS's private BERT diverge here and SNIPS's CLC worse (README).
+floors (~0.05 phi) made ATIS's private BERT diverge here and SNIPS's CLC worse (docs/results.md).
 Everything here uses the released update and public constants: post-processing, so epsilon is
 unchanged. `PrivateModel` attaches f and z_t when it decides the step (`attach_noise`);
 used without it, the optimizer refuses to step rather than act as plain Adam silently.

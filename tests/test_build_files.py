@@ -12,9 +12,10 @@ from bazel import build_graph
 # Under Bazel this file is a runfiles symlink: resolve() leads back to the source tree.
 REPO = Path(__file__).resolve().parents[1]
 SOURCE_DIRS = ("edp_tf", "models", "trainers", "tests", "configs")
-# Issue 5 names these trainer entry points; the ones not written yet are reported as skips.
-TRAINER_ENTRY_POINTS = ("train", "evaluate", "privacy", "benchmark")
-# DESIGN.md section 6: the library imports neither models nor trainers; models never import trainers.
+# The commands a user runs; each needs a py_binary.
+TRAINER_ENTRY_POINTS = ("train", "evaluate", "privacy", "benchmark", "audit", "lira", "experiment")
+# docs/design.md, layout: the library imports neither models nor trainers; models never import
+# trainers.
 LAYERING = {"edp_tf": ("models", "trainers"), "models": ("trainers",)}
 RUNNER = "bazel/pytest_runner.py"
 

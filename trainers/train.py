@@ -1,6 +1,6 @@
 """`python -m trainers.train`: train a joint intent + slot model, privately by default.
 
-    python -m trainers.train                                  # CLC, eDP-SGD, synthetic corpus
+    python -m trainers.train                                  # CLC, per-example DP-SGD, synthetic corpus
     python -m trainers.train --config=configs/snips_clc.py --mechanism=sgd --run_dir=runs/snips
     python -m trainers.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
     python -m trainers.train --run_dir=runs/x --resume        # continue an interrupted run
