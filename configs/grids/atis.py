@@ -209,7 +209,7 @@ def get_config():
                       "bert_private): what they leave open is what atis_bert gave private runs "
                       "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix (its "
                       "command: the same config as atis_bert's default since its LoRA layout "
-                      "became matrix, 2026-11-25); bert_dpsgd_eps8_lora_nodropout was the "
+                      "became matrix); bert_dpsgd_eps8_lora_nodropout was the "
                       "default before. bert_dpsgd_eps8_lora_matrix ran 22 of its 24 epochs: it "
                       "was interrupted twice (the OOM killer, a session's end) and resumed, and "
                       "the ledger charged each interrupted epoch again, so the budget ran out "

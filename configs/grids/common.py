@@ -54,7 +54,7 @@ def bert_private(*overrides: str) -> tuple:
 # results/atis); eDP with micro-batches of 2 costs about what per-example clipping costs and lost to
 # it on CLC in both grids.
 EDP_BERT_LEFT_OUT = (
-    "bert_edp_paper_eps8 and bert_edp_k2_eps8 are left out on the 2-core CPU (2026-11-27): "
+    "bert_edp_paper_eps8 and bert_edp_k2_eps8 are left out on the 2-core CPU: "
     "ATIS's bert_edp_paper_eps8 ran 2 of 24 epochs (1,254 s and 589 s on a shared CPU; about 3 "
     "hours alone for the run, SNIPS's three times that) and stood at dev SER 2.51, intent "
     "accuracy 0.712 (the majority intent's share), slot F1 0.009 when stopped; the CLC rows of "

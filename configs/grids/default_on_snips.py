@@ -27,17 +27,18 @@ def cells(data_dir: str):
         cell("clc_sgd", "default command, --mechanism=sgd (not private)", "SGD",
              "configs/default.py", *common, "mechanism=sgd"),
         cell("clc_default", "default command (per-example DP-SGD, eps 8; q 0.16, 150 steps on "
-             "a --data_dir corpus since 2026-11-25 afternoon)", "per-example",
+             "a --data_dir corpus)", "per-example",
              "configs/default.py", *common),
-        cell("clc_default_steps84", "the default of 2026-11-25 noon (q 0.16, 84 steps), "
-             "private, eps 8", "per-example (84 steps)", "configs/default.py", *common,
-             "private_steps=84"),
+        cell("clc_default_steps84", "an earlier default, before 150 steps on a --data_dir "
+             "corpus (q 0.16, 84 steps), private, eps 8", "per-example (84 steps)",
+             "configs/default.py", *common, "private_steps=84"),
         # 100 steps at q 0.16: between the built-in corpus's 84 and a --data_dir corpus's 150
-        cell("clc_default_steps100", "the default of 2026-11-25 morning (q 0.16, 100 steps), "
-             "private, eps 8", "per-example (100 steps)", "configs/default.py", *common,
+        cell("clc_default_steps100", "an earlier default, before 84 steps (q 0.16, 100 "
+             "steps), private, eps 8", "per-example (100 steps)", "configs/default.py", *common,
              "private_steps=100"),
-        cell("clc_default_q053", "the default of 2026-11-24 (q 0.053, 190 steps, Adam 2e-2), "
-             "private, eps 8", "per-example (q 0.053)", "configs/default.py", *common, *q053),
+        cell("clc_default_q053", "an earlier default, before q 0.16 (q 0.053, 190 steps, "
+             "Adam 2e-2), private, eps 8", "per-example (q 0.053)", "configs/default.py",
+             *common, *q053),
         cell("clc_sgd_dropout", "the default before (dropout 0.25), --mechanism=sgd", "SGD "
              "(before)", "configs/default.py", *common, "mechanism=sgd", before),
         cell("clc_default_dropout", "the default before (dropout 0.25, q 0.053), private, eps 8",

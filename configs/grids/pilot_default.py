@@ -27,13 +27,13 @@ RECIPES = {
               ("slot_loss=sum", "clc.num_lstm_layers=1", "private_steps=95", D)),
     "slotmean_steps190": ("slot loss per word, 190 steps",
                           ("slot_loss=mean", "clc.num_lstm_layers=2", "private_steps=190", D)),
-    "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (the default "
-                                "of 2026-11-24 morning)",
+    "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (an earlier "
+                                "default, before no dropout)",
                                 ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190", D)),
     # no dropout helped SNIPS CLC (results/pilot_snips_clc); the same here
     "slotmean_1lstm_steps190_nodropout": (
-        "slot loss per word, one BiLSTM layer, 190 steps, no dropout (the default since "
-        "2026-11-24)", ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190",
+        "slot loss per word, one BiLSTM layer, 190 steps, no dropout (an earlier default, "
+        "before q 0.16)", ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190",
                         "clc.dropout=0.0")),
     # snips_clc's sampling rate, steps and learning rate (on SNIPS and ATIS at eps 8 better than q
     # 0.053 / 190 steps): does the synthetic corpus keep its utility, and what does the 2.4x compute
@@ -51,14 +51,14 @@ RECIPES = {
     # q 0.16 for 150 steps is about twice the compute of q 0.053 / 190 steps (22 epochs of the
     # synthetic corpus against 10): 100 steps (15 epochs) at the same rate
     "q16_steps100": (
-        "q 0.16, 100 steps, Adam 3e-2 (1.4x the compute of q 0.053 / 190 steps; the default "
-        "of 2026-11-25 morning)",
+        "q 0.16, 100 steps, Adam 3e-2 (1.4x the compute of q 0.053 / 190 steps; an earlier "
+        "default, before 84 steps)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=100", "private_learning_rate=0.03")),
     # q16_steps100 runs past the 180 s goal on a slower 2-core machine (docs/benchmarks.md): two
     # recipes of 12 epochs, about 0.8x its compute
     "q16_steps84": (
-        "q 0.16, 84 steps (12 epochs), Adam 3e-2 (the default since 2026-11-25 noon)",
+        "q 0.16, 84 steps (12 epochs), Adam 3e-2 (configs/default.py's recipe)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=84", "private_learning_rate=0.03")),
     "q12_steps100": (
