@@ -147,7 +147,8 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.sampling_seed_fixed = bool(sampling_seed_fixed)
         self.sampler = sampler
         # optional: {"covered": [...], "not_covered": [...]} files of the run directory, written
-        # into privacy.json so that a reviewer sees what epsilon covers
+        # into privacy.json so that a reviewer sees what epsilon covers; "release_covered": False
+        # (an exported artifact holds data of the training split) makes the run not private
         self.artifacts: Optional[dict] = None
         if sampler is not None:
             from edp_tf.sampling import PoissonSampler
@@ -266,7 +267,7 @@ class PrivacyLedger(keras.callbacks.Callback):
             [PUBLIC_USERS_SENTENCE] if facts.get("privacy_unit") == "user" else [])
         void = (facts.get("seed_fixed") or self.sampling_seed_fixed
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
-                or unverified)
+                or unverified or (self.artifacts or {}).get("release_covered") is False)
         led["private"] = bool(led.get("private", True)) and not void
         if self.artifacts is not None:
             led["artifacts"] = dict(self.artifacts)

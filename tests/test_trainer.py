@@ -112,7 +112,7 @@ def cli_run(tmp_path_factory):
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
     argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
-             "--mechanism=edp",  # the default job is per-example since 2026-11-24
+             "--mechanism=edp",  # the default job is per-example: eDP is tested here
              "--verbose",  # all of the output, TensorFlow's too, is checked for utterances
              "--epochs=1"] + [f"--config.{k}={v}" for k, v in overrides.items()]
             + [f"--config.clc.{k}={v}" for k, v in clc.items()])
@@ -176,7 +176,12 @@ def check_run_dir(run_dir, config, epochs, private):
         assert privacy["replicas"] == config.replicas
         assert privacy["sampling"] == "poisson"
         assert privacy["sampling_rate"] == pytest.approx(BATCH / n)
-        assert privacy["private"] is True  # seed -1: noise and sampling from OS entropy
+        # seed -1: noise and sampling from OS entropy; a vocabulary from the training text is
+        # exported with the model, outside the proof, so that run is not private
+        public_vocabulary = (config.clc.word_vectors if config.model == "clc"
+                             else config.bert.vocabulary != "train")
+        assert privacy["private"] is bool(public_vocabulary)
+        assert any("vocabulary" in s for s in privacy["not_covered"]) is not public_vocabulary
         assert privacy["artifacts"]["diagnostics_released"] == diagnostics
         # the synthetic corpus's labels come from its generator, not from the training split
         assert not any("label sets" in s for s in privacy["not_covered"])
@@ -206,8 +211,10 @@ def check_summary(summary, run_dir, epochs, metrics, privacy):
     if privacy is None:
         assert summary["epsilon"] == math.inf and "not private" in line
     else:
-        assert summary["epsilon"] == privacy["epsilon"] and summary["private"]
-        assert f"epsilon {privacy['epsilon']:.3g}" in line and "NOT private" not in line
+        assert summary["epsilon"] == privacy["epsilon"]
+        assert summary["private"] is privacy["private"]
+        assert f"epsilon {privacy['epsilon']:.3g}" in line
+        assert ("NOT private" in line) is not privacy["private"]
 
 
 # --------------------------------------------------------------------------- 1. smoke tests
@@ -219,8 +226,8 @@ def test_finished_run_directory(finished_run, name):
     check_summary(summary, run_dir, 1, metrics, privacy)
     if config.mechanism == "dpsgd":
         assert privacy["microbatch_size"] == 1 and privacy["sensitivity"] == 1
-        # the vocabulary was learnt from the training text: epsilon does not cover it
-        assert any("vocabulary" in s for s in privacy["not_covered"])
+        # GloVe's public vocabulary: nothing of the training text is exported
+        assert not any("vocabulary" in s for s in privacy["not_covered"])
 
 
 def test_edp_bert_run_directory(resumed_run):
@@ -425,9 +432,11 @@ def test_cli_output_holds_no_utterance_text(cli_run):
 
 
 def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
-    """No schema shipped with the data: the labels come from the training split, and the ledger
-    says epsilon does not cover them."""
+    """No schema shipped with the data and no word vectors: the labels and the vocabulary come
+    from the training split and are exported with the model, so the ledger says epsilon does not
+    cover them, the export is listed as not covered and the run is not private."""
     config = tiny_config("clc", "dpsgd", replicas=1)
+    config.clc.word_vectors = ""  # the vocabulary from the training text
     splits = corpus(config)
     config.data_dir = write_joint_dir(tmp_path / "joint", splits)
     run_dir = str(tmp_path / "run")
@@ -437,6 +446,10 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
                for s in privacy["not_covered"])
     assert read(run_dir, "label_schema.json")["from_training_data"] is True
     assert any("label_schema.json" in a for a in privacy["artifacts"]["not_covered"])
+    assert any(s.startswith("saved_model/") and "the label sets and the vocabulary" in s
+               for s in privacy["artifacts"]["not_covered"])
+    assert not [a for a in privacy["artifacts"]["covered"] if a.startswith("saved_model/")]
+    assert privacy["private"] is False
 
 
 def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path):
@@ -505,7 +518,9 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
     config.bert.finetune = "all"
     summary = run.train(config, str(tmp_path / "sparse"), strategy=strategy(2), export=False)
     led = read(summary["run_dir"], "privacy.json")
-    assert led["selection_noise_multiplier"] == 3.0 and led["private"] is True
+    assert led["selection_noise_multiplier"] == 3.0
+    # the tiny BERT's vocabulary is the training text's: exported, so the run is not private
+    assert led["private"] is False and led["artifacts"]["release_covered"] is False
     assert any("token_embedding" in t for t in led["sparse_embeddings"]["tables"])
     for e in led["epochs"]:
         assert e["effective_noise_multiplier"] == pytest.approx(
@@ -610,7 +625,8 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
     assert any(not np.allclose(b, a) for b, a in zip(heads0, heads1))
     assert any(not np.allclose(b, a) for b, a in zip(encoder1, encoder2))
     ledger = read(str(tmp_path / "run"), "privacy.json")
-    assert summary["private"] and len(ledger["epochs"]) == 2
+    # the tiny BERT's vocabulary comes from the training text: exported, so not private
+    assert summary["private"] is False and len(ledger["epochs"]) == 2
     assert ledger["frozen_until_epoch"] == 1  # recorded; epsilon is that of any 2 epochs
 
 

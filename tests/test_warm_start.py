@@ -39,9 +39,9 @@ def setup(tmp_path_factory):
     other = dataclasses.replace(other, train=[u for u in other.train
                                               if tuple(u.tokens) not in seen])
     assert len(other.train) > 50  # the synthetic corpora differ enough for a real run
-    paths = dict(vectors=str(vectors),
-                 other=write_joint_dir(root / "other", other),
-                 same=write_joint_dir(root / "same", ours),
+    paths = dict(vectors=str(vectors),  # the generator's public labels: a private run stays so
+                 other=write_joint_dir(root / "other", other, schema=True),
+                 same=write_joint_dir(root / "same", ours, schema=True),
                  source=str(root / "source"))
     run.train(config_with(paths["vectors"], mechanism="sgd", replicas=1), paths["source"],
               strategy=strategy(1), export=False)

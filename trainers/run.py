@@ -224,7 +224,9 @@ def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: 
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
               PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,
                             sampling_rate=q, target_epsilon=budget))
-    ledger.artifacts = rundir.artifacts(bool(config.diagnostics), data.labels)
+    ledger.artifacts = rundir.artifacts(
+        bool(config.diagnostics), data.labels,
+        bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)))
     return ledger
 
 

@@ -45,20 +45,40 @@ def read_json(path: str, default=None):
         return json.load(f)
 
 
-def artifacts(diagnostics: bool, labels) -> dict:
-    """Which run-directory files epsilon covers, and which are diagnostics of the private data."""
+def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False) -> dict:
+    """Which run-directory files epsilon covers, and which are diagnostics of the private data.
+
+    A label set or vocabulary derived from the training split is written verbatim into
+    preprocessor.json and the SavedModel: those releases are outside the proof, so
+    `release_covered` is False and the ledger reports the run as not private."""
     covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
-               "metrics.json: dev and test metrics (computed on data that is not training data)",
-               "config.json", "state.json", "privacy.json", "label_schema.json"]
+               "metrics.json: test metrics (computed on data that is not training data)",
+               "config.json", "state.json", "privacy.json", "label_schema.json",
+               "preprocessor.json"]
     not_covered = []
+    from_training = []
     if labels.from_training_data:
+        from_training.append("the label sets")
         covered.remove("label_schema.json")
-        not_covered.append("label_schema.json, preprocessor.json and the label names in "
-                           "saved_model/: the label sets come from the training split")
+        not_covered.append("label_schema.json: the label sets come from the training split")
+    if vocabulary_from_training:
+        from_training.append("the vocabulary")
+    if from_training:
+        what = " and ".join(from_training)
+        covered.remove("saved_model/ (serving export)")
+        covered.remove("preprocessor.json")
+        not_covered += [f"preprocessor.json: {what}, from the training split",
+                        f"saved_model/ (serving export): it holds {what}, from the training "
+                        "split; the weights alone are covered (checkpoints/)"]
+    # dev metrics each epoch are exact functions of the dev split: no training row enters them,
+    # but they are not noised, so they are released as they are
+    not_covered.append("metrics.json: epochs[].dev (exact metrics of the dev split, which is "
+                       "not training data; not a differentially private release)")
     if diagnostics:
         not_covered += [
             "metrics.json: epochs[].train (training loss, preclip_norm, clipped_fraction, "
             "nonfinite_microbatches), train_encoding, membership_inference and "
             "membership_inference_dev (training losses)",
             "tensorboard/ (the same training statistics)"]
-    return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics}
+    return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics,
+            "release_covered": not from_training}
