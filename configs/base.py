@@ -53,7 +53,23 @@ Field meanings (all overridable with `--config.FIELD=value`):
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
+import dataclasses
+
 import ml_collections
+
+from edp_tf.config import DPConfig
+
+# DPConfig fields a run sets from its geometry and flags, not from a config field of that name
+SET_BY_THE_RUN = ("microbatch_size", "seed", "expected_batch_size", "privacy_unit",
+                  "layer_scales")
+# optional counts: a ConfigDict holds no None, so 0 stands for "not set"
+ZERO_IS_NONE = ("physical_batch_size", "local_batch_size")
+
+
+def dp_knob_defaults() -> dict:
+    """{DPConfig field: its default} for the mechanism's knobs a config carries by name."""
+    return {f.name: 0 if f.name in ZERO_IS_NONE and f.default is None else f.default
+            for f in dataclasses.fields(DPConfig) if f.name not in SET_BY_THE_RUN}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -136,49 +152,26 @@ def base_config() -> ml_collections.ConfigDict:
     # after 10 epochs was 0.39 at 1e-2 and 0.25 at 2e-2 (3e-3 had not started learning).
     c.learning_rate = 2e-2
     c.sampling = "poisson"
-    # privacy
-    c.l2_norm_clip = 1.0
-    c.noise_multiplier = 1.0
+    # privacy: the run's own knobs; the mechanism's are DPConfig's (below)
     c.target_epsilon = 0.0  # > 0: calibrate z0 to reach it after `epochs`; also stops at the budget
     c.delta = 0.0
     # edp only: examples per micro-batch; 0 = one micro-batch per replica (the paper's eDP-SGD).
     # 2 by default: with one micro-batch per replica a step sums only N clipped vectors against
-    # noise of norm z S sqrt(d), and the default run learned nothing at epsilon 8 (SER 0.96).
+    # noise of norm z S sqrt(d), too few to learn at epsilon 8 (results/pilot_default).
     c.microbatch_size = 2
     # "example", or "user": user-level DP (DP-FedSGD): users are Poisson-sampled, each sampled
     # user's examples (at most examples_per_user, a random subset when more) make one micro-batch
     # clipped to C; epsilon then protects a user's whole data. Needs user ids in the data.
     c.privacy_unit = "example"
     c.examples_per_user = 8
-    # user-level only: 0 = DP-FedSGD (each user's gradient); E >= 1 = DP-FedAvg: each user's
-    # update is E epochs of local SGD (local_learning_rate, local batches of local_batch_size
-    # rows, 0 = all of the user's rows), clipped; the optimizer is then the server optimizer.
-    c.local_epochs = 0
-    # user-level only: "fixed" divides the clipped sum by q W (expected users; S = C), "clipped"
-    # by max(q W, users drawn) (less variance, S = 2C).
-    c.user_estimator = "fixed"
     # user-level only: w_hat > 0 weighs user k by min(n_k / w_hat, 1) after clipping (users with
     # few utterances count less; S stays C); 0 = every user weighs 1.
     c.user_weight_cap = 0.0
-    c.local_batch_size = 0
-    c.local_learning_rate = 0.1
-    # DP-AdaFEST (edp_tf/selection.py): embedding tables are updated, and noised, only at rows
-    # whose noisy count of touching micro-batches (each micro-batch's count vector clipped to
-    # selection_clip, noise sigma_c = selection_noise_multiplier x S x selection_clip) exceeds
-    # selection_threshold x sigma_c; epsilon charges the joint multiplier (z^-2 + z_c^-2)^-1/2.
-    # "flat", or "per_layer": each trainable variable clipped to C / sqrt(K) on its own (same S).
-    c.clipping = "flat"
-    c.sparse_embeddings = False
-    c.selection_noise_multiplier = 5.0
-    c.selection_clip = 1.0
-    c.selection_threshold = 3.0
-    # > 0: each replica processes at most this many examples at once (chunks, same mechanism):
-    # bounds memory for large batches (a multiple of the micro-batch size).
-    c.physical_batch_size = 0
-    c.noise_mode = "calibrated"
-    c.decay = "none"
-    c.decay_rate = 0.0
-    c.scaling = "uniform"
+    # The mechanism's knobs (clip, z0, noise mode, decay, scaling, user-level estimator and local
+    # epochs, sparse embedding noise, chunking, ...) are edp_tf.DPConfig's fields, documented,
+    # defaulted and checked there: one definition each (trainers/builders.py dp_config).
+    for name, value in dp_knob_defaults().items():
+        c[name] = value
     # Release unnoised statistics of the training data (per-epoch train loss and clipping stats in
     # metrics.json and TensorBoard, training-split encoding counts, membership-inference numbers
     # computed from training losses)? Not covered by epsilon: off by default; experiments use it.

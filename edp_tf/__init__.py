@@ -1,10 +1,11 @@
 """edp-tf: efficient DP-SGD for Keras models, with honest privacy accounting."""
-from edp_tf import accounting, ledger, multi_worker, sampling
+from edp_tf import accounting, ledger, multi_worker, plan, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
 from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
+from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
 from edp_tf.sampling import PoissonSampler, UserPoissonSampler
 from edp_tf.multi_worker import make_multi_worker_strategy
@@ -12,8 +13,8 @@ from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 
 __all__ = [
-    "DPConfig", "Mechanism", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
+    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
     "PoissonSampler", "UserPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
-    "accounting", "ledger", "multi_worker", "sampling",
+    "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterable, Optional
+from typing import Optional
 
 from edp_tf import checks
 
@@ -227,27 +227,6 @@ class Mechanism:
         """std one replica's draws would need so that N independent ones sum to the mechanism's
         std (works on a float or a tensor z_t: one multiply by a constant)."""
         return self.summed_noise_std(noise_multiplier) / math.sqrt(self.replicas)
-
-    def schedule(self, epochs: int, steps_per_epoch: int, first_epoch: int = 0) -> tuple:
-        """The accounting's EpochRecords of `epochs` epochs of `steps_per_epoch` steps."""
-        from edp_tf import accounting
-
-        return accounting.plan_schedule(self.noise_multiplier, epochs, steps_per_epoch, self.decay,
-                                        self.decay_rate, self.noise_mode, self.replicas,
-                                        self.sensitivity, first_epoch,
-                                        self.selection_noise_multiplier)
-
-    def calibrated(self, target_epsilon: float, delta: float, sampling_rate: float, epochs: int,
-                   steps_per_epoch: int, extra_events: Iterable = (),
-                   accountant: str = "pld") -> "Mechanism":
-        """This mechanism with the smallest z0 whose schedule meets (target_epsilon, delta)."""
-        from edp_tf import accounting
-
-        z0 = accounting.calibrate_noise(
-            target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, self.decay,
-            self.decay_rate, self.noise_mode, self.replicas, self.sensitivity, accountant,
-            extra_events, selection_noise_multiplier=self.selection_noise_multiplier)
-        return dataclasses.replace(self, noise_multiplier=z0)
 
     def to_dict(self) -> dict:
         """The facts a ledger records (k is the effective micro-batch size)."""

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from edp_tf import accounting
+from edp_tf import accounting, plan
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism, effective_noise_multiplier, sensitivity
 
@@ -44,7 +44,7 @@ def test_from_config_and_schedule_agree_with_the_config():
     m = Mechanism.from_config(cfg, 2, 64)
     assert (m.l2_norm_clip, m.noise_multiplier, m.decay, m.expected_batch) == (
         0.5, 2.0, "linear", 30.0)
-    records = m.schedule(3, 7)
+    records = plan.schedule(m, 3, 7)
     assert [r.epoch for r in records] == [0, 1, 2] and all(r.steps == 7 for r in records)
     for r in records:
         assert r.noise_multiplier == cfg.noise_multiplier_at(r.epoch) == m.noise_multiplier_at(
@@ -53,11 +53,11 @@ def test_from_config_and_schedule_agree_with_the_config():
 
 
 def test_calibrated_mechanism_meets_the_target():
-    m = Mechanism(2, 64, 1, noise_multiplier=0.0).calibrated(4.0, 1e-5, 0.01, 3, 100)
-    eps = accounting.compute_epsilon(m.schedule(3, 100), 0.01, 1e-5)
+    m = plan.calibrate(Mechanism(2, 64, 1, noise_multiplier=0.0), 4.0, 1e-5, 0.01, 3, 100)
+    eps = accounting.compute_epsilon(plan.schedule(m, 3, 100), 0.01, 1e-5)
     assert eps <= 4.0 and eps > 3.9  # bisection to a relative 1e-3 in z lands just under
     looser = accounting.compute_epsilon(
-        Mechanism(2, 64, 1, noise_multiplier=m.noise_multiplier * 0.99).schedule(3, 100),
+        plan.schedule(Mechanism(2, 64, 1, noise_multiplier=m.noise_multiplier * 0.99), 3, 100),
         0.01, 1e-5)
     assert looser > 4.0
 
@@ -91,7 +91,7 @@ def test_sparse_embedding_noise_is_charged_at_the_joint_multiplier_not_drawn_at_
                        selection_noise_multiplier=2.0)
     assert sparse.effective_noise_multiplier() == pytest.approx((1.2 ** -2 + 2.0 ** -2) ** -0.5)
     assert sparse.per_replica_noise_std(1.2) == plain.per_replica_noise_std(1.2)
-    assert [r.effective_noise_multiplier for r in sparse.schedule(2, 5)] == pytest.approx(
+    assert [r.effective_noise_multiplier for r in plan.schedule(sparse, 2, 5)] == pytest.approx(
         [sparse.effective_noise_multiplier()] * 2)
     with pytest.raises(ValueError, match="example-level only"):
         Mechanism(1, 8, 4, expected_batch_size=2.0, privacy_unit="user",

@@ -11,6 +11,7 @@ tracing. The wrapped model stays an ordinary Keras model: save or export `wrappe
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional, Sequence
 
@@ -22,6 +23,7 @@ from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, m
                     multi_worker, noise, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
+from edp_tf.plan import PrivacyPlan
 
 
 class _EpochSchedule(keras.callbacks.Callback):
@@ -44,11 +46,13 @@ class PrivateModel(keras.Model):
     Create it (and compile it) inside `strategy.scope()`: the noise generator must be created
     there to give each replica its own stream. `public_layers` names preprocessing layers
     (Normalization, TextVectorization, ...) adapted on public data: epsilon assumes they were,
-    and any other adaptable layer is refused (edp_tf/model_state.py).
+    and any other adaptable layer is refused (edp_tf/model_state.py). `plan`, the run's
+    `PrivacyPlan` when one was made (a trainer calibrating z0): the step runs its mechanism,
+    refuses batches it was not made for, and reports its sentences to the ledger.
     """
 
     def __init__(self, model: keras.Model, config: DPConfig, public_layers: Sequence[str] = (),
-                 **kwargs):
+                 plan: Optional[PrivacyPlan] = None, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(config, DPConfig):
             raise ValueError(f"PrivateModel needs an edp_tf.DPConfig, got {type(config).__name__}")
@@ -57,6 +61,10 @@ class PrivateModel(keras.Model):
         self.wrapped_model = model
         self._dp_config = config
         self._public_layers = tuple(str(name) for name in public_layers)
+        if plan is not None and not isinstance(plan, PrivacyPlan):
+            raise ValueError(f"PrivateModel's plan must be an edp_tf.PrivacyPlan, "
+                             f"got {type(plan).__name__}")
+        self._plan = plan
         self._state_checked = False  # model_state's refusal runs once, before the first step
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
@@ -67,7 +75,6 @@ class PrivateModel(keras.Model):
         self._clip_plan: Optional[microbatch.ClipPlan] = None
         self._sums_over_replicas = False
         self._extra_events: list = []
-        self._not_covered: list = []
         self._per_example_loss = None
         self._freeze: Optional[tuple] = None  # (epoch, the frozen variables)
         self._frozen_now = False
@@ -123,7 +130,7 @@ class PrivateModel(keras.Model):
         """What the accountant needs to know about the mechanism (after the first `fit` starts)."""
         mechanism = self.mechanism
         cfg = self._dp_config
-        not_covered = list(self._not_covered)
+        not_covered = list(self._plan.not_covered) if self._plan is not None else []
         if self._public_layers:
             not_covered.append(
                 f"Layers {', '.join(self._public_layers)} hold state fitted by adapt(); epsilon "
@@ -163,12 +170,6 @@ class PrivateModel(keras.Model):
         grads = self._eager_gradients(x, y, sample_weight)
         self._layer_scales = scaling.normalize(scaling.per_variable_norms(grads))
         return self._layer_scales
-
-    def note_not_covered(self, sentence: str) -> None:
-        """Records something outside the mechanism that epsilon does not cover (e.g. a
-        vocabulary built from the training text); the ledger reports it."""
-        if sentence not in self._not_covered:
-            self._not_covered.append(str(sentence))
 
     def freeze_until(self, epoch: int, variables: Sequence) -> None:
         """The first `epoch` epochs train only the other trainable variables; then all train.
@@ -281,7 +282,7 @@ class PrivateModel(keras.Model):
         if k is not None and cfg.per_example_method != "loop":
             _refuse_unvectorisable_layers(self.wrapped_model)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
-        self._mechanism = Mechanism.from_config(cfg, n, batch)
+        self._mechanism = self._planned(Mechanism.from_config(cfg, n, batch))
         trained = self._trained_indices()
         variables = [self.wrapped_model.trainable_variables[i] for i in trained]
         self._noise_owners = noise.noise_owners([int(np.prod(v.shape)) for v in variables], n)
@@ -307,6 +308,22 @@ class PrivateModel(keras.Model):
             self.optimizer._all_reduce_sum_gradients = _already_summed
         self._attach_noise_to_optimizer()
         self.train_function = None  # constants changed: retrace
+
+    def _planned(self, mechanism: Mechanism) -> Mechanism:
+        """The plan's mechanism, if it is the one this config and batch give (else the ledger
+        would charge a step that does not run)."""
+        if self._plan is None:
+            return mechanism
+        planned = self._plan.mechanism
+        if planned != mechanism:
+            fields = [f.name for f in dataclasses.fields(Mechanism)
+                      if getattr(planned, f.name) != getattr(mechanism, f.name)]
+            raise ValueError(
+                "the PrivacyPlan was made for another step: "
+                + ", ".join(f"{f} {getattr(planned, f)!r} planned vs {getattr(mechanism, f)!r} "
+                            "here" for f in fields)
+                + " (same DPConfig, replicas and global batch size as the plan's)")
+        return planned
 
     def _attach_noise_to_optimizer(self) -> None:
         """Tells a `BiasCorrectedAdam` the noise std of each variable's update at z = 1:

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import DPConfig, PrivateModel, accounting, selection
+from edp_tf import DPConfig, PrivateModel, accounting, plan, selection
 from edp_tf.mechanism import Mechanism, joint_noise_multiplier
 
 VOCAB, WORDS = 50, 6
@@ -61,7 +61,7 @@ def test_joint_multiplier_accounting_is_a_direct_dp_accounting_composition():
     (z^-2 + z_c^-2)^-1/2; built here directly with dp-accounting (no edp_tf code)."""
     z, z_c, q, steps, delta = 1.1, 3.0, 0.05, 400, 1e-5
     mech = Mechanism(1, 64, 1, 1.0, z, expected_batch_size=64.0, selection_noise_multiplier=z_c)
-    records = mech.schedule(2, steps // 2)
+    records = plan.schedule(mech, 2, steps // 2)
     ours = accounting.compute_epsilon(records, q, delta)
     z_joint = 1.0 / math.sqrt(z ** -2 + z_c ** -2)
     pld = dp_accounting.pld.PLDAccountant()
@@ -71,7 +71,8 @@ def test_joint_multiplier_accounting_is_a_direct_dp_accounting_composition():
     # the selection costs something; and composing it as a second, independently sampled query
     # would understate it (5.82 against 6.30 here): both releases use the same sample
     gradient_only = accounting.compute_epsilon(
-        Mechanism(1, 64, 1, 1.0, z, expected_batch_size=64.0).schedule(2, steps // 2), q, delta)
+        plan.schedule(Mechanism(1, 64, 1, 1.0, z, expected_batch_size=64.0), 2, steps // 2), q,
+        delta)
     two = dp_accounting.pld.PLDAccountant()
     for multiplier in (z, z_c):
         two.compose(dp_accounting.SelfComposedDpEvent(
@@ -83,12 +84,12 @@ def test_joint_multiplier_accounting_is_a_direct_dp_accounting_composition():
 
 def test_calibration_meets_the_target_with_the_selection_and_refuses_when_it_cannot():
     mech = Mechanism(1, 64, 1, 1.0, 1.0, expected_batch_size=64.0, selection_noise_multiplier=4.0)
-    tuned = mech.calibrated(3.0, 1e-5, 0.05, 3, 100)
-    eps = accounting.compute_epsilon(tuned.schedule(3, 100), 0.05, 1e-5)
+    tuned = plan.calibrate(mech, 3.0, 1e-5, 0.05, 3, 100)
+    eps = accounting.compute_epsilon(plan.schedule(tuned, 3, 100), 0.05, 1e-5)
     assert eps <= 3.0 and eps > 2.9
     loud = Mechanism(1, 64, 1, 1.0, 1.0, expected_batch_size=64.0, selection_noise_multiplier=0.3)
     with pytest.raises(ValueError, match="selection_noise_multiplier=0.3"):
-        loud.calibrated(1.0, 1e-5, 0.05, 3, 100)
+        plan.calibrate(loud, 1.0, 1e-5, 0.05, 3, 100)
 
 
 def test_noise_is_drawn_for_selected_rows_only_with_the_requested_std():

@@ -152,3 +152,42 @@ def test_a_build_file_it_cannot_evaluate_is_named(tmp_path):
     _write(tmp_path, {"pkg/BUILD": 'py_library(name = "x", srcs = undefined_macro())\n'})
     with pytest.raises(build_graph.BuildFileError, match="pkg/BUILD"):
         build_graph.load_build_graph(tmp_path)
+
+
+def _module_imports(package: str) -> dict:
+    """{module: the package's modules it imports}, function-local imports included."""
+    import ast
+
+    root = REPO / package
+    names = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in root.rglob("*.py") if not p.name.endswith("_test.py")}
+    graph = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                base = node.module
+                found |= {f"{base}.{a.name}" for a in node.names} | {base}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in names and m != name and m != package}
+    return graph
+
+
+@pytest.mark.parametrize("package", ["edp_tf", "models", "trainers"])
+def test_no_import_cycles(package):
+    """A cycle makes import order matter and hides which module owns what (the mechanism
+    and the accountant once imported each other)."""
+    graph = _module_imports(package)
+    cycles = []
+
+    def visit(module, path):
+        for nxt in sorted(graph[module]):
+            if nxt == path[0]:
+                cycles.append(" -> ".join(path + [nxt]))
+            elif nxt not in path and nxt > path[0]:  # each cycle once, from its smallest module
+                visit(nxt, path + [nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert cycles == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Optional
 
 import numpy as np
@@ -62,29 +63,12 @@ def check_config(config) -> None:
             config.sampling != "poisson" or config.examples_per_user < 1):
         bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
             "examples_per_user >= 1")
-    if int(config.get("local_epochs", 0)) < 0 or (
-            config.get("local_epochs", 0) and unit(config) != "user"):
-        bad("local_epochs", config.local_epochs, "0, or >= 1 with privacy_unit='user' (DP-FedAvg)")
-    if config.get("user_estimator", "fixed") not in ("fixed", "clipped") or (
-            config.get("user_estimator", "fixed") == "clipped" and unit(config) != "user"):
-        bad("user_estimator", config.user_estimator, "'fixed', or 'clipped' with "
-            "privacy_unit='user'")
     if config.get("user_weight_cap", 0.0) < 0 or (
             config.get("user_weight_cap", 0.0) and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
-    if config.get("clipping", "flat") not in ("flat", "per_layer"):
-        bad("clipping", config.clipping, "'flat' or 'per_layer'")
-    if config.get("sparse_embeddings", False) and unit(config) != "example":
-        bad("sparse_embeddings", config.sparse_embeddings, "False with privacy_unit='user' "
-            "(sparse embedding noise is example-level)")
-    for field in ("selection_noise_multiplier", "selection_clip"):
-        if not config.get(field, 1.0) > 0:
-            bad(field, config[field], "> 0")
-    if int(config.get("local_batch_size", 0)) < 0:
-        bad("local_batch_size", config.local_batch_size, "an integer >= 1, or 0 for all rows")
-    if not config.get("local_learning_rate", 0.1) > 0:
-        bad("local_learning_rate", config.local_learning_rate, "> 0")
+    if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
+        dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
     if config.get("decoding", "viterbi") not in DECODINGS:
         bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
@@ -348,33 +332,56 @@ def optimizer(config, steps_per_epoch: int):
         private=config.mechanism != "sgd")
 
 
+def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
+    """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
+    by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
+    from configs.base import ZERO_IS_NONE, dp_knob_defaults
+
+    values = {}
+    for name in dp_knob_defaults():
+        if name in config:
+            value = config[name]
+            values[name] = None if name in ZERO_IS_NONE and not value else value
+    try:
+        return edp_tf.DPConfig(microbatch_size=k, seed=fixed_seed,
+                               expected_batch_size=expected_batch, privacy_unit=unit(config),
+                               **values)
+    except ValueError as error:  # "DPConfig.f must be ..." -> "--config.f=v is invalid: f must be ..."
+        found = re.search(r"DPConfig\.(\w+)", str(error))
+        if found is None or found.group(1) not in config:
+            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
+        field = found.group(1)
+        raise ValueError(f"--config.{field}={config[field]!r} is invalid: "
+                         + str(error).replace("DPConfig.", "")) from None
+
+
 def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
                    delta: float, steps: int, noise_multiplier=None) -> edp_tf.DPConfig:
     """The run's DPConfig; with a target epsilon, z0 is calibrated through the run's Mechanism
     (or `noise_multiplier`, the z0 a resumed run calibrated before)."""
-    dp = edp_tf.DPConfig(
-        l2_norm_clip=config.l2_norm_clip, noise_multiplier=float(config.noise_multiplier),
-        microbatch_size=k, noise_mode=config.noise_mode, decay=config.decay,
-        decay_rate=config.decay_rate, scaling=config.scaling, seed=fixed_seed,
-        expected_batch_size=expected_batch,
-        physical_batch_size=int(config.physical_batch_size) or None,
-        privacy_unit=unit(config), local_epochs=int(config.get("local_epochs", 0)),
-        local_batch_size=int(config.get("local_batch_size", 0)) or None,
-        local_learning_rate=float(config.get("local_learning_rate", 0.1)),
-        user_estimator=config.get("user_estimator", "fixed"),
-        clipping=config.get("clipping", "flat"),
-        sparse_embeddings=bool(config.get("sparse_embeddings", False)),
-        selection_noise_multiplier=float(config.get("selection_noise_multiplier", 5.0)),
-        selection_clip=float(config.get("selection_clip", 1.0)),
-        selection_threshold=float(config.get("selection_threshold", 3.0)))
+    dp = dp_config(config, k, expected_batch, fixed_seed)
     if config.target_epsilon <= 0:
         return dp
     if noise_multiplier is None:
         rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
         extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
                   if config.scaling == "private" else ())
-        noise_multiplier = Mechanism.from_config(dp, replicas, rows).calibrated(
-            config.target_epsilon, delta, q, int(config.epochs), steps, extras).noise_multiplier
+        noise_multiplier = edp_tf.plan.calibrate(
+            Mechanism.from_config(dp, replicas, rows), config.target_epsilon, delta, q,
+            int(config.epochs), steps, extras).noise_multiplier
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", noise_multiplier,
                   config.target_epsilon, delta)
     return dp.replace(noise_multiplier=noise_multiplier)
+
+
+def privacy_plan(config, dp: edp_tf.DPConfig, replicas: int, sampler, q: float, n: int,
+                 delta: float, steps: int, not_covered=()) -> edp_tf.PrivacyPlan:
+    """The run's privacy statement, decided once before the first step: the (calibrated)
+    mechanism of `dp` on the batches fit will see, the sampling and length of the run, the
+    planned extra query and what the statement does not cover. PrivateModel runs its
+    mechanism; the ledger reports it."""
+    rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
+    extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
+              if dp.scaling == "private" else ())
+    return edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
+                              int(config.epochs), steps, extras, tuple(not_covered))

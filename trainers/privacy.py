@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from absl import app, flags, logging
 
-from edp_tf import accounting
+from edp_tf import accounting, plan
 from edp_tf.accounting import EpochRecord
 from edp_tf.mechanism import Mechanism
 
@@ -163,7 +163,7 @@ def plan_statement(dataset_size: int, batch_size: float, epochs: int, noise_mult
     for mode in modes:
         mechanism = planned_mechanism(batch_size, replicas, microbatch_size, noise_multiplier, mode,
                                       decay, decay_rate, selection_noise_multiplier)
-        columns[mode] = _per_epoch(mechanism.schedule(epochs, steps), q, delta, extras)
+        columns[mode] = _per_epoch(plan.schedule(mechanism, epochs, steps), q, delta, extras)
     sensitivity = mechanism.sensitivity
     first = next(iter(columns.values()))[0]
     lines = ["Privacy statement of a planned run",
@@ -316,9 +316,10 @@ def main(argv):
     if f.target_epsilon is not None:
         mode = "calibrated" if f.noise_mode == "both" else f.noise_mode
         steps = f.steps_per_epoch or math.ceil(n / batch - 1e-9)
-        z0 = planned_mechanism(batch, replicas, f.microbatch_size, 1.0, mode, f.decay,
-                               f.decay_rate, f.selection_noise_multiplier).calibrated(f.target_epsilon, delta, batch / n,
-                                                        f.epochs, steps, extras).noise_multiplier
+        planned = planned_mechanism(batch, replicas, f.microbatch_size, 1.0, mode, f.decay,
+                                    f.decay_rate, f.selection_noise_multiplier)
+        z0 = plan.calibrate(planned, f.target_epsilon, delta, batch / n, f.epochs, steps,
+                            extras).noise_multiplier
         print(f"Calibrated z0 = {z0:.6g} ({mode} mode) for epsilon {f.target_epsilon:g} at "
               f"delta {delta:.3g} (PLD, relative tolerance 1e-3)\n")
     print(plan_statement(n, batch, f.epochs, z0, delta, f.decay, f.decay_rate, f.noise_mode,

@@ -72,17 +72,20 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     k = builders.microbatch_size(config)
     ds, steps, q, expected_batch, sampler = builders.datasets(
         config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
-    dp = builders.private_config(
-        config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q, delta,
-        steps, state.get("noise_multiplier")) if private else None
-    model, trainer, manager = _build(config, data, dp, steps, strategy, run_dir, resume, state,
-                                     source)
+    dp = plan = None
+    if private:
+        dp = builders.private_config(
+            config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
+            delta, steps, state.get("noise_multiplier"))
+        plan = builders.privacy_plan(config, dp, strategy.num_replicas_in_sync, sampler, q, n,
+                                     delta, steps, _not_covered(data, source))
+    model, trainer, manager = _build(config, data, dp, plan, steps, strategy, run_dir, resume,
+                                     state, source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
         _write_run_files(run_dir, config, data, n, delta)
-    ledger = (_ledger(config, data, trainer, run_dir, sampler, n, delta, q, source)
-              if private else None)
+    ledger = _ledger(config, data, run_dir, sampler, n, delta, q) if private else None
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
                                        data.dev_x, manager, state, trainer if private else None,
                                        bool(config.diagnostics))
@@ -105,7 +108,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         from models.export import export_serving_model
 
         export_serving_model(model, data.preprocessor, os.path.join(run_dir, "saved_model"))
-    privacy = read_json(os.path.join(run_dir, "privacy.json"), {})
+    privacy = _statement(ledger, run_dir)
     extra = ({"after_training": after_training(model, data.preprocessor)}
              if after_training else {})
     return extra | {
@@ -159,7 +162,7 @@ def _load_data(config, splits, resume: bool) -> _Data:
                  encode(splits.test))
 
 
-def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: bool,
+def _build(config, data: _Data, dp, plan, steps: int, strategy, run_dir: str, resume: bool,
            state: dict, source: Optional[warm_start.Source] = None):
     """(model, what `fit` runs: the PrivateModel or the model, checkpoint manager), restored
     from the last checkpoint when resuming, its backbone from `source` when given."""
@@ -170,7 +173,7 @@ def _build(config, data: _Data, dp, steps: int, strategy, run_dir: str, resume: 
             _log.info("backbone: %d variables from %s", copied, source.run_dir)
         optimizer = builders.optimizer(config, steps)
         if dp is not None:
-            trainer = edp_tf.PrivateModel(model, dp)
+            trainer = edp_tf.PrivateModel(model, dp, plan=plan)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
             _probe_first(config, model, trainer)
         else:
@@ -210,16 +213,27 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float) ->
                     from_training_data=data.labels.from_training_data))
 
 
-def _ledger(config, data: _Data, trainer, run_dir: str, sampler, n: int, delta: float, q: float,
-            source: Optional[warm_start.Source] = None):
-    """The privacy ledger (with the budget when a target epsilon is set); what epsilon does not
-    cover (a vocabulary or label names from the training text) is noted on the trainer."""
+def _not_covered(data: _Data, source: Optional[warm_start.Source]) -> list:
+    """What the run's statement does not cover: a vocabulary or label names from the training
+    text, a pretraining source's corpora (they go into the PrivacyPlan)."""
+    return (builders.vocabulary_not_covered(data.preprocessor)
+            + list(schema_lib.not_covered(data.labels))
+            + ([source.not_covered_sentence()] if source else []))
+
+
+def _statement(ledger, run_dir: str) -> dict:
+    """The ledger's statement for the summary: the one this fit charged, or, when fit had no
+    epoch left to run (a finished run resumed), the one it left in the run directory."""
+    if ledger is not None and ledger.records:
+        return ledger.ledger
+    return read_json(os.path.join(run_dir, "privacy.json"), {})
+
+
+def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q: float):
+    """The privacy ledger (with the budget when a target epsilon is set), with what the run
+    directory's files are, for the statement's scope."""
     from edp_tf.ledger import PrivacyLedger
 
-    for sentence in (builders.vocabulary_not_covered(data.preprocessor)
-                     + schema_lib.not_covered(data.labels)
-                     + ([source.not_covered_sentence()] if source else [])):
-        trainer.note_not_covered(sentence)
     budget = config.target_epsilon if config.target_epsilon > 0 else None
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
               PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,

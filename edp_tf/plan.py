@@ -1,0 +1,98 @@
+"""`PrivacyPlan`: a run's privacy statement, decided once before training and handed down.
+
+The calibrated `Mechanism`, the schedule the accountant will charge, and what the statement does
+not cover are fixed in one immutable object before the first step. The trainer builds it;
+`PrivateModel(..., plan=plan)` runs its mechanism (refusing a batch geometry the plan was not made
+for); the ledger charges the epochs that run and reports the plan's sentences through the model's
+`privacy_facts()`. Facts flow one way, plan -> model -> ledger, and `Mechanism` (the step's
+formulas) no longer needs the accountant: `schedule` and `calibrate` live here, above both.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Tuple
+
+from edp_tf import accounting, checks
+from edp_tf.mechanism import Mechanism
+
+
+def schedule(mechanism: Mechanism, epochs: int, steps_per_epoch: int,
+             first_epoch: int = 0) -> tuple:
+    """The accountant's EpochRecords of `epochs` epochs of `steps_per_epoch` steps of
+    `mechanism`, from the 0-based `first_epoch` on."""
+    return accounting.plan_schedule(
+        mechanism.noise_multiplier, epochs, steps_per_epoch, mechanism.decay,
+        mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
+        first_epoch, mechanism.selection_noise_multiplier)
+
+
+def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, sampling_rate: float,
+              epochs: int, steps_per_epoch: int, extra_events: Iterable = (),
+              accountant: str = "pld") -> Mechanism:
+    """`mechanism` with the smallest z0 whose schedule (plus `extra_events`) meets
+    (target_epsilon, delta)."""
+    z0 = accounting.calibrate_noise(
+        target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, mechanism.decay,
+        mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
+        accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier)
+    return dataclasses.replace(mechanism, noise_multiplier=z0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyPlan:
+    """The mechanism of every step, the sampling it is amplified by, and the run's length.
+
+    Attributes:
+      mechanism: the step (z0, decay, S, replicas, micro-batches), calibrated or given.
+      dataset_size: n, taken as public (q n normalises every update).
+      sampling_rate: q of the Poisson sampling.
+      delta: the delta epsilon is stated at.
+      epochs, steps_per_epoch: the planned run.
+      extra_events: other releases on the same data charged to the same ledger (e.g. the
+        private layer-scale query), as `accounting.ExtraEvent`s.
+      not_covered: sentences on what the statement does not cover (a vocabulary or label set
+        from the training split, a public pretraining corpus), reported in privacy.json.
+    """
+
+    mechanism: Mechanism
+    dataset_size: int
+    sampling_rate: float
+    delta: float
+    epochs: int
+    steps_per_epoch: int
+    extra_events: Tuple[accounting.ExtraEvent, ...] = ()
+    not_covered: Tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mechanism, Mechanism):
+            raise ValueError(f"PrivacyPlan.mechanism must be an edp_tf.Mechanism, "
+                             f"got {type(self.mechanism).__name__}")
+        checks.count("PrivacyPlan.dataset_size", self.dataset_size, 1)
+        accounting.check_sampling_rate(self.sampling_rate)
+        accounting.check_delta(self.delta)
+        checks.count("PrivacyPlan.epochs", self.epochs, 1)
+        checks.count("PrivacyPlan.steps_per_epoch", self.steps_per_epoch, 1)
+        object.__setattr__(self, "extra_events", accounting.as_extra_events(self.extra_events))
+        object.__setattr__(self, "not_covered", tuple(str(s) for s in self.not_covered))
+
+    def schedule(self, first_epoch: int = 0) -> tuple:
+        """The EpochRecords of the planned epochs from `first_epoch` on."""
+        return schedule(self.mechanism, self.epochs - first_epoch, self.steps_per_epoch,
+                        first_epoch)
+
+    def epsilon(self, accountant: str = "pld") -> float:
+        """Epsilon of the whole planned run at `delta` (what the ledger reaches if it runs)."""
+        return accounting.compute_epsilon(self.schedule(), self.sampling_rate, self.delta,
+                                          self.extra_events, accountant)
+
+    def calibrated(self, target_epsilon: float, accountant: str = "pld") -> "PrivacyPlan":
+        """This plan with the smallest z0 whose whole run meets (target_epsilon, delta)."""
+        mechanism = calibrate(self.mechanism, target_epsilon, self.delta, self.sampling_rate,
+                              self.epochs, self.steps_per_epoch, self.extra_events, accountant)
+        return dataclasses.replace(self, mechanism=mechanism)
+
+    def with_not_covered(self, *sentences: str) -> "PrivacyPlan":
+        """This plan with more sentences on what it does not cover (each once)."""
+        merged = list(self.not_covered)
+        merged += [s for s in sentences if s not in merged]
+        return dataclasses.replace(self, not_covered=tuple(merged))
