@@ -171,3 +171,138 @@ def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
     with pytest.raises(RuntimeError, match="not this row's run"):
         experiment.add_bio_decoding(g, cell, sys.executable)
     experiment._write(path, stored)
+
+
+# ------------------------------------------------------------------------------ --select
+def test_select_plans_the_schedule_the_trainer_charges(finished):
+    """A candidate's schedule is planned before training (the selection's bound must cover
+    every candidate first); the plan is what trainers.train then recorded, and a ledger that
+    differs from its plan is caught (the candidate would be discarded)."""
+    from edp_tf.accounting import EpochRecord
+    from edp_tf.ledger import read_ledger
+
+    g, _ = finished
+    plan = experiment.planned_run(experiment.cell_config(g.cells[1]))
+    ledger = read_ledger(os.path.join(g.runs_dir, "clc_dpsgd"))
+    recorded = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
+    assert [r.steps for r in plan["records"]] == [r.steps for r in recorded]
+    assert [r.effective_noise_multiplier for r in plan["records"]] == pytest.approx(
+        [r.effective_noise_multiplier for r in recorded], rel=1e-12)
+    assert plan["delta"] == ledger["delta"] and plan["sampling_rate"] == ledger["sampling_rate"]
+    assert experiment._same_schedule(ledger, plan) == ""
+    quieter = dict(plan, records=tuple(EpochRecord(r.epoch, r.steps, r.noise_multiplier * 1.1,
+                                                   r.effective_noise_multiplier * 1.1)
+                                       for r in plan["records"]))
+    assert "not the planned schedule" in experiment._same_schedule(ledger, quieter)
+    assert "private: false" in experiment._same_schedule(dict(ledger, private=False), plan)
+    with pytest.raises(ValueError, match="must be private"):
+        experiment.planned_run(experiment.cell_config(g.cells[0]))  # the SGD cell
+
+
+def test_select_plan_only_states_the_epsilon_with_and_without_selection(tmp_path):
+    g = tiny_grid(tmp_path)
+    lines = []
+    result = experiment.select(g, [g.cells[1]], 8.0, "poisson", None, "plan", plan_only=True,
+                               log=lines.append)
+    a = result["plan"]["accounting"]
+    assert a["per_run_epsilon"] <= 8.0 < a["selection_epsilon"] < a["fixed_runs_epsilon"]
+    assert a["selection_epsilon"] <= a["selection_epsilon_rdp_delta_hat"]
+    assert a["fixed_runs"] == 8 and a["distribution"] == "Poisson"
+    assert result["plan"]["candidates"]["clc_dpsgd"]["epsilon"] == pytest.approx(
+        a["per_run_epsilon"])
+    assert any("released alone" in line for line in lines)
+    with open(tmp_path / "tuning" / "plan.json") as f:
+        assert json.load(f)["plan"]["accounting"] == a
+    md = (tmp_path / "tuning" / "plan.md").read_text()
+    assert f"| {a['selection_epsilon']:.2f} |" in md and "--plan_only" in md
+    assert not os.path.exists(g.runs_dir)  # nothing trained
+
+
+def _fake_training(finished, dev_ser: dict, tamper: str = ""):
+    """A _train_candidate that copies the finished clc_dpsgd run (a candidate of the same
+    schedule) instead of training, with the dev SER `dev_ser` gives each candidate index."""
+    import shutil
+
+    g, _ = finished
+    calls = []
+
+    def train(grid, candidate, runs_dir, python):
+        run_dir = os.path.join(runs_dir, candidate.name)
+        if os.path.isdir(run_dir):
+            return
+        calls.append(candidate.name)
+        shutil.copytree(os.path.join(g.runs_dir, "clc_dpsgd"), run_dir)
+        metrics = experiment._read(os.path.join(run_dir, "metrics.json"))
+        metrics["epochs"][-1]["dev"]["ser"] = dev_ser[int(candidate.name[:2])]
+        experiment._write(os.path.join(run_dir, "metrics.json"), metrics)
+        if candidate.name.startswith(tamper or "-"):
+            ledger = experiment._read(os.path.join(run_dir, "privacy.json"))
+            experiment._write(os.path.join(run_dir, "privacy.json"), dict(ledger, private=False))
+    return train, calls
+
+
+def test_select_releases_the_best_kept_candidate_and_resumes_its_draw(finished, tmp_path,
+                                                                      monkeypatch):
+    g, _ = finished
+    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "configs/default.py",
+                "mechanism=dpsgd", "target_epsilon=8.0", *TINY)
+    candidates = [g.cells[1], twin]
+    dev_ser = {i: 0.5 - 0.01 * i for i in range(40)}  # later candidates score better...
+    train, calls = _fake_training(finished, dev_ser, tamper="")
+    monkeypatch.setattr(experiment, "_train_candidate", train)
+    runs_dir = str(tmp_path / "runs")
+    tmp = grid("tiny", candidates)
+    tmp.results_dir, tmp.runs_dir, tmp.grid_file = str(tmp_path / "results"), runs_dir, "tiny.py"
+    result = experiment.select(tmp, candidates, 6.0, "poisson", 3, "sel", log=lambda _: None)
+    draw = experiment._read(os.path.join(runs_dir, "select_sel", "draw.json"))
+    assert draw["k"] >= 2 and len(calls) == draw["k"] == len(result["seeded_draw"]["candidates"])
+    last = f"{draw['k'] - 1:02d}_{draw['drawn'][-1]}"
+    assert result["selected"]["run_dir"].endswith(last)  # ...so the last one is released
+    assert result["selected"]["dev"]["ser"] == pytest.approx(dev_ser[draw["k"] - 1])
+    assert result["selected"]["epsilon_with_selection"] == result["plan"]["accounting"][
+        "selection_epsilon"] > result["selected"]["epsilon_own"]
+    assert result["private"] is False  # a seed makes K and the draws public
+    md = (tmp_path / "tuning" / "sel.md").read_text()
+    assert "NOT private" in md and last in md
+    # again: the same draw, nothing retrained, the same release
+    again = experiment.select(tmp, candidates, 6.0, "poisson", 3, "sel", log=lambda _: None)
+    assert len(calls) == draw["k"] and again["selected"] == result["selected"]
+    with pytest.raises(RuntimeError, match="another selection"):
+        experiment.select(tmp, candidates, 4.0, "poisson", 3, "sel", log=lambda _: None)
+
+
+def test_select_discards_a_candidate_whose_ledger_is_not_its_plan(finished, tmp_path,
+                                                                   monkeypatch):
+    g, _ = finished
+    # the first candidate scores best but its ledger says not private: discarded
+    train, calls = _fake_training(finished, {i: 0.1 + 0.01 * i for i in range(40)}, tamper="00_")
+    monkeypatch.setattr(experiment, "_train_candidate", train)
+    tmp = grid("tiny", [g.cells[1]])
+    tmp.results_dir, tmp.runs_dir, tmp.grid_file = (str(tmp_path / "results"),
+                                                     str(tmp_path / "runs"), "tiny.py")
+    result = experiment.select(tmp, [g.cells[1]], 6.0, "poisson", 3, "d", log=lambda _: None)
+    tried = result["seeded_draw"]["candidates"]
+    assert "private: false" in tried[0]["discarded"]
+    assert result["selected"]["run_dir"].endswith("01_clc_dpsgd")
+
+
+def test_select_command_line(tmp_path):
+    grid_file = tmp_path / "grid.py"
+    grid_file.write_text(
+        "from configs.grids.common import cell, grid\n"
+        "def get_config():\n"
+        f"    g = grid('tiny', [cell('dp', 'dp', 'dp', 'configs/default.py', "
+        f"*{('mechanism=dpsgd', 'target_epsilon=8.0') + TINY!r})])\n"
+        f"    g.results_dir = {str(tmp_path / 'results')!r}\n"
+        f"    g.runs_dir = {str(tmp_path / 'runs')!r}\n    return g\n")
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "trainers.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
+        capture_output=True, text=True, timeout=300)
+    out = run("--select", "--plan_only", "--mu=4", "--distribution=logarithmic")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "K ~ logarithmic(mean 4)" in out.stdout
+    assert experiment._read(str(tmp_path / "tuning" / "tiny.json"))["distribution"] == "logarithmic"
+    bad = run("--plan_only")
+    assert bad.returncode != 0 and "--plan_only goes with --select" in bad.stderr
+    low = run("--select", "--plan_only", "--mu=0.5")
+    assert low.returncode != 0 and "mean must be in" in low.stderr

@@ -18,6 +18,16 @@ and the other rows as hollow markers), `epsilon_per_epoch.png` (per noise-decay 
 `membership_roc.png`.
 
     python -m trainers.experiment --grid=configs/grids/snips.py --rescore  # add the BIO decoding
+
+Accounted tuning (edp_tf/tuning.py, docs/privacy.md "Tuning on your own data"): train K ~
+Poisson(mu) candidates drawn uniformly from the grid's cells (or --cells), release the one with
+the best dev SER, and state its epsilon with the selection included (Papernot & Steinke 2022):
+
+    python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8           # train, select
+    python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8 --plan_only  # epsilon only
+
+writes `results/tuning/<name>.json` and `.md`; the candidates train in
+`<runs_dir>/select_<name>/`, whose `draw.json` (K and the draws) must stay secret.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ import csv
 import json
 import math
 import os
+import secrets
 import shlex
 import subprocess
 import sys
@@ -47,6 +58,26 @@ _RESCORE = flags.DEFINE_bool(
     "rescore", False, "For finished cells measured before the BIO-constrained decoding: score "
     "their run's last checkpoint with both decodings and add the BIO one to the cell's result. "
     "The unconstrained scores must come out as stored.")
+
+_SELECT = flags.DEFINE_bool(
+    "select", False, "Accounted tuning: train K ~ Poisson(--mu) candidates drawn uniformly from "
+    "the grid's cells (--cells), release the best by dev SER, with its epsilon including the "
+    "selection (edp_tf/tuning.py).")
+_MU = flags.DEFINE_float("mu", 8.0, "--select: the mean number of candidates (>= 1).")
+_DISTRIBUTION = flags.DEFINE_enum(
+    "distribution", "poisson", ["poisson", "logarithmic", "geometric"],
+    "--select: the distribution of the number of candidates K (Papernot & Steinke 2022).")
+_SEED = flags.DEFINE_integer(
+    "select_seed", None, "--select: draw K and the candidates from this seed instead of OS entropy "
+    "(reproducible, and then NOT private: the bound needs K secret).")
+_PLAN_ONLY = flags.DEFINE_bool(
+    "plan_only", False, "--select: print the epsilon with and without the selection, train "
+    "nothing.")
+_NAME = flags.DEFINE_string("select_name", None, "--select: results/tuning/<name>.json (default: "
+                            "the grid's dataset).")
+_CANDIDATE_OVERRIDES = flags.DEFINE_list(
+    "candidate_overrides", [], "--select: config overrides (field=value) added to every "
+    "candidate, after the cell's own.")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -381,9 +412,10 @@ def write_plots(grid, results: list) -> None:
         ax.plot([r["epsilon"] for r in others], [r["test"]["ser"] for r in others], ls="",
                 marker="o", mfc="none", color=color)
     ax.set_xscale("log")
-    ax.set_xlabel("epsilon (PLD, delta = 0.1/n)")
+    ax.set_xlabel("per-run epsilon (PLD, delta = 0.1/n; selection not included)")
     ax.set_ylabel("test SER (lower is better)")
-    ax.set_title(f"{grid.dataset}: privacy-utility frontier")
+    ax.set_title(f"{grid.dataset}: privacy-utility frontier\n(per-run epsilon, selection not "
+                 "included)")
     _save(fig, ax, os.path.join(grid.results_dir, "frontier.png"), legend_size=7)
 
     # membership-inference ROC curves
@@ -461,6 +493,328 @@ def report(grid) -> list:
     return results
 
 
+# ------------------------------------------------------------------------------ accounted tuning
+DISTRIBUTION_SHAPES = {"poisson": math.inf, "logarithmic": 0.0, "geometric": 1.0}
+SCORE = "dev SER at the last epoch (lower is better)"
+TUNING_NOT_COVERED = [
+    "The number of candidates K, the other candidates (their models, runs and scores) and "
+    "draw.json: the bound needs them secret; releasing them costs the composition of the K runs.",
+    "The dev split: the selection reads exact dev metrics, so the dev utterances are not "
+    "protected (epsilon protects the training examples); the released dev and test metrics are "
+    "exact functions of the dev and test splits.",
+]
+
+
+def cell_config(cell, extra_overrides=()):
+    """The trainers.train config of a cell (its file and overrides, parsed as the trainer
+    parses them), with `extra_overrides` after the cell's own."""
+    path = cell.config if os.path.isabs(cell.config) else os.path.join(ROOT, cell.config)
+    argv = ["cell", f"--config={path}"] + [f"--config.{o}" for o in
+                                           (*cell.overrides, *extra_overrides)]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+    values(argv)
+    return values.config
+
+
+_SPLITS: dict = {}
+
+
+def planned_run(config) -> dict:
+    """The schedule trainers.train will charge for `config`, found with the trainer's own
+    builders (the corpus's n, the automatic recipe, the calibrated z0) without training: the
+    selection's bound must hold for every candidate before any of them sees the data.
+
+    Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
+    for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
+    from edp_tf import accounting, sampling
+    from edp_tf.mechanism import Mechanism
+    from trainers import builders, recipes
+
+    builders.check_config(config)
+    if config.mechanism == "sgd" or config.sampling != "poisson" or int(config.seed) >= 0:
+        raise ValueError("a candidate must be private: a DP mechanism, Poisson sampling and no "
+                         f"fixed seed (got mechanism={config.mechanism}, sampling="
+                         f"{config.sampling}, seed={config.seed})")
+    key = (config.data_dir, config.data_seed, config.synthetic_size, config.synthetic_canaries,
+           config.synthetic_canary_repeats)
+    if key not in _SPLITS:
+        _SPLITS[key] = builders.load_splits(config)
+    if not _SPLITS[key].dev:
+        raise ValueError("the selection scores candidates on the dev split, and this corpus has "
+                         "none")
+    n, users = builders.privacy_units(config, _SPLITS[key].train)
+    c = recipes.resolve(config, n)
+    delta = c.delta or accounting.default_delta(n)
+    k, replicas, q = builders.microbatch_size(c), int(c.replicas), int(c.batch_size) / n
+    if users is not None:
+        cap = float(c.get("user_weight_cap", 0.0)) or None
+        sampler = sampling.UserPoissonSampler.for_users(users, q, k, replicas, None,
+                                                        weight_cap=cap)
+    else:
+        sampler = sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
+                                          microbatch_size=k)
+    steps = sampler.steps_per_epoch
+    dp = builders.private_config(c, k, sampler.expected_batch_size, None, replicas, sampler, q,
+                                 delta, steps)
+    extras = ((accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier),)
+              if c.scaling == "private" else ())
+    m = Mechanism.from_config(dp, replicas, sampler.max_batch_size)
+    records = accounting.plan_schedule(m.noise_multiplier, int(c.epochs), steps, m.decay,
+                                       m.decay_rate, m.noise_mode, m.replicas, m.sensitivity, 0,
+                                       m.selection_noise_multiplier)
+    return {"records": records, "sampling_rate": q, "extra_events": extras, "delta": delta,
+            "dataset_size": n}
+
+
+def _same_schedule(ledger: dict, plan: dict) -> str:
+    """"" if the run's ledger charged (a prefix of) the planned schedule, else why not."""
+    from edp_tf import accounting
+
+    recorded = [accounting.EpochRecord.from_dict(e) for e in ledger["epochs"]]
+    planned = plan["records"]
+    close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)  # noqa: E731
+    if not ledger.get("private"):
+        return "its privacy.json says private: false"
+    if not (close(ledger["sampling_rate"], plan["sampling_rate"])
+            and close(ledger["delta"], plan["delta"])):
+        return "its sampling rate or delta is not the planned one"
+    if len(recorded) > len(planned) or any(
+            r.steps != p.steps or not close(r.effective_noise_multiplier,
+                                            p.effective_noise_multiplier)
+            for r, p in zip(recorded, planned)):
+        return "its recorded epochs are not the planned schedule"
+    if accounting.as_extra_events(ledger.get("extra_events", [])) != tuple(plan["extra_events"]):
+        return "its extra events are not the planned ones"
+    return ""
+
+
+def tuning_plan(grid, cells, mu: float, distribution: str, extra_overrides=()) -> tuple:
+    """(the plan's dict for the results file, the edp_tf.tuning.TuningCost): every candidate's
+    planned schedule and per-run epsilon, and the released model's epsilon with the selection."""
+    from edp_tf import tuning
+
+    plans = {c.name: planned_run(cell_config(c, extra_overrides)) for c in cells}
+    deltas = {p["delta"] for p in plans.values()}
+    if len(deltas) != 1:
+        raise ValueError(f"the candidates must share one delta (one corpus), got {sorted(deltas)}")
+    events = {name: tuning.run_event(p["records"], p["sampling_rate"], p["extra_events"])
+              for name, p in plans.items()}
+    delta = deltas.pop()
+    cost = tuning.tuning_cost(list(events.values()), delta, mu, DISTRIBUTION_SHAPES[distribution])
+    others = {d: tuning.selection_cost(cost.per_run, mu, shape).epsilon
+              for d, shape in DISTRIBUTION_SHAPES.items()}
+    candidates = {}
+    for name, p in plans.items():
+        one = tuning.per_run([events[name]], delta)
+        candidates[name] = {
+            "dataset_size": p["dataset_size"], "sampling_rate": p["sampling_rate"],
+            "epochs": len(p["records"]), "steps": sum(r.steps for r in p["records"]),
+            "noise_multiplier": p["records"][0].noise_multiplier if p["records"] else None,
+            "epsilon": one.epsilon, "epsilon_rdp": one.epsilon_rdp}
+    plan = {"candidates": candidates, "accounting": cost.to_dict(),
+            "selection_epsilon_by_distribution": others}
+    return plan, cost, plans
+
+
+def tuning_text(plan: dict) -> list:
+    """The plan as lines: the candidates, then epsilon per run, with the selection, composed."""
+    a = plan["accounting"]
+    lines = [f"Candidates (each run draws one uniformly; the selection is charged the costliest), "
+             f"delta = {a['delta']:.3g}:",
+             f"  {'cell':32s} {'n':>6} {'q':>7} {'steps':>6} {'z0':>7} {'eps PLD':>8} "
+             f"{'eps RDP':>8}"]
+    for name, c in plan["candidates"].items():
+        lines.append(f"  {name:32s} {c['dataset_size']:>6} {c['sampling_rate']:>7.4g} "
+                     f"{c['steps']:>6} {c['noise_multiplier']:>7.4g} {c['epsilon']:>8.3f} "
+                     f"{c['epsilon_rdp']:>8.3f}")
+    k = f"K ~ {a['distribution']}(mean {a['mean_runs']:g})"
+    lines += [
+        f"One run (what each run's privacy.json says): epsilon {a['per_run_epsilon']:.3f} (PLD; "
+        f"RDP {a['per_run_epsilon_rdp']:.3f})",
+        f"The best of {k} runs, released alone (Papernot & Steinke 2022): epsilon "
+        f"{a['selection_epsilon']:.3f}" + (
+            f" (delta_hat from the runs' PLD; {a['selection_epsilon_rdp_delta_hat']:.3f} with "
+            "delta_hat from RDP, dp-accounting's RepeatAndSelectDpEvent)"
+            if a["selection_epsilon_pld_delta_hat"] is not None else ""),
+        f"{a['fixed_runs']} runs composed (all released): epsilon {a['fixed_runs_epsilon']:.3f} "
+        f"(PLD; RDP {a['fixed_runs_epsilon_rdp']:.3f})",
+        "Same mean, other distributions of K: " + ", ".join(
+            f"{d} {e:.3f}" for d, e in plan["selection_epsilon_by_distribution"].items())]
+    return lines
+
+
+def _candidate(cell, index: int, extra_overrides):
+    import ml_collections
+
+    return ml_collections.ConfigDict(dict(
+        name=f"{index:02d}_{cell.name}", label=cell.label, family=cell.family,
+        config=cell.config, overrides=tuple(cell.overrides) + tuple(extra_overrides)))
+
+
+def _train_candidate(grid, candidate, runs_dir: str, python: str) -> None:
+    """One candidate's trainers.train run (resumed if it was interrupted)."""
+    run_dir = os.path.join(runs_dir, candidate.name)
+    if "test" in (_read(os.path.join(run_dir, "metrics.json")) or {}):
+        return
+    resume = os.path.isfile(os.path.join(run_dir, "state.json"))
+    if os.path.isfile(os.path.join(run_dir, "config.json")) and not resume:
+        raise RuntimeError(f"candidate {candidate.name}: {run_dir} holds a run that never "
+                           "finished an epoch; delete it to start the candidate again")
+    command = cell_command(grid, candidate, python, resume, runs_dir)
+    with open(os.path.join(runs_dir, f"{candidate.name}.log"), "a") as out:
+        out.write(f"\n# {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n")
+        out.flush()
+        code = subprocess.call(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    if code != 0:
+        raise RuntimeError(f"candidate {candidate.name}: trainers.train exited with {code}; see "
+                           f"{runs_dir}/{candidate.name}.log")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_overrides=(),
+           python: str = sys.executable, plan_only: bool = False, log=_say) -> dict:
+    """Accounted tuning: the release (written to results/tuning/<name>.json and .md).
+
+    Before any training: every candidate's schedule is planned and the selection's epsilon
+    computed (edp_tf.tuning). Then K is drawn (OS entropy unless `seed`), K cells uniformly with
+    replacement and a tie-break key each, saved to <runs_dir>/select_<name>/draw.json (so an
+    interrupted selection continues the same draw, never a new one); each candidate trains,
+    its ledger must match its plan (else it is discarded: its schedule depends on its config
+    and the public n only, so discarding leaks nothing); the lowest dev SER is released."""
+    import numpy as np
+
+    from edp_tf import checks, tuning
+
+    checks.number("mean", mu, 1.0)  # before the candidates are planned (that loads the corpus)
+    shape = DISTRIBUTION_SHAPES[distribution]
+    plan, cost, plans = tuning_plan(grid, cells, mu, distribution, extra_overrides)
+    out_dir = os.path.join(os.path.dirname(os.path.normpath(grid.results_dir)) or ".", "tuning")
+    command = ["python", "-m", "trainers.experiment", f"--grid={grid.grid_file}",
+               f"--cells={','.join(c.name for c in cells)}", "--select", f"--mu={mu:g}",
+               f"--distribution={distribution}", f"--select_name={name}"]
+    command += [f"--select_seed={seed}"] if seed is not None else []
+    command += ([f"--candidate_overrides={','.join(extra_overrides)}"] if extra_overrides
+                else [])
+    result = {"name": name, "grid": grid.grid_file, "candidates": [c.name for c in cells],
+              "candidate_overrides": list(extra_overrides), "distribution": distribution,
+              "mean_runs": mu, "score": SCORE, "plan": plan, "not_covered": TUNING_NOT_COVERED}
+    for line in tuning_text(plan):
+        log(line)
+    if plan_only:
+        result["command"] = " ".join(command + ["--plan_only"])
+        _write_tuning(out_dir, result)
+        return result
+    result["command"] = " ".join(command)
+    runs_dir = os.path.join(grid.runs_dir, f"select_{name}")
+    os.makedirs(runs_dir, exist_ok=True)
+    draw_path = os.path.join(runs_dir, "draw.json")
+    asked = {"cells": result["candidates"], "candidate_overrides": list(extra_overrides),
+             "mean_runs": mu, "distribution": distribution, "seed": seed}
+    draw = _read(draw_path)
+    if draw is None:
+        rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+        k = tuning.draw_number_of_runs(rng, mu, shape)
+        draw = dict(asked, k=k, drawn=[cells[int(i)].name for i in rng.integers(len(cells),
+                                                                                 size=k)],
+                    tie_keys=[float(u) for u in rng.random(k)])
+        _write(draw_path, draw)
+    elif {key: draw.get(key) for key in asked} != asked:
+        raise RuntimeError(f"{draw_path} was drawn for another selection ({draw}); a new draw "
+                           "for the same data is a new release: use another --select_name")
+    by_name = {c.name: c for c in cells}
+    tried = []
+    for i, cell_name in enumerate(draw["drawn"]):
+        candidate = _candidate(by_name[cell_name], i, extra_overrides)
+        log(f"[{i + 1}/{draw['k']}] candidate {candidate.name}: training")
+        run_dir = os.path.join(runs_dir, candidate.name)
+        entry = {"candidate": candidate.name, "cell": cell_name, "run_dir": run_dir,
+                 "tie_key": draw["tie_keys"][i]}
+        try:
+            _train_candidate(grid, candidate, runs_dir, python)
+            from edp_tf.ledger import read_ledger
+
+            ledger, metrics = read_ledger(run_dir), _read(os.path.join(run_dir, "metrics.json"))
+            entry["discarded"] = _same_schedule(ledger, plans[cell_name])
+            entry.update(dev=metrics["epochs"][-1]["dev"], test=metrics.get("test", {}),
+                         epsilon=ledger["epsilon"])
+        except (RuntimeError, ValueError, KeyError, IndexError) as error:
+            entry["discarded"] = f"it failed: {error}"
+        tried.append(entry)
+        log(f"[{i + 1}/{draw['k']}] candidate {candidate.name}: " + (
+            f"discarded: {entry['discarded']}" if entry["discarded"] else
+            f"dev SER {entry['dev']['ser']:.4f}"))
+    kept = [e for e in tried if not e["discarded"]]
+    best = min(kept, key=lambda e: (e["dev"]["ser"], e["tie_key"])) if kept else None
+    _write(os.path.join(runs_dir, "candidates.json"), {"draw": draw, "candidates": tried})
+    result["selected"] = None if best is None else {
+        "cell": best["cell"], "label": by_name[best["cell"]].label, "run_dir": best["run_dir"],
+        "dev": best["dev"], "test": best["test"], "epsilon_own": best["epsilon"],
+        "epsilon_with_selection": plan["accounting"]["selection_epsilon"],
+        "delta": plan["accounting"]["delta"]}
+    result["private"] = seed is None
+    if seed is not None:  # not private anyway: K and the candidates may as well be shown
+        result["seeded_draw"] = {"seed": seed, "k": draw["k"], "candidates": [
+            {k: e.get(k) for k in ("candidate", "discarded", "dev", "test", "epsilon")}
+            for e in tried]}
+    _write_tuning(out_dir, result)
+    return result
+
+
+def _write_tuning(out_dir: str, result: dict) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    _write(os.path.join(out_dir, f"{result['name']}.json"), result)
+    a = result["plan"]["accounting"]
+    lines = [f"# Accounted tuning: {result['name']}", "",
+             f"Generated by `{result['command']}`. Candidates: {', '.join(result['candidates'])}"
+             + (f", each with {', '.join(result['candidate_overrides'])}"
+                if result["candidate_overrides"] else "")
+             + f"; K ~ {a['distribution']} with mean {a['mean_runs']:g}; score: {result['score']}"
+             ". Epsilon at delta = " f"{a['delta']:.3g}, add/remove one training example.", "",
+             "| what is released | epsilon |", "|---|---|",
+             f"| one run (per-run epsilon, PLD; RDP {a['per_run_epsilon_rdp']:.2f}) | "
+             f"{a['per_run_epsilon']:.2f} |",
+             f"| the best of K runs, the selection included (Papernot & Steinke 2022, "
+             f"{a['distribution']} K) | {a['selection_epsilon']:.2f} |",
+             f"| {a['fixed_runs']} runs composed (all of them; PLD) | "
+             f"{a['fixed_runs_epsilon']:.2f} |", ""]
+    if a["selection_epsilon_pld_delta_hat"] is not None:
+        lines += [f"The selection's epsilon takes delta_hat from the runs' PLD; from their RDP "
+                  f"curve (dp-accounting's RepeatAndSelectDpEvent) it is "
+                  f"{a['selection_epsilon_rdp_delta_hat']:.2f}. The same mean with other "
+                  "distributions of K: " + ", ".join(
+                      f"{d} {e:.2f}" for d, e in
+                      result["plan"]["selection_epsilon_by_distribution"].items()) + ".", ""]
+    selected = result.get("selected")
+    if selected:
+        lines += [f"Released: `{selected['run_dir']}` ({selected['cell']}: {selected['label']}), "
+                  f"dev SER {selected['dev']['ser']:.4f}, test SER "
+                  f"{selected['test'].get('ser', float('nan')):.4f}; epsilon "
+                  f"{selected['epsilon_with_selection']:.2f} with the selection (its own "
+                  f"privacy.json: {selected['epsilon_own']:.2f}).", ""]
+    elif "selected" in result:
+        lines += ["Nothing released: no candidate ran (K = 0) or none was kept.", ""]
+    seeded = result.get("seeded_draw")
+    if seeded:
+        lines += [f"Drawn from --select_seed={seeded['seed']}, so NOT private (the bound needs K "
+                  f"and the draws secret); shown for that reason: K = {seeded['k']}.", "",
+                  "| candidate | dev SER | test SER | own epsilon | kept |",
+                  "|---|---|---|---|---|"]
+        for e in seeded["candidates"]:
+            lines.append(f"| {e['candidate']} | {_fmt((e['dev'] or {}).get('ser', ''), 4)} | "
+                         f"{_fmt((e['test'] or {}).get('ser', ''), 4)} | "
+                         f"{_fmt(e['epsilon'] or '', 2)} | "
+                         f"{'no: ' + e['discarded'] if e['discarded'] else 'yes'} |")
+        lines.append("")
+    lines += ["Not covered by the selection's epsilon:"] + [f"- {s}" for s in
+                                                          result["not_covered"]]
+    with open(os.path.join(out_dir, f"{result['name']}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 # ------------------------------------------------------------------------------ main
 def main(argv):
     del argv
@@ -484,6 +838,16 @@ def main(argv):
                      "todo")
             print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
         return
+    if _SELECT.value:
+        try:
+            select(grid, [c for c in grid.cells if c.name in wanted], _MU.value,
+                   _DISTRIBUTION.value, _SEED.value, _NAME.value or grid.dataset,
+                   tuple(_CANDIDATE_OVERRIDES.value), _PYTHON.value, _PLAN_ONLY.value)
+        except ValueError as error:
+            raise app.UsageError(f"--select: {error}") from None
+        return
+    if _PLAN_ONLY.value:
+        raise app.UsageError("--plan_only goes with --select")
     if _RESCORE.value and _DEV_ATTACK.value:
         raise app.UsageError("--rescore and --dev_attack: one at a time")
     if _RESCORE.value:
