@@ -528,7 +528,6 @@ def planned_run(config) -> dict:
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
     from edp_tf import accounting, sampling
-    from edp_tf.mechanism import Mechanism
     from trainers import builders, recipes
 
     builders.check_config(config)
@@ -557,14 +556,9 @@ def planned_run(config) -> dict:
     steps = sampler.steps_per_epoch
     dp = builders.private_config(c, k, sampler.expected_batch_size, None, replicas, sampler, q,
                                  delta, steps)
-    extras = ((accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier),)
-              if c.scaling == "private" else ())
-    m = Mechanism.from_config(dp, replicas, sampler.max_batch_size)
-    records = accounting.plan_schedule(m.noise_multiplier, int(c.epochs), steps, m.decay,
-                                       m.decay_rate, m.noise_mode, m.replicas, m.sensitivity, 0,
-                                       m.selection_noise_multiplier)
-    return {"records": records, "sampling_rate": q, "extra_events": extras, "delta": delta,
-            "dataset_size": n}
+    plan = builders.privacy_plan(c, dp, replicas, sampler, q, n, delta, steps)
+    return {"records": plan.schedule(), "sampling_rate": q,
+            "extra_events": tuple(plan.extra_events), "delta": delta, "dataset_size": n}
 
 
 def _same_schedule(ledger: dict, plan: dict) -> str:
