@@ -88,7 +88,8 @@ def read_ledger(run_dir_or_path: str) -> dict:
     except FileNotFoundError:
         raise ValueError(f"no privacy ledger at {path}") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}): refusing to guess its epsilon") from None
+        raise ValueError(f"{path} is not valid JSON ({e}): refusing to guess its epsilon; restore "
+                         "it from a backup, or start a new run directory") from None
     if not isinstance(ledger, dict) or "epochs" not in ledger:
         raise ValueError(f"{path} is not a privacy ledger (no 'epochs' field)")
     return ledger

@@ -33,6 +33,17 @@ def test_quiet_by_default_and_verbose_shows_everything():
     assert any(n in verbose.stderr for n in NATIVE_NOISE)  # nothing hidden with --verbose
 
 
+def test_train_is_quiet_too(tmp_path):
+    """train imports ml_collections, which imports TensorFlow: the quieting must come first."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "trainers.train", f"--run_dir={tmp_path}",
+                           "--resume"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: --resume: no config.json in run directory {tmp_path}"]
+
+
 def _allocator_probe(env):
     """A fresh process that starts like a command, then asks TensorFlow for CPU memory stats.
 

@@ -396,6 +396,47 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
                          proc.stdout + proc.stderr)
 
 
+def _resume(run_dir, *flags):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's
+    return subprocess.run([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}",
+                           "--resume", *flags], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_resuming_a_finished_run_says_so_without_training(cli_run):
+    proc = cli_run["proc"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    again = _resume(cli_run["run_dir"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "is finished (1 epochs): nothing to resume" in again.stdout
+    summary = [line for line in proc.stdout.splitlines() if line.startswith("clc / edp: ")][0]
+    assert summary.split(" epochs in ")[0] in again.stdout  # the same numbers, from its files
+
+
+def test_resume_refuses_a_command_that_asks_for_another_run(cli_run):
+    refused = _resume(cli_run["run_dir"], "--epochs=2", "--target_epsilon=3",
+                      "--config.l2_norm_clip=0.5")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    # more epochs would extend the run; a new target and clip are another run
+    assert "target_epsilon=8.0 (asked: 3.0)" in line and "l2_norm_clip=1.0 (asked: 0.5)" in line
+    assert "epochs=" not in line and "new --run_dir" in line
+
+
+def test_resume_differences_ignore_auto_values_and_extensions():
+    saved = {"epochs": 4, "batch_size": 256, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
+    given_file = {"epochs": 4, "batch_size": 0, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
+    assert rundir.resume_differences(saved, {"epochs": 6}, given_file) == []
+    assert rundir.resume_differences(saved, {"epochs": 2, "bert.dropout": 0.3}) == [
+        ("bert.dropout", 0.1, 0.3), ("epochs", 4, 2)]
+
+
+def test_a_damaged_run_file_is_named_with_the_way_out(tmp_path):
+    (tmp_path / "config.json").write_text('{"config": {"epochs": 3')
+    with pytest.raises(ValueError, match=r"config.json is damaged .*new --run_dir"):
+        rundir.load_run_config(str(tmp_path))
+
+
 def test_public_progress_shows_no_statistic_of_the_private_batches(capsys):
     from trainers.callbacks import PublicProgress
 

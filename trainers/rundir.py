@@ -29,8 +29,55 @@ def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
     path = os.path.join(run_dir, CONFIG_FILE)
     if not os.path.isfile(path):
         raise ValueError(f"--resume: no {CONFIG_FILE} in run directory {run_dir}")
-    with open(path) as f:
-        return ml_collections.ConfigDict(json.load(f)["config"])
+    return ml_collections.ConfigDict(read_run_file(run_dir, CONFIG_FILE)["config"])
+
+
+# "auto" values a run resolves from its data (trainers/recipes.py): a config file's auto value
+# is no request to change the resolved one
+_AUTO = (0, 0.0, "", -1, -1.0)
+# what a resume may change: more epochs extend a run (the ledger refuses any over the budget)
+EXTENDABLE = ("epochs",)
+
+
+def _flat(config, prefix: str = "") -> dict:
+    items = config.items() if hasattr(config, "items") else ()
+    out = {}
+    for key, value in items:
+        if hasattr(value, "items"):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def resume_differences(saved, requested: dict, file_config=None) -> list:
+    """[(field, saved value, requested value)] where a resume's command asks for another run:
+    `requested` holds the fields given on the command line ({"target_epsilon": 3.0,
+    "bert.dropout": 0.2}); `file_config`, a --config file given again, counts where it is not
+    an auto value. More epochs (EXTENDABLE) are an extension, not a difference."""
+    saved_flat = _flat(saved)
+    asked = {k: v for k, v in _flat(file_config or {}).items() if v not in _AUTO}
+    asked.update(requested)
+    diffs = []
+    for field, value in sorted(asked.items()):
+        old = saved_flat.get(field)
+        if old == value or (field in EXTENDABLE and value > old):
+            continue
+        diffs.append((field, old, value))
+    return diffs
+
+
+def read_run_file(run_dir: str, name: str) -> dict:
+    """A run file as JSON; a damaged one is named with the way out instead of a parser error."""
+    path = os.path.join(run_dir, name)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"{path} is missing: {run_dir} is not a complete run directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is damaged ({error}): restore it from a backup, or start a new "
+                         "--run_dir (this run cannot be resumed without it)") from None
 
 
 def write_json(path: str, payload) -> None:
@@ -41,8 +88,26 @@ def write_json(path: str, payload) -> None:
 def read_json(path: str, default=None):
     if not os.path.isfile(path):
         return default
-    with open(path) as f:
-        return json.load(f)
+    return read_run_file(os.path.dirname(path), os.path.basename(path))
+
+
+def finished_summary(run_dir: str) -> dict | None:
+    """The summary of a run that has trained all its epochs, from its files (no model is built),
+    or None if epochs are left."""
+    config = read_run_file(run_dir, CONFIG_FILE)["config"]
+    state = read_json(os.path.join(run_dir, STATE_FILE), {})
+    metrics = read_json(os.path.join(run_dir, METRICS_FILE), {})
+    if int(state.get("epochs_done", 0)) < int(config["epochs"]) or "test" not in metrics:
+        return None
+    private = config["mechanism"] != "sgd"
+    ledger = read_json(os.path.join(run_dir, ledger_lib.FILENAME), {}) if private else {}
+    return {"run_dir": run_dir, "mechanism": config["mechanism"], "model": config["model"],
+            "epochs": len(metrics.get("epochs", [])), "seconds": 0.0, "test": metrics["test"],
+            "decoding": metrics.get("decoding", "viterbi"),
+            "membership_inference": metrics.get("membership_inference"),
+            "epsilon": ledger.get("epsilon", float("inf")) if private else float("inf"),
+            "delta": ledger.get("delta", config.get("delta")),
+            "private": bool(ledger.get("private", False))}
 
 
 def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False) -> dict:

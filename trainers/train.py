@@ -12,11 +12,16 @@ utterance text.
 """
 from __future__ import annotations
 
-import os
-import sys
+if __name__ == "__main__":  # before ml_collections imports TensorFlow: its native logs read the
+    from trainers import cli  # setting once, at import
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+    cli.quiet_unless_verbose()
+
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                "configs", "default.py")
@@ -59,6 +64,14 @@ def main(argv):
     from trainers import rundir
 
     run_dir = _RUN_DIR.value or rundir.default_run_dir(config)
+    if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
+        config = _resumed_config(config, run_dir)
+        finished = rundir.finished_summary(run_dir)
+        if finished is not None and int(config.epochs) <= finished["epochs"]:
+            print(f"{run_dir} is finished ({finished['epochs']} epochs): nothing to resume. "
+                  "Its summary:", flush=True)
+            print(run_lib.summary_line(finished), flush=True)
+            return
     if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
         from trainers import workers
 
@@ -66,11 +79,43 @@ def main(argv):
                                 _RESUME.value))
     if _WORKER_INDEX.value is not None:
         return _worker(config, run_dir)
-    if _RESUME.value:
-        config = rundir.load_run_config(run_dir)
     strategy = make_strategy(int(config.replicas))
     summary = run_lib.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
     print(run_lib.summary_line(summary), flush=True)
+
+
+def _requested_fields() -> dict:
+    """The config fields this command line sets: --config.<field>=... and the shortcut flags."""
+    requested = {}
+    for name, value in flags.FLAGS.flag_values_dict().items():
+        if name.startswith("config.") and flags.FLAGS[name].present:
+            requested[name[len("config."):]] = value
+    for field, flag in _SHORTCUTS.items():
+        if flag.present:
+            requested[field] = flag.value
+    return requested
+
+
+def _resumed_config(config, run_dir: str):
+    """The run's own config (config.json); a command that asks for another run is refused in
+    one line naming each differing field, rather than silently ignored. More epochs extend it
+    (the ledger still refuses any epoch over the budget)."""
+    from trainers import rundir
+
+    saved = rundir.load_run_config(run_dir)
+    requested = _requested_fields()
+    given_file = config if flags.FLAGS["config"].present else None
+    diffs = rundir.resume_differences(saved, requested, given_file)
+    if diffs:
+        raise ValueError(
+            f"--resume: {run_dir} was made with "
+            + ", ".join(f"{f}={old!r} (asked: {new!r})" for f, old, new in diffs)
+            + ". Resume with the run's own settings (more --epochs may extend it), or start "
+            "a new --run_dir")
+    if "epochs" in requested:
+        with saved.unlocked():
+            saved.epochs = int(requested["epochs"])
+    return saved
 
 
 def _worker(config, run_dir: str) -> None:
@@ -79,13 +124,13 @@ def _worker(config, run_dir: str) -> None:
     from edp_tf import make_multi_worker_strategy
 
     from trainers import run as run_lib
-    from trainers import rundir, workers
+    from trainers import workers
 
     strategy = make_multi_worker_strategy()
     index = _WORKER_INDEX.value
     own_dir = workers.worker_dir(run_dir, index)
-    if _RESUME.value:
-        config = rundir.load_run_config(own_dir)
+    if _RESUME.value:  # the chief checked the command; the worker takes its own files
+        config = _resumed_config(config, own_dir)
     elif config.replicas != strategy.num_replicas_in_sync:
         with config.unlocked():
             config.replicas = strategy.num_replicas_in_sync
@@ -96,7 +141,4 @@ def _worker(config, run_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    from trainers import cli
-
-    cli.quiet_unless_verbose()
     cli.run(main)
