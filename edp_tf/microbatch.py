@@ -28,19 +28,78 @@ _log = logging.getLogger(__name__)
 PerExampleLoss = Callable[[object, object], tf.Tensor]
 
 
-def as_per_example_loss(loss) -> PerExampleLoss:
-    """Turns a compiled loss into `(y_true, y_pred) -> [batch]` per-example values.
+def as_per_example_loss(loss, loss_weights=None, output_names=None) -> PerExampleLoss:
+    """Turns what `keras.Model.compile` accepts as a loss into `(y_true, y_pred) -> [batch]`.
 
-    A `keras.losses.Loss` is called through `.call` (no reduction and, importantly, none of the
-    division by the replica count that Keras applies to reduced losses under a strategy).
+    One loss (a `keras.losses.Loss`, its name, or a callable), or one per output as Keras takes
+    them: a dict keyed by output name or a list in output order (None: that output has no
+    loss), with `loss_weights` as a dict or list beside it. The per-example loss is
+    sum_k weight_k L_k(example): Keras' own objective, per example (its mean over the batch is
+    what `keras.Model.fit` minimises), so clipping acts on the example's whole contribution.
+    A `keras.losses.Loss` is called through `.call`: no reduction and, importantly, none of the
+    division by the replica count that Keras applies to reduced losses under a strategy.
+    `output_names`: a callable giving the model's output names (dict losses, list outputs).
     """
     if loss is None:
         raise ValueError("PrivateModel.compile needs a `loss` (per-example losses are clipped).")
-    if isinstance(loss, (list, tuple, dict)):
-        raise ValueError(
-            "PrivateModel.compile takes one loss: a keras.losses.Loss or a callable "
-            "(y_true, y_pred) -> per-example vector that handles nested outputs itself."
-        )
+    if not isinstance(loss, (list, tuple, dict)):
+        if loss_weights is not None and not isinstance(loss_weights, (int, float)):
+            raise ValueError("loss_weights for a single loss must be one number, "
+                             f"got {loss_weights!r}")
+        single = _per_example(loss)
+        weight = 1.0 if loss_weights is None else float(loss_weights)
+        return single if weight == 1.0 else (lambda y, p: weight * single(y, p))
+    keys = list(loss) if isinstance(loss, dict) else list(range(len(loss)))
+    losses = {k: _per_example(loss[k]) for k in keys if loss[k] is not None}
+    if not losses:
+        raise ValueError("PrivateModel.compile: every output's loss is None: nothing to train")
+    weights = _loss_weights(loss_weights, keys, isinstance(loss, dict))
+
+    def per_example(y_true, y_pred):
+        total = 0.0
+        for key, fn in losses.items():
+            total += weights[key] * fn(_output(y_true, key, output_names, "y"),
+                                       _output(y_pred, key, output_names, "the model's output"))
+        return total
+
+    return per_example
+
+
+def _loss_weights(loss_weights, keys: list, by_name: bool) -> dict:
+    if loss_weights is None:
+        return {k: 1.0 for k in keys}
+    if isinstance(loss_weights, dict):
+        unknown = set(loss_weights) - set(keys)
+        if unknown:
+            raise ValueError(f"loss_weights name outputs without a loss: {sorted(unknown)}")
+        return {k: float(loss_weights.get(k, 1.0)) for k in keys}
+    if isinstance(loss_weights, (list, tuple)) and len(loss_weights) == len(keys) and not by_name:
+        return {k: float(w) for k, w in zip(keys, loss_weights)}
+    raise ValueError(f"loss_weights must match the losses: a dict by output name or a list of "
+                     f"{len(keys)} numbers, got {loss_weights!r}")
+
+
+def _output(structure, key, output_names, what: str):
+    """Output `key` (a name or an index) of y_true / y_pred, whether Keras hands them over as a
+    dict by name, a list in output order, or (one output) a tensor."""
+    if isinstance(structure, dict):
+        if key in structure:
+            return structure[key]
+        names = output_names() if output_names else None
+        if isinstance(key, int) and names and names[key] in structure:
+            return structure[names[key]]
+        raise ValueError(f"{what} has no output {key!r} (it has {sorted(structure)})")
+    if isinstance(structure, (list, tuple)):
+        if isinstance(key, int):
+            return structure[key]
+        names = list(output_names() or []) if output_names else []
+        if key not in names:
+            raise ValueError(f"loss for output {key!r}, but the model's outputs are {names}")
+        return structure[names.index(key)]
+    return structure  # one output
+
+
+def _per_example(loss) -> PerExampleLoss:
     if isinstance(loss, str):
         loss = keras.losses.get(loss)
     fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
@@ -56,7 +115,7 @@ def as_per_example_loss(loss) -> PerExampleLoss:
             )
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-        return values
+        return tf.cast(values, tf.float32)
 
     return per_example
 

@@ -110,8 +110,12 @@ class PrivateModel(keras.Model):
     def call(self, inputs, training=None):
         return self.wrapped_model(inputs, training=training)
 
-    def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
-        self._per_example_loss = microbatch.as_per_example_loss(loss)
+    def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
+                **kwargs):
+        """As `keras.Model.compile`: one loss, or one per output (dict by name or list) with
+        `loss_weights`; each example's loss is their weighted sum, clipped as a whole."""
+        self._per_example_loss = microbatch.as_per_example_loss(
+            loss, loss_weights, lambda: getattr(self.wrapped_model, "output_names", None))
         optimizer = keras.optimizers.get(optimizer)
         for name in ("clipnorm", "global_clipnorm", "clipvalue"):
             if getattr(optimizer, name, None):

@@ -162,3 +162,57 @@ def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
     private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     per_replica = 16 // strategy.num_replicas_in_sync
     assert len(calls) == strategy.num_replicas_in_sync * per_replica // 2
+
+
+def _two_outputs(seed=0):
+    """A shared trunk with a classification and a regression output, named."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(6, activation="tanh")(inputs)
+    cls = keras.layers.Dense(3, name="cls")(h)
+    reg = keras.layers.Dense(1, name="reg")(h)
+    return keras.Model(inputs, {"cls": cls, "reg": reg})
+
+
+def test_keras_compile_with_a_loss_per_output_trains_as_keras_does(strategy):
+    """loss={name: ...} with loss_weights, the Keras way: with a huge clip and no noise the private
+    step is Keras' own (its objective is the batch mean of the weighted per-example sum)."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(48, 5)).astype("float32")
+    y = {"cls": rng.integers(0, 3, size=(48,)), "reg": rng.normal(size=(48, 1)).astype("float32")}
+    losses = {"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              "reg": keras.losses.MeanSquaredError()}
+    weights = {"cls": 1.0, "reg": 0.25}
+    reference = _two_outputs()
+    init = reference.get_weights()
+    reference.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights)
+    reference.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    with strategy.scope():
+        inner = _two_outputs()
+        inner.set_weights(init)
+        private = PrivateModel(inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0,
+                                               microbatch_size=1))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights,
+                        metrics={"cls": ["accuracy"]})
+    history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for got, want in zip(inner.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert any("accuracy" in k for k in history.history)
+
+
+def test_per_example_loss_of_several_outputs_is_their_weighted_sum():
+    from edp_tf import microbatch
+
+    rng = np.random.default_rng(4)
+    y_true = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]
+    y_pred = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]
+    as_list = microbatch.as_per_example_loss(["mse", "mae"], [2.0, 0.5])
+    want = (2.0 * np.mean((y_true[0] - y_pred[0]) ** 2, axis=1)
+            + 0.5 * np.mean(np.abs(y_true[1] - y_pred[1]), axis=1))
+    np.testing.assert_allclose(as_list(y_true, y_pred).numpy(), want, rtol=1e-6)
+    by_name = microbatch.as_per_example_loss({"b": "mae", "a": None}, {"b": 0.5},
+                                             output_names=lambda: ["a", "b"])
+    np.testing.assert_allclose(by_name(y_true, y_pred).numpy(),
+                               0.5 * np.mean(np.abs(y_true[1] - y_pred[1]), axis=1), rtol=1e-6)
+    with pytest.raises(ValueError, match="loss_weights name outputs without a loss"):
+        microbatch.as_per_example_loss({"a": "mse"}, {"c": 1.0})
