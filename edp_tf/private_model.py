@@ -12,6 +12,7 @@ tracing. The wrapped model stays an ordinary Keras model: save or export `wrappe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import Optional, Sequence
 
@@ -24,6 +25,8 @@ from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, m
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
+
+_log = logging.getLogger(__name__)
 
 
 class _EpochSchedule(keras.callbacks.Callback):
@@ -66,6 +69,7 @@ class PrivateModel(keras.Model):
                              f"got {type(plan).__name__}")
         self._plan = plan
         self._state_checked = False  # model_state's refusal runs once, before the first step
+        self._loop_reported = False  # the automatic per-example loop is said once
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
         self._noise_generator = noise.make_generator(config.seed)
@@ -283,8 +287,7 @@ class PrivateModel(keras.Model):
                 f"microbatch_size = {n} x {k if k else 'one micro-batch'}"
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
-        if k is not None and cfg.per_example_method != "loop":
-            _refuse_unvectorisable_layers(self.wrapped_model)
+        method = self._per_example_method(k)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._planned(Mechanism.from_config(cfg, n, batch))
         trained = self._trained_indices()
@@ -299,7 +302,7 @@ class PrivateModel(keras.Model):
                                                  float(cfg.local_learning_rate))
         self._clip_plan = microbatch.ClipPlan(
             k, self._mechanism.expected_examples_per_microbatch, scales,
-            cfg.l2_norm_clip, cfg.per_example_method, cfg.physical_batch_size, local,
+            cfg.l2_norm_clip, method, cfg.physical_batch_size, local,
             self._row_selection(), cfg.clipping == "per_layer")
         # Several replicas with sparse tables: the step all-reduces the updates itself (the
         # selected rows as a small dense block, _sum_over_replicas), so Keras must not again.
@@ -312,6 +315,29 @@ class PrivateModel(keras.Model):
             self.optimizer._all_reduce_sum_gradients = _already_summed
         self._attach_noise_to_optimizer()
         self.train_function = None  # constants changed: retrace
+
+    def _per_example_method(self, k: Optional[int]) -> str:
+        """DPConfig's method, or the loop where a layer runs a while_loop of its own (a GRU /
+        LSTM / SimpleRNN not unrolled) that `tf.vectorized_map` cannot vectorise: exact for any
+        layer, one micro-batch at a time; said once, with the faster way."""
+        method = self._dp_config.per_example_method
+        if k is None or method == "loop":
+            return method
+        layers = _unvectorisable_layers(self.wrapped_model)
+        if not layers:
+            return method
+        if self._dp_config.sparse_embeddings:
+            raise ValueError(
+                f"layer(s) {', '.join(layers)} need per-example clipping one micro-batch at a "
+                "time (per_example_method='loop'), which DPConfig.sparse_embeddings does not "
+                "support: build them with unroll=True (fixed sequence length)")
+        if not self._loop_reported:
+            _log.info("per-example clipping: layer(s) %s run a while_loop that cannot be "
+                      "vectorised, so micro-batches are clipped one at a time "
+                      "(per_example_method='loop': exact, slower); build them with "
+                      "unroll=True for the vectorised %r method", ", ".join(layers), method)
+            self._loop_reported = True
+        return "loop"
 
     def _planned(self, mechanism: Mechanism) -> Mechanism:
         """The plan's mechanism, if it is the one this config and batch give (else the ledger
@@ -529,19 +555,15 @@ def _already_summed(grads_and_vars):
     return list(grads_and_vars)
 
 
-def _refuse_unvectorisable_layers(model) -> None:
-    """A recurrent layer that is not unrolled runs its own while_loop, which `tf.vectorized_map`
-    (the ghost and vectorized per-example methods) fails to vectorise over masked inputs, deep
-    inside tracing; say so before training, with the ways out."""
+def _unvectorisable_layers(model) -> list:
+    """Recurrent layers that are not unrolled: each runs its own while_loop, which
+    `tf.vectorized_map` (the ghost and vectorized methods) fails to vectorise over masked
+    inputs, deep inside tracing."""
     from edp_tf import ghost
 
-    for layer in ghost.flatten_layers(model):
-        if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True):
-            raise ValueError(
-                f"layer {layer.name!r} ({type(layer).__name__}, unroll=False) runs a while_loop "
-                "that per-example clipping cannot vectorise: build it with unroll=True (fixed "
-                "sequence length), or use DPConfig(per_example_method='loop') (exact for any "
-                "layer, one micro-batch at a time: slower), or microbatch_size=None")
+    return [f"{layer.name!r} ({type(layer).__name__}, unroll=False)"
+            for layer in ghost.flatten_layers(model)
+            if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True)]
 
 
 def _mask(x, w) -> tf.Tensor:

@@ -1,8 +1,11 @@
-"""Per-example clipping is exact for the Keras layers users reach for, or refused before training.
+"""Per-example clipping is exact for the Keras layers users reach for (a layer no method can
+vectorise is clipped one micro-batch at a time, automatically).
 
 Each model's clipped sum (every per-example method it is allowed with) is compared with the
 definition computed by a plain loop of one GradientTape per micro-batch (edp_tf/testing.py).
 """
+import logging
+
 import keras
 import numpy as np
 import pytest
@@ -118,15 +121,29 @@ def test_clipped_sum_is_exact(name, method):
 
 
 @pytest.mark.parametrize("name", sorted(NOT_VECTORISABLE))
-def test_recurrent_layer_that_is_not_unrolled_is_refused_before_training(name):
+def test_recurrent_layer_that_is_not_unrolled_falls_back_to_the_loop_exactly(name, caplog):
+    """Keras' default GRU / LSTM (unroll=False) trains per example without a flag: the library
+    clips those micro-batches one at a time, exactly as per_example_method='loop' does, and says
+    so once."""
     strategy = make_strategy(1)
     x, y = _data()
-    with strategy.scope():
-        model = MODELS[name]()
-        private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0))
-        private.compile(optimizer="sgd", loss=mse)
-    with pytest.raises(ValueError, match=r"unroll=False.*unroll=True.*per_example_method='loop'"):
-        private.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    keras.utils.set_random_seed(5)
+    init = MODELS[name]().get_weights()
+    trained = {}
+    for method in ("ghost", "loop"):
+        with strategy.scope():
+            model = MODELS[name]()
+            model.set_weights(init)
+            private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0,
+                                                   l2_norm_clip=0.1, per_example_method=method))
+            private.compile(optimizer=keras.optimizers.SGD(0.5), loss=mse)
+        with caplog.at_level(logging.INFO, logger="edp_tf.private_model"):
+            private.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        trained[method] = model.get_weights()
+    assert [r for r in caplog.records if "cannot be vectorised" in r.getMessage()]
+    assert any(not np.allclose(a, b) for a, b in zip(init, trained["ghost"]))
+    for got, want in zip(trained["ghost"], trained["loop"]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_loop_method_trains_a_recurrent_layer_that_is_not_unrolled():
