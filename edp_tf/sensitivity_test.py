@@ -1,0 +1,83 @@
+"""Every combination DPConfig accepts keeps the sensitivity its Mechanism states.
+
+Brute force on a one-weight model: the private step (z = 0, SGD(1), alpha = 1) is run on a batch
+and on its neighbour without one unit (an example, or a user's rows at user level: their rows
+become padding, as when Poisson sampling leaves them out), and the two updates, scaled back to
+the clipped sum by D, may differ by at most S x C. The data are adversarial: the removed unit's
+gradient is ten times larger than, and opposite to, its micro-batch partner's, so a micro-batch
+of several examples swings from +C to -C (the factor 2 of S = 2 is reached, not only allowed).
+"""
+import itertools
+
+import keras
+import numpy as np
+import pytest
+
+from edp_tf import DPConfig, PrivateModel, make_strategy
+
+C = 1.0
+ROWS = 4
+# loss 0.5 (w x - y)^2 at w = 0 has gradient -y x: row 0 pushes +40, row 1 -4, rows 2-3 small;
+# averaged over a micro-batch (k_e = 2 or 4) row 1 alone still exceeds C
+X = np.ones((ROWS, 1), "float32")
+Y = np.array([[-40.0], [4.0], [0.3], [-0.2]], "float32")
+
+KNOBS = {
+    "microbatch_size": (None, 1, 2),
+    "privacy_unit": ("example", "user"),
+    "user_estimator": ("fixed", "clipped"),
+    "clipping": ("flat", "per_layer"),
+    "local_epochs": (0, 1),
+    "noise_mode": ("calibrated", "paper"),
+    "per_example_method": ("ghost", "loop"),
+}
+
+
+def _accepted():
+    """Each combination DPConfig's validator accepts (user level: users of 2 rows, 2 expected)."""
+    for values in itertools.product(*KNOBS.values()):
+        kwargs = dict(zip(KNOBS, values))
+        if kwargs["privacy_unit"] == "user":
+            kwargs["expected_batch_size"] = 2.0
+        try:
+            DPConfig(l2_norm_clip=C, noise_multiplier=0.0, **kwargs)
+        except ValueError:
+            continue
+        if kwargs["per_example_method"] == "loop" and kwargs["microbatch_size"] is None:
+            continue  # the method is unused without micro-batches: the same step twice
+        yield kwargs
+
+
+def _loss(y_true, y_pred):
+    return 0.5 * keras.ops.sum(keras.ops.square(y_pred - y_true), axis=-1)
+
+
+def _update(config, weights):
+    model = keras.Sequential([keras.Input((1,)),
+                              keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    private = PrivateModel(model, config)
+    private.compile(optimizer=keras.optimizers.SGD(1.0), loss=_loss)
+    private.fit(X, Y, sample_weight=weights, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
+    return -model.get_weights()[0].ravel(), private.mechanism
+
+
+@pytest.fixture(scope="module")
+def one_replica():
+    return make_strategy(1)
+
+
+@pytest.mark.parametrize("kwargs", list(_accepted()), ids=lambda k: ",".join(
+    f"{v}" for v in k.values()))
+def test_removing_one_unit_moves_the_clipped_sum_by_at_most_s_c(one_replica, kwargs):
+    config = DPConfig(l2_norm_clip=C, noise_multiplier=0.0, **kwargs)
+    removed = np.ones(ROWS, "float32")
+    removed[0] = 0.0
+    if kwargs["privacy_unit"] == "user":
+        removed[1] = 0.0  # the user's whole micro-batch (rows 0 and 1)
+    with one_replica.scope():
+        full, mechanism = _update(config, np.ones(ROWS, "float32"))
+        neighbour, _ = _update(config, removed)
+    moved = float(np.linalg.norm(full - neighbour)) * mechanism.expected_microbatches
+    assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
+    if kwargs["microbatch_size"] != 1 and kwargs["privacy_unit"] == "example":
+        assert moved > 1.5 * C  # the adversarial pair reaches S = 2: S = 1 would be wrong
