@@ -7,10 +7,12 @@ Field meanings (all overridable with `--config.FIELD=value`):
   mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
                    default; 0 = one per replica as in the paper), "dpsgd" (per-example)
   sampling         "poisson" (what the accountant assumes) or "shuffle" (fixed batches; reported)
-  batch_size       expected global batch; 0 = auto (trainers/recipes.py: q = 0.08 when private)
+  batch_size       expected global batch; 0 = auto (trainers/pipeline/recipes.py: q = 0.08 when
+                   private)
   sampling_rate    > 0: expected batch = round(q n), overrides batch_size
   epochs, steps    epochs; 0 = auto; steps > 0 trains ceil(steps / steps per epoch) epochs
-  learning_rate    peak learning rate; 0 = auto per model and mechanism (trainers/recipes.py)
+  learning_rate    peak learning rate; 0 = auto per model and mechanism
+                   (trainers/pipeline/recipes.py)
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
   ema_fraction     > 0: train, then keep an exponential moving average of the weights whose time
                    constant is this fraction of the steps (free in epsilon: post-processing)
@@ -32,7 +34,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    2024): noise for B alone, the clipped norm shared by fewer weights
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
-                   the same); a dataset config's private recipe (trainers/recipes.py)
+                   the same); a dataset config's private recipe (trainers/pipeline/recipes.py)
   head_dropout     dropout on the encoder's outputs before the intent and slot heads, on top of
                    clc.dropout / bert.dropout (which act inside the encoder)
   private_head_dropout
@@ -41,7 +43,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   init_from        "" or a finished run's directory: the backbone starts from that run's trained
                    weights, the heads fresh (public pretraining; that run's corpus must be public
-                   and not this run's: trainers/warm_start.py)
+                   and not this run's: trainers/pipeline/warm_start.py)
   probe_epochs     private runs: the first N epochs train only the intent and slot heads (the
                    encoder frozen: no gradient, no noise), then everything trainable (DP linear
                    probing then fine-tuning, Ke et al. 2024; the same epsilon: each step is the
@@ -78,9 +80,9 @@ def base_config() -> ml_collections.ConfigDict:
     # data
     c.data_dir = ""
     c.data_seed = 0
-    # A label schema file (trainers/schema.py); "": schema.json or JointBERT's label files in the
-    # data directory, the generator's labels for the synthetic corpus, else the training split's
-    # labels (then reported as not covered by epsilon).
+    # A label schema file (trainers/data/schema.py); "": schema.json or JointBERT's label files in
+    # the data directory, the generator's labels for the synthetic corpus, else the training
+    # split's labels (then reported as not covered by epsilon).
     c.label_schema = ""
     c.synthetic_size = 3000
     c.synthetic_canaries = 0
@@ -139,7 +141,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only
     # > 0: the weights are an exponential moving average with this time constant (a fraction of
-    # the run's steps); post-processing, so free in epsilon (trainers/optimizers.py)
+    # the run's steps); post-processing, so free in epsilon (trainers/pipeline/optimizers.py)
     c.ema_fraction = 0.0
     c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
     c.slot_loss = "sum"
@@ -169,7 +171,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.user_weight_cap = 0.0
     # The mechanism's knobs (clip, z0, noise mode, decay, scaling, user-level estimator and local
     # epochs, sparse embedding noise, chunking, ...) are edp_tf.DPConfig's fields, documented,
-    # defaulted and checked there: one definition each (trainers/builders.py dp_config).
+    # defaulted and checked there: one definition each (trainers/pipeline/builders.py dp_config).
     for name, value in dp_knob_defaults().items():
         c[name] = value
     # Release unnoised statistics of the training data (per-epoch train loss and clipping stats in

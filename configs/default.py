@@ -1,11 +1,11 @@
 """The default run: CLC with per-example DP-SGD on the built-in synthetic corpus; a few minutes
 on a 2-core CPU.
 
-Batch, epochs and learning rate are automatic (trainers/recipes.py): they follow the training
-set's size and the mechanism, so `--data_dir=<your corpus>` and `--mechanism=sgd` get sensible
-values too. Private runs sample a sixth of the training set per step (q 0.16) at Adam 3e-2,
-for 84 steps on the built-in corpus (9,600 training utterances: an expected batch of 1,536 for
-12 epochs of 7 steps; its time goal is 180 s) and 150 steps on a `--data_dir` corpus; plain
+Batch, epochs and learning rate are automatic (trainers/pipeline/recipes.py): they follow the
+training set's size and the mechanism, so `--data_dir=<your corpus>` and `--mechanism=sgd` get
+sensible values too. Private runs sample a sixth of the training set per step (q 0.16) at Adam
+3e-2, for 84 steps on the built-in corpus (9,600 training utterances: an expected batch of 1,536
+for 12 epochs of 7 steps; its time goal is 180 s) and 150 steps on a `--data_dir` corpus; plain
 training is batches of 64 at 2e-3 for at least 3,000 steps.
 
 The private recipe: one BiLSTM layer, the slot loss per word, no dropout, and a large sampling
@@ -35,5 +35,6 @@ def get_config():
     c.batch_size = 0  # auto
     c.epochs = 0  # auto
     c.learning_rate = 0.0  # auto
-    c.max_words = 0  # auto: 20 on the synthetic corpus, 32 on --data_dir (trainers/recipes.py)
+    # auto: 20 on the synthetic corpus, 32 on --data_dir (trainers/pipeline/recipes.py)
+    c.max_words = 0
     return c

@@ -72,9 +72,10 @@ def test_finetuning_suffix_is_checked(parsed_flags):
 def test_scale_writes_corpora_once_and_measures_an_epoch_each(tmp_path):
     """--scale's work: sharded text, one epoch of streaming sampling per size in a fresh process
     (n / batch steps, about n rows sampled: 5 sd of Binomial(n, q) is < 60 here)."""
-    from trainers import scale
+    from trainers.data import streaming_benchmark
 
-    results = scale.run_scale([500, 2000], str(tmp_path), expected_batch=100, block_records=150)
+    results = streaming_benchmark.run_scale([500, 2000], str(tmp_path), expected_batch=100,
+                                            block_records=150)
     for r, n in zip(results, (500, 2000)):
         assert r["utterances"] == n and r["steps"] == n // 100
         assert abs(r["rows_sampled"] - n) < 5 * (n * (1 - 100 / n)) ** 0.5
@@ -83,6 +84,6 @@ def test_scale_writes_corpora_once_and_measures_an_epoch_each(tmp_path):
              for line in path.read_text(encoding="utf-8").splitlines()]
     assert len(lines) == 500 and all(line.count("\t") == 2 for line in lines)
     assert len(lines[0].split("\t")[0].split()) == len(lines[0].split("\t")[1].split())
-    again = scale.run_scale([500], str(tmp_path), expected_batch=100)
+    again = streaming_benchmark.run_scale([500], str(tmp_path), expected_batch=100)
     assert again[0]["write_seconds"] is None  # the corpus on disk was reused
-    assert "| 2,000 |" in scale.table(results)
+    assert "| 2,000 |" in streaming_benchmark.table(results)

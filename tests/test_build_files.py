@@ -15,8 +15,9 @@ SOURCE_DIRS = ("edp_tf", "models", "trainers", "tests", "configs")
 # The commands a user runs; each needs a py_binary.
 TRAINER_ENTRY_POINTS = ("train", "evaluate", "privacy", "benchmark", "audit", "lira", "experiment")
 # docs/design.md, layout: the library imports neither models nor trainers; models never import
-# trainers.
-LAYERING = {"edp_tf": ("models", "trainers"), "models": ("trainers",)}
+# trainers; trainers' corpora and label schemas never import its training run or scoring.
+LAYERING = {"edp_tf": ("models", "trainers"), "models": ("trainers",),
+            "trainers/data": ("trainers/pipeline", "trainers/scoring")}
 RUNNER = "bazel/pytest_runner.py"
 
 

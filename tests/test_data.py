@@ -5,8 +5,8 @@ import pathlib
 import pytest
 
 from models.labels import LabelVocabulary
-from trainers import data, schema
-from trainers.data import DataFormatError, Utterance
+from trainers.data import loading, schema
+from trainers.data.corpus import DataFormatError, Utterance
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SECRET = "zanzibarquux"  # A token that must never appear in an error or log message.
@@ -34,7 +34,7 @@ def write_corpus(root: pathlib.Path, dev_name: str = "dev", **overrides) -> path
 
 
 def test_loads_joint_dir_with_irregular_whitespace(tmp_path):
-    splits = data.load_joint_dir(write_corpus(tmp_path))
+    splits = loading.load_joint_dir(write_corpus(tmp_path))
     expected = (Utterance(("call", SECRET, "smith"), ("O", "B-name", "I-name"), "call"),
                 Utterance(tuple("wake me up at 7 am".split()),
                           ("O", "O", "O", "O", "B-time", "I-time"), "alarm#wake"))
@@ -43,7 +43,7 @@ def test_loads_joint_dir_with_irregular_whitespace(tmp_path):
 
 
 def test_accepts_valid_as_dev_dir_name(tmp_path):
-    assert len(data.load_joint_dir(write_corpus(tmp_path, dev_name="valid")).dev) == 2
+    assert len(loading.load_joint_dir(write_corpus(tmp_path, dev_name="valid")).dev) == 2
 
 
 @pytest.mark.parametrize("files, bad_file, line, message", [
@@ -62,7 +62,7 @@ def test_accepts_valid_as_dev_dir_name(tmp_path):
 def test_malformed_files_name_file_and_line(tmp_path, files, bad_file, line, message):
     write_corpus(tmp_path, train=files)
     with pytest.raises(ValueError, match=message) as caught:
-        data.load_joint_dir(tmp_path)
+        loading.load_joint_dir(tmp_path)
     error = caught.value
     assert isinstance(error, DataFormatError)
     assert error.path == str(tmp_path / "train" / bad_file)
@@ -74,7 +74,7 @@ def test_malformed_files_name_file_and_line(tmp_path, files, bad_file, line, mes
 def test_empty_file_is_an_error(tmp_path):
     write_corpus(tmp_path, test={"label": ""})
     with pytest.raises(ValueError, match="empty") as caught:
-        data.load_joint_dir(tmp_path)
+        loading.load_joint_dir(tmp_path)
     assert caught.value.path == str(tmp_path / "test" / "label")
 
 
@@ -82,7 +82,7 @@ def test_undecodable_bytes_name_the_line(tmp_path):
     write_corpus(tmp_path)
     (tmp_path / "dev" / "seq.in").write_bytes(b"call anna smith\nwake me \xff\xfe up at 7 am\n")
     with pytest.raises(ValueError, match="not valid UTF-8") as caught:
-        data.load_joint_dir(tmp_path)
+        loading.load_joint_dir(tmp_path)
     assert (caught.value.path, caught.value.line) == (str(tmp_path / "dev" / "seq.in"), 2)
 
 
@@ -90,25 +90,25 @@ def test_missing_split_or_file_is_an_error(tmp_path):
     write_corpus(tmp_path)
     (tmp_path / "test" / "seq.out").unlink()
     with pytest.raises(ValueError, match="file is missing") as caught:
-        data.load_joint_dir(tmp_path)
+        loading.load_joint_dir(tmp_path)
     assert caught.value.path == str(tmp_path / "test" / "seq.out")
     (tmp_path / "dev").rename(tmp_path / "other")
     with pytest.raises(ValueError, match="no dev split"):
-        data.load_joint_dir(tmp_path)
+        loading.load_joint_dir(tmp_path)
     with pytest.raises(ValueError, match="missing"):
-        data.load_joint_dir(tmp_path / "nowhere")
+        loading.load_joint_dir(tmp_path / "nowhere")
 
 
 def test_utf8_bom_and_crlf_are_accepted(tmp_path):
     write_corpus(tmp_path)
     (tmp_path / "train" / "label").write_bytes(b"\xef\xbb\xbfcall\r\nalarm\r\n")
-    assert [u.intent for u in data.load_joint_dir(tmp_path).train] == ["call", "alarm"]
+    assert [u.intent for u in loading.load_joint_dir(tmp_path).train] == ["call", "alarm"]
 
 
 def test_only_line_feeds_end_lines(tmp_path):
     # U+2028 and U+0085 are whitespace to str.split() but must not start a new line.
     write_corpus(tmp_path, train={"seq.in": "call\u2028anna smith\nwake me up at 7\x85am\n"})
-    assert [len(u.tokens) for u in data.load_joint_dir(tmp_path).train] == [3, 6]
+    assert [len(u.tokens) for u in loading.load_joint_dir(tmp_path).train] == [3, 6]
 
 
 TRAIN = (Utterance(("a", "b", "c"), ("B-x", "I-x", "O"), "one"),
@@ -120,61 +120,61 @@ def test_training_schema_vocabularies_are_ordered():
     labels = schema.schema_from_training_data(TRAIN)
     tags, intents = labels.tag_vocabulary, labels.intent_vocabulary
     assert tags.labels == ("O", "B-x", "I-x", "B-y", "I-y", "B-z", "I-z")  # B and I of each type
-    assert intents.labels == (data.UNKNOWN_INTENT, "one", "two")
+    assert intents.labels == (loading.UNKNOWN_INTENT, "one", "two")
     assert [tags.id(t) for t in ("O", "I-x", "B-z", "B-w")] == [0, 2, 5, 0]
     assert (intents.id("two"), intents.id("never seen")) == (2, 0)
 
 
 def test_conform_maps_unseen_labels_counts_and_logs_without_text(caplog):
     tags = LabelVocabulary(("O", "B-x", "I-x", "B-y", "I-y", "B-z"))  # no I-z
-    intents = LabelVocabulary((data.UNKNOWN_INTENT, "one", "two"))
+    intents = LabelVocabulary((loading.UNKNOWN_INTENT, "one", "two"))
     dev = (Utterance((SECRET, "b", "c"), ("B-w", "I-w", "B-x"), "one"),  # unseen type w
            Utterance(("a", "b", "c"), ("B-x", "I-x", "I-x"), "three"),   # unseen intent
            Utterance(("a", "b", "c"), ("B-q", "I-y", "O"), "two"),       # seen I-y loses B-q
            Utterance(("a", "b"), ("B-z", "I-z"), "one"))                 # I-z never in train
-    with caplog.at_level(logging.WARNING, logger="trainers.data"):
-        conformed, counts = data.conform(dev, tags, intents, "dev")
+    with caplog.at_level(logging.WARNING, logger="trainers.data.loading"):
+        conformed, counts = loading.conform(dev, tags, intents, "dev")
     assert [u.tags for u in conformed] == [("O", "O", "B-x"), ("B-x", "I-x", "I-x"),
                                            ("O", "B-y", "O"), ("B-z", "O")]
-    assert [u.intent for u in conformed] == ["one", data.UNKNOWN_INTENT, "two", "one"]
+    assert [u.intent for u in conformed] == ["one", loading.UNKNOWN_INTENT, "two", "one"]
     assert [u.tokens for u in conformed] == [u.tokens for u in dev]
-    assert counts == data.UnseenCounts(
+    assert counts == loading.UnseenCounts(
         split="dev", utterances=4, tokens=11, remapped_tag_tokens=5, unknown_intent_utterances=1,
         unseen_tags=("B-q", "B-w", "I-w", "I-z"), unseen_intents=("three",))
     assert "dev: 5 of 11 tokens" in caplog.text and "1 of 4 utterances" in caplog.text
     assert SECRET not in caplog.text
-    assert all(data.bio_error(u.tags) is None for u in conformed)
+    assert all(loading.bio_error(u.tags) is None for u in conformed)
 
 
 def test_conform_is_silent_and_identity_on_train(caplog):
     labels = schema.schema_from_training_data(TRAIN)
-    with caplog.at_level(logging.WARNING, logger="trainers.data"):
-        conformed, counts = data.conform(TRAIN, labels.tag_vocabulary, labels.intent_vocabulary,
-                                         "train")
+    with caplog.at_level(logging.WARNING, logger="trainers.data.loading"):
+        conformed, counts = loading.conform(TRAIN, labels.tag_vocabulary, labels.intent_vocabulary,
+                                            "train")
     assert conformed == TRAIN
     assert counts.remapped_tag_tokens == counts.unknown_intent_utterances == 0
     assert caplog.text == ""
 
 
 def test_load_data_detects_formats(tmp_path):
-    assert data.load_data(None).source.startswith("synthetic")
-    assert data.load_data("", seed=3).source == data.load_data(None, seed=3).source
-    assert data.load_data(write_corpus(tmp_path / "joint")).source.startswith("joint format")
+    assert loading.load_data(None).source.startswith("synthetic")
+    assert loading.load_data("", seed=3).source == loading.load_data(None, seed=3).source
+    assert loading.load_data(write_corpus(tmp_path / "joint")).source.startswith("joint format")
     csv_file = tmp_path / "nlu.csv"
     csv_file.write_text("answerid;scenario;intent;answer_annotation\n"
                         + "".join(f"{i};alarm;set;wake me at [time : {i} am]\n" for i in range(10)),
                         encoding="utf-8")
-    assert data.load_data(csv_file).source.startswith("NLU-Evaluation-Data")
-    assert data.load_data(tmp_path).source.startswith("NLU-Evaluation-Data")  # dir with a .csv
+    assert loading.load_data(csv_file).source.startswith("NLU-Evaluation-Data")
+    assert loading.load_data(tmp_path).source.startswith("NLU-Evaluation-Data")  # dir with a .csv
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="unrecognised data"):
-        data.load_data(tmp_path / "empty")
+        loading.load_data(tmp_path / "empty")
     with pytest.raises(ValueError, match="does not exist"):
-        data.load_data(tmp_path / "nowhere")
+        loading.load_data(tmp_path / "nowhere")
 
 
 def test_describe_has_counts_and_no_text(tmp_path):
-    stats = data.describe(data.load_joint_dir(write_corpus(tmp_path)))
+    stats = loading.describe(loading.load_joint_dir(write_corpus(tmp_path)))
     assert stats["train"] == {"utterances": 2, "distinct_utterances": 2, "tokens": 9,
                               "max_tokens": 6, "intents": 2, "slot_types": 2, "tags": 5}
     assert SECRET not in repr(stats)
@@ -184,7 +184,7 @@ def _real(name):
     path = SHARED_DATA / name
     if not (path / "train" / "seq.in").is_file():
         pytest.skip(f"{path} is absent (shared development data)")
-    return data.load_joint_dir(path), path
+    return loading.load_joint_dir(path), path
 
 
 def _labels_file(path):
@@ -193,7 +193,7 @@ def _labels_file(path):
 
 def test_snips_counts_match_source_md():
     splits, path = _real("snips")
-    stats = data.describe(splits)
+    stats = loading.describe(splits)
     assert [stats[s]["utterances"] for s in ("train", "dev", "test")] == [13084, 700, 700]
     assert [stats[s]["tokens"] for s in ("train", "dev", "test")] == [117700, 6384, 6354]
     assert [stats[s]["max_tokens"] for s in ("train", "dev", "test")] == [35, 22, 24]
@@ -205,14 +205,14 @@ def test_snips_counts_match_source_md():
     assert set(labels.slot_types) == {t[2:] for u in splits.train for t in u.tags if t != "O"}
     assert set(labels.intents) == set(_labels_file(path / "intent_label.txt")) - {"UNK"}
     for name in ("dev", "test"):
-        _, counts = data.conform(getattr(splits, name), labels.tag_vocabulary,
-                                 labels.intent_vocabulary, name)
+        _, counts = loading.conform(getattr(splits, name), labels.tag_vocabulary,
+                                    labels.intent_vocabulary, name)
         assert counts.remapped_tag_tokens == counts.unknown_intent_utterances == 0
 
 
 def test_atis_counts_and_unseen_labels_match_source_md():
     splits, path = _real("atis")
-    stats = data.describe(splits)
+    stats = loading.describe(splits)
     assert [stats[s]["utterances"] for s in ("train", "dev", "test")] == [4478, 500, 893]
     assert [stats[s]["tokens"] for s in ("train", "dev", "test")] == [50497, 5703, 9164]
     assert [stats[s]["max_tokens"] for s in ("train", "dev", "test")] == [46, 35, 30]
@@ -223,8 +223,8 @@ def test_atis_counts_and_unseen_labels_match_source_md():
         == [23, 3, 15]
     labels = schema.read_data_dir_schema(path)  # What the trainer uses: B- and I- of each type.
     assert set(labels.tags) >= set(_labels_file(path / "slot_label.txt")) - {"PAD", "UNK"}
-    _, dev = data.conform(splits.dev, labels.tag_vocabulary, labels.intent_vocabulary, "dev")
-    _, test = data.conform(splits.test, labels.tag_vocabulary, labels.intent_vocabulary, "test")
+    _, dev = loading.conform(splits.dev, labels.tag_vocabulary, labels.intent_vocabulary, "dev")
+    _, test = loading.conform(splits.test, labels.tag_vocabulary, labels.intent_vocabulary, "test")
     # SOURCE.md lists 7 tags absent from train; 3 are I- tags of types train has (in the schema).
     assert set(dev.unseen_tags + test.unseen_tags) == {
         "B-booking_class", "B-compartment", "B-flight", "B-stoploc.airport_code"}

@@ -14,7 +14,9 @@ import tensorflow as tf
 
 import edp_tf
 from configs.base import base_config
-from trainers import evaluate, run, synthetic
+from trainers import evaluate
+from trainers.data import synthetic
+from trainers.pipeline import training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBERS = ("ser", "intent_accuracy", "slot_f1", "slot_precision", "slot_recall",
@@ -36,7 +38,7 @@ def tiny_config():
 def finished(tmp_path_factory):
     config = tiny_config()
     run_dir = str(tmp_path_factory.mktemp("evaluate") / "run")
-    run.train(config, run_dir, strategy=edp_tf.make_strategy(1))
+    training.train(config, run_dir, strategy=edp_tf.make_strategy(1))
     with open(os.path.join(run_dir, "metrics.json")) as f:
         metrics = json.load(f)
     splits = synthetic.synthetic_corpus(seed=config.data_seed, size=config.synthetic_size)

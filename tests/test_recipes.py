@@ -1,11 +1,12 @@
-"""Automatic defaults (trainers/recipes.py) and the learning-rate schedule (trainers/optimizers.py)."""
+"""Automatic defaults (trainers/pipeline/recipes.py) and the learning-rate schedule
+(trainers/pipeline/optimizers.py)."""
 import math
 
 import numpy as np
 import pytest
 
 from configs.base import base_config
-from trainers import optimizers, recipes
+from trainers.pipeline import optimizers, recipes
 
 
 def config(**overrides):
@@ -152,7 +153,7 @@ def dict_update(c, **kw):
 
 
 def test_auto_max_words_is_a_public_constant_per_data_kind():
-    from trainers import synthetic
+    from trainers.data import synthetic
 
     assert recipes.resolve(config(max_words=0), n=1000).max_words == 20
     assert recipes.resolve(config(max_words=0, data_dir="/some/corpus"), n=1000).max_words == 32
@@ -189,7 +190,7 @@ def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_
 def test_dataset_configs_pass_the_trainers_checks(name):
     import importlib
 
-    from trainers import builders
+    from trainers.pipeline import builders
 
     config = importlib.import_module(f"configs.{name}").get_config()
     for mechanism in ("sgd", config.mechanism):

@@ -1,11 +1,12 @@
-"""Label schemas (trainers/schema.py): where the label sets come from, and what epsilon covers."""
+"""Label schemas (trainers/data/schema.py): where the label sets come from, and what epsilon
+covers."""
 import json
 import os
 
 import pytest
 
-from trainers import schema, synthetic
-from trainers.data import Utterance
+from trainers.data import schema, synthetic
+from trainers.data.corpus import Utterance
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
                       "shared", "data")

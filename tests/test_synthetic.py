@@ -3,10 +3,11 @@ import collections
 
 import pytest
 
-from trainers import synthetic
-from trainers.data import bio_error, conform, describe
-from trainers.metrics import slot_spans
-from trainers.schema import schema_from_training_data
+from trainers.data import synthetic
+from trainers.data.corpus import bio_error
+from trainers.data.loading import conform, describe
+from trainers.data.schema import schema_from_training_data
+from trainers.scoring.metrics import slot_spans
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""End-to-end tests of the trainer (`trainers.run.train`, `python -m trainers.train`) at tiny sizes.
+"""End-to-end tests of the trainer (`trainers.pipeline.training.train`, `python -m trainers.train`)
+at tiny sizes.
 
 Each training run costs tens of CPU-seconds (tracing the step, the export), so runs are shared
 between tests through module-scoped fixtures: CLC sgd/dpsgd (1 replica) and BERT sgd (2) run once
@@ -23,7 +24,8 @@ import tensorflow as tf
 from configs.base import base_config
 from edp_tf import accounting
 from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
-from trainers import builders, evaluation, recipes, run, rundir
+from trainers.pipeline import builders, recipes, run_files, training
+from trainers.scoring import predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EPSILON = 4.0
@@ -56,8 +58,8 @@ def finished_run(tmp_path_factory):
         if name not in cache:
             config = configs[name]()
             run_dir = str(tmp_path_factory.mktemp(name) / "run")
-            summary = run.train(config, run_dir,
-                                strategy=strategy(int(config.replicas)))
+            summary = training.train(config, run_dir,
+                                     strategy=strategy(int(config.replicas)))
             cache[name] = (config, run_dir, summary)
         return cache[name]
     return get
@@ -94,11 +96,11 @@ def resumed_run(tmp_path_factory):
     run_dir = str(tmp_path_factory.mktemp("bert-edp") / "run")
     interrupt = InterruptAfterEpoch(1)
     with pytest.raises(Interrupted):
-        run.train(config, run_dir, strategy=strategy(2), callbacks=[interrupt])
+        training.train(config, run_dir, strategy=strategy(2), callbacks=[interrupt])
     ledger_before = read(run_dir, "privacy.json")
     start = WeightsAtStart()
-    summary = run.train(rundir.load_run_config(run_dir), run_dir, resume=True,
-                        strategy=strategy(2), callbacks=[start])
+    summary = training.train(run_files.load_run_config(run_dir), run_dir, resume=True,
+                             strategy=strategy(2), callbacks=[start])
     return dict(config=config, run_dir=run_dir, summary=summary, interrupt=interrupt,
                 start=start, ledger_before=ledger_before)
 
@@ -206,7 +208,7 @@ def check_run_dir(run_dir, config, epochs, private):
 def check_summary(summary, run_dir, epochs, metrics, privacy):
     assert summary["run_dir"] == run_dir and summary["epochs"] == epochs
     assert summary["test"]["ser"] == pytest.approx(metrics["test"]["ser"])
-    line = run.summary_line(summary)
+    line = training.summary_line(summary)
     assert "SER" in line and run_dir in line
     if privacy is None:
         assert summary["epsilon"] == math.inf and "not private" in line
@@ -300,7 +302,7 @@ def test_existing_run_dir_needs_resume(finished_run):
     config, run_dir, _ = finished_run("clc-sgd")
     before = os.path.getmtime(os.path.join(run_dir, "config.json"))
     with pytest.raises(ValueError, match="already holds a run.*--resume"):
-        run.train(config, run_dir, strategy=strategy(1))
+        training.train(config, run_dir, strategy=strategy(1))
     assert os.path.getmtime(os.path.join(run_dir, "config.json")) == before
 
 
@@ -308,9 +310,9 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
     with pytest.raises(ValueError, match="config.json"):
-        rundir.load_run_config(empty)
+        run_files.load_run_config(empty)
     with pytest.raises(ValueError, match="nothing to resume"):
-        run.train(tiny_config(replicas=1), empty, resume=True, strategy=strategy(1))
+        training.train(tiny_config(replicas=1), empty, resume=True, strategy=strategy(1))
 
 
 @pytest.mark.parametrize("field, value", [
@@ -325,7 +327,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})
     with pytest.raises(ValueError, match=rf"--config\.{field}="):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1))
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
@@ -339,7 +341,7 @@ def test_values_checked_later_still_name_the_field(tmp_path, field, value, named
     """Caught by the library (DPConfig, the corpus), after the data is loaded: still no run left."""
     config = tiny_config(**{"replicas": 1, field: value})
     with pytest.raises(ValueError, match=named):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1))
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
@@ -352,7 +354,7 @@ def test_invalid_nested_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config("bert", replicas=1)
     config.bert[field] = value
     with pytest.raises(ValueError, match=rf"--config\.bert\.{field}="):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1))
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -363,16 +365,16 @@ def test_invalid_nested_config_value_names_the_field(tmp_path, field, value):
 def test_batch_size_the_data_cannot_serve(tmp_path, overrides, message):
     config = tiny_config(**{"replicas": 1, **overrides})
     with pytest.raises(ValueError, match=message):
-        run.train(config, str(tmp_path / "run"),
-                  strategy=strategy(int(config.replicas)))
+        training.train(config, str(tmp_path / "run"),
+                       strategy=strategy(int(config.replicas)))
     # nothing that would block a corrected rerun in the same directory
     assert not os.path.exists(tmp_path / "run" / "config.json")
 
 
 def test_strategy_and_config_must_agree_on_replicas(tmp_path):
     with pytest.raises(ValueError, match="replicas"):
-        run.train(tiny_config(replicas=2), str(tmp_path / "run"),
-                  strategy=strategy(1))
+        training.train(tiny_config(replicas=2), str(tmp_path / "run"),
+                       strategy=strategy(1))
 
 
 # --------------------------------------------------------------------------- 6. command line
@@ -426,19 +428,19 @@ def test_resume_refuses_a_command_that_asks_for_another_run(cli_run):
 def test_resume_differences_ignore_auto_values_and_extensions():
     saved = {"epochs": 4, "batch_size": 256, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
     given_file = {"epochs": 4, "batch_size": 0, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
-    assert rundir.resume_differences(saved, {"epochs": 6}, given_file) == []
-    assert rundir.resume_differences(saved, {"epochs": 2, "bert.dropout": 0.3}) == [
+    assert run_files.resume_differences(saved, {"epochs": 6}, given_file) == []
+    assert run_files.resume_differences(saved, {"epochs": 2, "bert.dropout": 0.3}) == [
         ("bert.dropout", 0.1, 0.3), ("epochs", 4, 2)]
 
 
 def test_a_damaged_run_file_is_named_with_the_way_out(tmp_path):
     (tmp_path / "config.json").write_text('{"config": {"epochs": 3')
     with pytest.raises(ValueError, match=r"config.json is damaged .*new --run_dir"):
-        rundir.load_run_config(str(tmp_path))
+        run_files.load_run_config(str(tmp_path))
 
 
 def test_public_progress_shows_no_statistic_of_the_private_batches(capsys):
-    from trainers.callbacks import PublicProgress
+    from trainers.pipeline.callbacks import PublicProgress
 
     bar = PublicProgress()
     bar.set_params({"verbose": 2, "epochs": 1, "steps": 2})
@@ -481,7 +483,7 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
     splits = corpus(config)
     config.data_dir = write_joint_dir(tmp_path / "joint", splits)
     run_dir = str(tmp_path / "run")
-    run.train(config, run_dir, strategy=strategy(1))
+    training.train(config, run_dir, strategy=strategy(1))
     privacy = read(run_dir, "privacy.json")
     assert any("label sets were derived from the training split" in s
                for s in privacy["not_covered"])
@@ -503,12 +505,12 @@ def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path
 
     def hook(model, preprocessor):
         enc = builders.encode(preprocessor, half.train[:7], "hook")
-        seen["losses"] = evaluation.per_example_losses(model, enc.x, enc.y)
+        seen["losses"] = predictions.per_example_losses(model, enc.x, enc.y)
         return "hooked"
 
     run_dir = str(tmp_path / "run")
-    summary = run.train(config, run_dir, strategy=strategy(1), splits=half,
-                        after_training=hook, export=False)
+    summary = training.train(config, run_dir, strategy=strategy(1), splits=half,
+                             after_training=hook, export=False)
     assert summary["after_training"] == "hooked"
     assert seen["losses"].shape == (7,) and np.all(np.isfinite(seen["losses"]))
     assert read(run_dir, "config.json")["dataset_size"] == len(half.train)
@@ -528,7 +530,7 @@ def test_user_level_run_accounts_users(tmp_path):
     config = tiny_config(privacy_unit="user", examples_per_user=4, batch_size=8,
                          target_epsilon=TARGET_EPSILON)
     users = {u.user for u in corpus(config).train}
-    summary = run.train(config, str(tmp_path / "users"), strategy=strategy(2), export=False)
+    summary = training.train(config, str(tmp_path / "users"), strategy=strategy(2), export=False)
     led = read(summary["run_dir"], "privacy.json")
     assert led["privacy_unit"] == "user" and led["private"] is True
     assert led["dataset_size"] == len(users) and led["sampling_rate"] == pytest.approx(
@@ -553,8 +555,8 @@ def test_user_level_run_accounts_users(tmp_path):
     anonymous = dataclasses.replace(splits, train=tuple(
         dataclasses.replace(u, user=None) for u in splits.train))
     with pytest.raises(ValueError, match="privacy_unit=user needs user ids"):
-        run.train(config, str(tmp_path / "anonymous"), strategy=strategy(2), splits=anonymous,
-                  export=False)
+        training.train(config, str(tmp_path / "anonymous"), strategy=strategy(2), splits=anonymous,
+                       export=False)
 
 
 def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
@@ -564,7 +566,7 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
     config = tiny_config("bert", "dpsgd", replicas=2, epochs=2, target_epsilon=TARGET_EPSILON,
                          sparse_embeddings=True, selection_noise_multiplier=3.0)
     config.bert.finetune = "all"
-    summary = run.train(config, str(tmp_path / "sparse"), strategy=strategy(2), export=False)
+    summary = training.train(config, str(tmp_path / "sparse"), strategy=strategy(2), export=False)
     led = read(summary["run_dir"], "privacy.json")
     assert led["selection_noise_multiplier"] == 3.0
     # the tiny BERT's vocabulary is the training text's: exported, so the run is not private
@@ -602,8 +604,8 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
         seen["final"] = [v.numpy() for v in model.trainable_variables]
 
     run_dir = str(tmp_path / "run")
-    first = run.train(config, run_dir, strategy=strategy(1), callbacks=[raw],
-                      after_training=hook, export=False)
+    first = training.train(config, run_dir, strategy=strategy(1), callbacks=[raw],
+                           after_training=hook, export=False)
     assert len(seen["final"]) == len(raw.average) == len(raw.raw)
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
@@ -611,8 +613,8 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     # 12 steps, time constant 0.5 x 12 = 6 steps
     assert float(raw.model.optimizer.ema_momentum) == pytest.approx(1 - 1 / 6)
     # a finished run resumed (fit has nothing left to run) is scored on the averages too
-    again = run.train(config, run_dir, resume=True, strategy=strategy(1), after_training=hook,
-                      export=False)
+    again = training.train(config, run_dir, resume=True, strategy=strategy(1), after_training=hook,
+                           export=False)
     assert again["test"] == first["test"]
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
@@ -664,8 +666,8 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
                          noise_multiplier=1.0)
     config.bert.private_finetune = "lora"
     seen = _EncoderAndHeads()
-    summary = run.train(config, str(tmp_path / "run"), strategy=strategy(2), callbacks=[seen],
-                        export=False)
+    summary = training.train(config, str(tmp_path / "run"), strategy=strategy(2), callbacks=[seen],
+                             export=False)
     (encoder0, heads0), (encoder1, heads1), (encoder2, _) = seen.seen
     assert len(encoder0) > 0
     for before, after in zip(encoder0, encoder1):
@@ -689,4 +691,4 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
 def test_probe_epochs_that_cannot_run_name_the_field(tmp_path, overrides, message):
     config = tiny_config(**{"replicas": 1, **overrides})
     with pytest.raises(ValueError, match=message):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1))
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1))

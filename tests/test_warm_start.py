@@ -1,4 +1,5 @@
-"""`--config.init_from`: a run's backbone starts from another run's (trainers/warm_start.py).
+"""`--config.init_from`: a run's backbone starts from another run's
+(trainers/pipeline/warm_start.py).
 
 A tiny CLC source run trains on the synthetic corpus (seed 0); targets train on joint-format
 directories: seed 1's corpus without any of the source's training utterances (a different
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
-from trainers import run, warm_start
+from trainers.pipeline import training, warm_start
 
 
 def config_with(vectors, **overrides):
@@ -43,8 +44,8 @@ def setup(tmp_path_factory):
                  other=write_joint_dir(root / "other", other, schema=True),
                  same=write_joint_dir(root / "same", ours, schema=True),
                  source=str(root / "source"))
-    run.train(config_with(paths["vectors"], mechanism="sgd", replicas=1), paths["source"],
-              strategy=strategy(1), export=False)
+    training.train(config_with(paths["vectors"], mechanism="sgd", replicas=1), paths["source"],
+                   strategy=strategy(1), export=False)
     return paths
 
 
@@ -76,7 +77,7 @@ def target_run(setup, tmp_path_factory):
                          init_from=setup["source"], data_dir=setup["other"])
     start = _StartingWeights()
     run_dir = str(tmp_path_factory.mktemp("target") / "run")
-    run.train(config, run_dir, strategy=strategy(1), callbacks=[start], export=False)
+    training.train(config, run_dir, strategy=strategy(1), callbacks=[start], export=False)
     return config, run_dir, start
 
 
@@ -104,7 +105,7 @@ def test_resume_neither_reads_nor_needs_the_source(setup, target_run):
     moved = setup["source"] + ".away"
     os.rename(setup["source"], moved)
     try:
-        run.train(config, run_dir, resume=True, strategy=strategy(1), export=False)
+        training.train(config, run_dir, resume=True, strategy=strategy(1), export=False)
     finally:
         os.rename(moved, setup["source"])
     assert any("treats those corpora as public" in s
@@ -118,8 +119,8 @@ def test_a_source_trained_on_this_runs_utterances_is_refused(setup, tmp_path):
                              init_from=setup["source"], data_dir=data_dir)
         with pytest.raises(ValueError, match=r"init_from=.*that run trained on \d+ of this run's "
                                              "training utterances"):
-            run.train(config, str(tmp_path / f"run{len(data_dir)}"), strategy=strategy(1),
-                      export=False)
+            training.train(config, str(tmp_path / f"run{len(data_dir)}"), strategy=strategy(1),
+                           export=False)
 
 
 def test_a_chain_of_sources_is_checked_to_its_end(setup, target_run, tmp_path):
@@ -129,7 +130,7 @@ def test_a_chain_of_sources_is_checked_to_its_end(setup, target_run, tmp_path):
     config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=target_dir,
                          data_dir=setup["same"])
     with pytest.raises(ValueError, match=r"its source .* trained on \d+ of this run's"):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -147,10 +148,10 @@ def test_a_source_that_does_not_fit_names_init_from(setup, tmp_path, change, mes
     if "model" in change:
         config.model = change["model"]
     with pytest.raises(ValueError, match=r"--config.init_from=.*" + message):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
 
 
 def test_init_from_a_directory_that_is_not_a_run(tmp_path):
     config = tiny_config("clc", "dpsgd", replicas=1, init_from=str(tmp_path))
     with pytest.raises(ValueError, match=r"init_from=.*no config.json"):
-        run.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+        training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)

@@ -14,7 +14,7 @@ import dp_accounting
 import pytest
 
 from edp_tf import accounting
-from trainers import workers
+from trainers.pipeline import worker_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 6
@@ -88,7 +88,7 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
 
 
 def test_workers_flag_is_removed_from_the_workers_command():
-    assert workers.without_workers_flag(["--workers=2", "--epochs=3", "--workers", "4", "--x"]) == [
-        "--epochs=3", "--x"]
-    assert workers.worker_dir("runs/a", 0) == "runs/a"
-    assert workers.worker_dir("runs/a", 2) == os.path.join("runs/a", "workers", "2")
+    argv = ["--workers=2", "--epochs=3", "--workers", "4", "--x"]
+    assert worker_processes.without_workers_flag(argv) == ["--epochs=3", "--x"]
+    assert worker_processes.worker_dir("runs/a", 0) == "runs/a"
+    assert worker_processes.worker_dir("runs/a", 2) == os.path.join("runs/a", "workers", "2")

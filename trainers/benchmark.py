@@ -39,7 +39,8 @@ _MODES = flags.DEFINE_list("modes", ["sgd", "edp", "dpsgd", "edp_k4"], "Modes, s
 _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _SCALE = flags.DEFINE_bool(
     "scale", False, "Instead of step times: memory and time of one epoch of streaming Poisson "
-    "sampling over 100k and 1M synthetic utterances on disk (trainers/scale.py).")
+    "sampling over 100k and 1M synthetic utterances on disk "
+    "(trainers/data/streaming_benchmark.py).")
 _SCALE_SIZES = flags.DEFINE_list("scale_sizes", ["100000", "1000000"], "Corpus sizes for --scale.")
 _SCALE_DIR = flags.DEFINE_string(
     "scale_dir", None, "Where --scale writes its corpora (kept and reused; default: a new "
@@ -432,11 +433,11 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
 def main(argv):
     del argv
     if _SCALE.value:
-        from trainers import scale
+        from trainers.data import streaming_benchmark
 
         directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
-        results = scale.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
-        print(scale.table(results))
+        results = streaming_benchmark.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
+        print(streaming_benchmark.table(results))
         if _OUTPUT.value:
             with open(_OUTPUT.value, "w") as f:
                 json.dump(results, f, indent=2)

@@ -44,10 +44,10 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
                  batch_size: int = 256) -> dict:
     import tensorflow as tf
 
-    from trainers import metrics as metrics_lib
-    from trainers import builders, rundir
+    from trainers.pipeline import builders, run_files
+    from trainers.scoring import metrics as metrics_lib
 
-    config = rundir.load_run_config(run_dir)
+    config = run_files.load_run_config(run_dir)
     if data_dir is not None:
         with config.unlocked():
             config.data_dir = data_dir
@@ -73,9 +73,10 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     existed get both (their SavedModel serves Viterbi only)."""
     import tensorflow as tf
 
-    from trainers import builders, evaluation, rundir, warm_start
+    from trainers.pipeline import builders, run_files, warm_start
+    from trainers.scoring import predictions
 
-    config = rundir.load_run_config(run_dir)
+    config = run_files.load_run_config(run_dir)
     if config.get("ema_fraction", 0.0) > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
                          "its checkpoint does not hold: score its export instead")
@@ -90,7 +91,7 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
               if "word_embedding/_embeddings" in name and "optimizer" not in name]
     model = warm_start.trained_model(config, preprocessor, checkpoint, widths[0] if widths else 0)
     x = builders.encode(preprocessor, utterances, split).x
-    return evaluation.scores_by_decoding(model, preprocessor, utterances, x)
+    return predictions.scores_by_decoding(model, preprocessor, utterances, x)
 
 
 def main(argv):

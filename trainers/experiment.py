@@ -528,7 +528,7 @@ def planned_run(config) -> dict:
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
     from edp_tf import accounting, sampling
-    from trainers import builders, recipes
+    from trainers.pipeline import builders, recipes
 
     builders.check_config(config)
     if config.mechanism == "sgd" or config.sampling != "poisson" or int(config.seed) >= 0:

@@ -77,7 +77,7 @@ def summarise(log_likelihoods: np.ndarray, masks: np.ndarray) -> dict:
 
 
 def _pool(config):
-    from trainers import builders
+    from trainers.pipeline import builders
 
     splits = builders.load_splits(config)
     if flags.FLAGS.pool > len(splits.train):
@@ -90,8 +90,8 @@ def _pool(config):
 def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
     import dataclasses
 
-    from trainers import builders, evaluation
-    from trainers import run as run_lib
+    from trainers.pipeline import builders, training
+    from trainers.scoring import predictions
 
     member_split = dataclasses.replace(
         splits, train=tuple(u for u, m in zip(pool, masks[j]) if m),
@@ -99,15 +99,15 @@ def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
 
     def pool_losses(model, preprocessor):
         enc = builders.encode(preprocessor, pool, "lira pool")
-        return evaluation.per_example_losses(model, enc.x, enc.y)
+        return predictions.per_example_losses(model, enc.x, enc.y)
 
     run_dir = os.path.join(flags.FLAGS.work_dir, flags.FLAGS.mechanism, f"model_{j:02d}")
     if os.path.exists(os.path.join(run_dir, "config.json")):  # an interrupted model: start over
         import shutil
 
         shutil.rmtree(run_dir)
-    summary = run_lib.train(config, run_dir, strategy=strategy, splits=member_split,
-                            after_training=pool_losses, export=False)
+    summary = training.train(config, run_dir, strategy=strategy, splits=member_split,
+                             after_training=pool_losses, export=False)
     return summary
 
 
@@ -160,7 +160,7 @@ def main(argv):
 
     from edp_tf import make_strategy
     from edp_tf.ledger import write_json_atomically
-    from trainers import schema as schema_lib
+    from trainers.data import schema as schema_lib
 
     if flags.FLAGS.models < 17:
         raise app.UsageError(f"--models={flags.FLAGS.models}: LiRA needs >= 17 (16 shadows each)")

@@ -40,7 +40,8 @@ _DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "No
 _DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
 _WORKERS = flags.DEFINE_integer(
     "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
-    "127.0.0.1 (trainers/workers.py); on CPUs each worker is one replica.", lower_bound=1)
+    "127.0.0.1 (trainers/pipeline/worker_processes.py); on CPUs each worker is one replica.",
+    lower_bound=1)
 _WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
 
 _SHORTCUTS = {
@@ -60,28 +61,27 @@ def main(argv):
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
     from edp_tf import make_strategy
 
-    from trainers import run as run_lib
-    from trainers import rundir
+    from trainers.pipeline import run_files, training
 
-    run_dir = _RUN_DIR.value or rundir.default_run_dir(config)
+    run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
         config = _resumed_config(config, run_dir)
-        finished = rundir.finished_summary(run_dir)
+        finished = run_files.finished_summary(run_dir)
         if finished is not None and int(config.epochs) <= finished["epochs"]:
             print(f"{run_dir} is finished ({finished['epochs']} epochs): nothing to resume. "
                   "Its summary:", flush=True)
-            print(run_lib.summary_line(finished), flush=True)
+            print(training.summary_line(finished), flush=True)
             return
     if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
-        from trainers import workers
+        from trainers.pipeline import worker_processes
 
-        sys.exit(workers.launch(workers.without_workers_flag(sys.argv[1:]), _WORKERS.value, run_dir,
-                                _RESUME.value))
+        sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
+                                         _WORKERS.value, run_dir, _RESUME.value))
     if _WORKER_INDEX.value is not None:
         return _worker(config, run_dir)
     strategy = make_strategy(int(config.replicas))
-    summary = run_lib.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
-    print(run_lib.summary_line(summary), flush=True)
+    summary = training.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+    print(training.summary_line(summary), flush=True)
 
 
 def _requested_fields() -> dict:
@@ -100,12 +100,12 @@ def _resumed_config(config, run_dir: str):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
-    from trainers import rundir
+    from trainers.pipeline import run_files
 
-    saved = rundir.load_run_config(run_dir)
+    saved = run_files.load_run_config(run_dir)
     requested = _requested_fields()
     given_file = config if flags.FLAGS["config"].present else None
-    diffs = rundir.resume_differences(saved, requested, given_file)
+    diffs = run_files.resume_differences(saved, requested, given_file)
     if diffs:
         raise ValueError(
             f"--resume: {run_dir} was made with "
@@ -123,21 +123,20 @@ def _worker(config, run_dir: str) -> None:
     the run's); the replica count is the strategy's (workers x devices per worker)."""
     from edp_tf import make_multi_worker_strategy
 
-    from trainers import run as run_lib
-    from trainers import workers
+    from trainers.pipeline import training, worker_processes
 
     strategy = make_multi_worker_strategy()
     index = _WORKER_INDEX.value
-    own_dir = workers.worker_dir(run_dir, index)
+    own_dir = worker_processes.worker_dir(run_dir, index)
     if _RESUME.value:  # the chief checked the command; the worker takes its own files
         config = _resumed_config(config, own_dir)
     elif config.replicas != strategy.num_replicas_in_sync:
         with config.unlocked():
             config.replicas = strategy.num_replicas_in_sync
-    summary = run_lib.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
-                            export=index == 0)
+    summary = training.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
+                             export=index == 0)
     if index == 0:
-        print(run_lib.summary_line(summary), flush=True)
+        print(training.summary_line(summary), flush=True)
 
 
 if __name__ == "__main__":

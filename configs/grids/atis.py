@@ -59,8 +59,8 @@ def get_config():
     # the last epoch: twice the steps.
     clc_sgd_long = cell("clc_sgd_steps6000", "SGD (not private), 88 epochs (6,072 steps)", "sgd",
                         "configs/atis_clc.py", "diagnostics=True", "mechanism=sgd", "epochs=88")
-    # Public pretraining (trainers/warm_start.py): the backbone starts from the SNIPS grid's CLC
-    # SGD run (run that cell first); SNIPS is public, and not ATIS
+    # Public pretraining (trainers/pipeline/warm_start.py): the backbone starts from the SNIPS
+    # grid's CLC SGD run (run that cell first); SNIPS is public, and not ATIS
     from_snips = cell("clc_dpsgd_eps8_from_snips", "per-example DP-SGD, eps 8, backbone from "
                       "SNIPS SGD (public pretraining)", "per-example, public pretraining",
                       "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",

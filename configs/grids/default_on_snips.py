@@ -4,12 +4,12 @@
 
 Each cell is exactly what a new user types: `python -m trainers.train --data_dir=<corpus>`
 (private, epsilon 8) and the same with `--mechanism=sgd`, with configs/default.py's automatic
-batch, steps and learning rate (trainers/recipes.py). No SNIPS-specific setting is involved:
-configs/default.py was chosen on the synthetic corpus, except its private sampling rate and
-learning rate (q 0.16, 3e-2), which were found on SNIPS (configs/snips_clc.py) and confirmed on
+batch, steps and learning rate (trainers/pipeline/recipes.py). No SNIPS-specific setting is
+involved: configs/default.py was chosen on the synthetic corpus, except its private sampling rate
+and learning rate (q 0.16, 3e-2), which were found on SNIPS (configs/snips_clc.py) and confirmed on
 the synthetic corpus, and its step count on a --data_dir corpus (150), chosen on these SNIPS and
-ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60
-of the goal's corpus: a proxy.
+ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60 of
+the goal's corpus: a proxy.
 """
 from configs.grids.common import cell, grid
 
@@ -45,8 +45,9 @@ def cells(data_dir: str):
              "per-example (before)", "configs/default.py", *common, before, *q053),
         # Public pretraining from the built-in synthetic corpus, which every install has: CLC's
         # backbone starts from the default command's plain training on it (results/pilot_default row
-        # sgd), then the default private recipe adapts it (trainers/warm_start.py). ATIS's CLC
-        # gained a little from SNIPS pretraining, SNIPS nothing from ATIS (results/{atis,snips}).
+        # sgd), then the default private recipe adapts it (trainers/pipeline/warm_start.py).
+        # ATIS's CLC gained a little from SNIPS pretraining, SNIPS nothing from ATIS
+        # (results/{atis,snips}).
         # Synthetic pretraining gave no gain on either corpus (one run each, results/default_on_*):
         # the default does not pretrain.
         cell("clc_default_from_synthetic", "default command, backbone from the synthetic "

@@ -73,8 +73,8 @@ def get_config():
                           "Adam 3e-3", "diagnostic", "configs/snips_clc.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
                           "learning_rate=0.003")
-    # Public pretraining (trainers/warm_start.py): the backbone starts from the ATIS grid's CLC
-    # SGD run (run that cell first); ATIS is public, and not SNIPS
+    # Public pretraining (trainers/pipeline/warm_start.py): the backbone starts from the ATIS
+    # grid's CLC SGD run (run that cell first); ATIS is public, and not SNIPS
     from_atis = cell("clc_dpsgd_eps8_from_atis", "per-example DP-SGD, eps 8, backbone from ATIS "
                      "SGD (public pretraining)", "per-example, public pretraining",
                      "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",

@@ -6,8 +6,8 @@ Privacy choices made here, by default:
 * vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
   vocabulary learnt from the training text would put training words (names, numbers) into the
   exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
-* label names (intents, slot types) come from a schema (trainers/schema.py); when none is given
-  they come from the training split and the ledger says that epsilon does not cover them.
+* label names (intents, slot types) come from a schema (trainers/data/schema.py); when none is
+  given they come from the training split and the ledger says that epsilon does not cover them.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import tensorflow as tf
 import edp_tf
 from edp_tf import accounting, multi_worker, sampling
 from edp_tf.mechanism import Mechanism
-from trainers import data as data_lib
-from trainers import optimizers
+from trainers.data import loading
+from trainers.pipeline import optimizers
 
 _log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def check_config(config) -> None:
     from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
     from models.joint_loss import TAG_REDUCTIONS
     from models.joint_task import DECODINGS
-    from trainers.optimizers import OPTIMIZERS, SCHEDULES
+    from trainers.pipeline.optimizers import OPTIMIZERS, SCHEDULES
 
     choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
                "privacy_unit": PRIVACY_UNITS,
@@ -75,14 +75,14 @@ def check_config(config) -> None:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
-    # probe_epochs < epochs is checked once epochs is resolved (trainers/run.py _probe_first)
+    # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
     probe = config.get("probe_epochs", 0)
     if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"
                   or config.get("sparse_embeddings", False) or config.get("local_epochs", 0)):
         bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
             "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
             "training has no such phase)")
-    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/recipes.py)
+    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/pipeline/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
     if not 0 <= config.sampling_rate <= 1:
@@ -138,10 +138,10 @@ def microbatch_size(config) -> Optional[int]:
     return config.microbatch_size or None
 
 
-def load_splits(config) -> data_lib.Splits:
+def load_splits(config) -> loading.Splits:
     """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances."""
-    return data_lib.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
-                              config.synthetic_canaries, config.synthetic_canary_repeats)
+    return loading.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
+                             config.synthetic_canaries, config.synthetic_canary_repeats)
 
 
 def minilm_path() -> str:
@@ -156,7 +156,7 @@ def minilm_path() -> str:
 
 def build_preprocessor(config, train: tuple, schema):
     """The model's preprocessor: public vocabulary unless the config asks for the training one;
-    labels from `schema` (trainers/schema.py)."""
+    labels from `schema` (trainers/data/schema.py)."""
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
@@ -251,14 +251,14 @@ def vocabulary_not_covered(preprocessor) -> list:
     return []
 
 
-def label_schema(config, splits: data_lib.Splits):
-    """The run's labels (trainers/schema.py): given, shipped with the data, or from train."""
-    from trainers import schema
+def label_schema(config, splits: loading.Splits):
+    """The run's labels (trainers/data/schema.py): given, shipped with the data, or from train."""
+    from trainers.data import schema
 
     if config.label_schema:
         return schema.read_schema_file(config.label_schema)
     if not config.data_dir:
-        from trainers import synthetic
+        from trainers.data import synthetic
 
         return synthetic.label_schema()
     return (schema.read_data_dir_schema(config.data_dir)

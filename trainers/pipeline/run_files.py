@@ -32,8 +32,8 @@ def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(read_run_file(run_dir, CONFIG_FILE)["config"])
 
 
-# "auto" values a run resolves from its data (trainers/recipes.py): a config file's auto value
-# is no request to change the resolved one
+# "auto" values a run resolves from its data (recipes.py): a config file's auto value is no
+# request to change the resolved one
 _AUTO = (0, 0.0, "", -1, -1.0)
 # what a resume may change: more epochs extend a run (the ledger refuses any over the budget)
 EXTENDABLE = ("epochs",)

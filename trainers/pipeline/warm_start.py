@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from trainers import rundir
+from trainers.pipeline import run_files
 
 MAX_CHAIN = 16  # sources of sources followed before giving up (a loop, or a broken chain)
 
@@ -55,18 +55,18 @@ def _read_run(run_dir: str):
     """(resolved config, latest checkpoint) of a finished trainers.train run."""
     if not os.path.isdir(run_dir):
         _bad(run_dir, "no such run directory")
-    for name in (rundir.CONFIG_FILE, "preprocessor.json"):
+    for name in (run_files.CONFIG_FILE, "preprocessor.json"):
         if not os.path.isfile(os.path.join(run_dir, name)):
             _bad(run_dir, f"no {name}: not a run directory of trainers.train")
     checkpoint = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
     if checkpoint is None:
         _bad(run_dir, "no checkpoint in checkpoints/")
-    return rundir.load_run_config(run_dir), checkpoint
+    return run_files.load_run_config(run_dir), checkpoint
 
 
 def _training_utterances(run_dir: str, config) -> set:
     """The token sequences a run trained on (its corpus is read again, by its config)."""
-    from trainers import builders
+    from trainers.pipeline import builders
 
     try:
         train = builders.load_splits(config).train
@@ -106,7 +106,7 @@ def prepare(config, train) -> Source:
 
 def run_preprocessor(run_dir: str, config):
     """A finished run's preprocessor, from its preprocessor.json."""
-    saved = rundir.read_json(os.path.join(run_dir, "preprocessor.json"))
+    saved = run_files.read_json(os.path.join(run_dir, "preprocessor.json"))
     if config.model == "clc":
         from models.clc.clc_preprocessor import CLCPreprocessor
 
@@ -119,7 +119,7 @@ def run_preprocessor(run_dir: str, config):
 def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0):
     """A finished run's model, rebuilt from its config and preprocessor with the weights of
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
-    from trainers import builders
+    from trainers.pipeline import builders
 
     model = builders.build_model(config, preprocessor, shape_only_vectors(config, embedding_dim))
     tf.train.Checkpoint(model=model).restore(

@@ -21,7 +21,7 @@ import itertools
 import random
 from typing import Callable, Iterator, Sequence
 
-from trainers.corpus import OUTSIDE, Splits, Utterance
+from trainers.data.corpus import OUTSIDE, Splits, Utterance
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -433,7 +433,7 @@ def _with_users(part, seed: int, size: int, name: str) -> list:
 
 def label_schema():
     """The corpus's labels, from the generator itself (public: no training utterance decides them)."""
-    from trainers.schema import LabelSchema
+    from trainers.data.schema import LabelSchema
 
     return LabelSchema(tuple(TEMPLATES), tuple(SLOT_GENERATORS),
-                       "the synthetic corpus generator (trainers/synthetic.py)")
+                       "the synthetic corpus generator (trainers/data/synthetic.py)")

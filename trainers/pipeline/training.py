@@ -1,9 +1,9 @@
 """One training run: data -> model -> (private) fit -> metrics, ledger, checkpoints, export.
 
-`train` is the sequence; the pieces live in `builders` (data, model, dataset, optimizer,
-DPConfig), `callbacks` (their resume order), `evaluation` (predictions, scores, the membership
-attack) and `rundir` (the files). Resuming: the ledger charges an epoch before its checkpoint is
-saved (callbacks.in_resume_order), so an interruption can only over-count epsilon.
+`train` is the sequence; the pieces live in `builders` (data, model, dataset, optimizer, DPConfig),
+`callbacks` (their resume order), `trainers.scoring.predictions` (predictions, scores, the
+membership attack) and `run_files` (the files). Resuming: the ledger charges an epoch before its
+checkpoint is saved (callbacks.in_resume_order), so an interruption can only over-count epsilon.
 """
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting
-from trainers import builders, evaluation, recipes, rundir, warm_start
-from trainers import callbacks as callbacks_lib
-from trainers import data as data_lib
-from trainers import schema as schema_lib
-from trainers.rundir import CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json, write_json
+from trainers.data import loading
+from trainers.data import schema as schema_lib
+from trainers.pipeline import builders, recipes, run_files, warm_start
+from trainers.pipeline import callbacks as callbacks_lib
+from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
+                                         write_json)
+from trainers.scoring import predictions
 
 _log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ class _Data:
     """The corpus and its encodings, once per run."""
 
     config: object  # resolved (automatic fields filled)
-    splits: data_lib.Splits
+    splits: loading.Splits
     units: int  # n: training examples, or users for user-level privacy
     users: Optional[list]  # the user of each training row (user-level privacy), else None
     labels: object
@@ -46,7 +48,7 @@ class _Data:
 
 
 def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(),
-          splits: Optional[data_lib.Splits] = None, after_training=None,
+          splits: Optional[loading.Splits] = None, after_training=None,
           export: bool = True) -> dict:
     """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary.
 
@@ -149,8 +151,8 @@ def _load_data(config, splits, resume: bool) -> _Data:
             _log.info("%s run: bert.finetune=%s, bert.dropout=%s", config.mechanism,
                       config.bert.finetune, config.bert.dropout)
     labels = builders.label_schema(config, splits)
-    unseen = {name: data_lib.conform(getattr(splits, name), labels.tag_vocabulary,
-                                     labels.intent_vocabulary, name)[1].to_dict()
+    unseen = {name: loading.conform(getattr(splits, name), labels.tag_vocabulary,
+                                    labels.intent_vocabulary, name)[1].to_dict()
               for name in ("dev", "test")}
     preprocessor, vectors = builders.build_preprocessor(config, splits.train, labels)
 
@@ -238,7 +240,7 @@ def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q:
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
               PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,
                             sampling_rate=q, target_epsilon=budget))
-    ledger.artifacts = rundir.artifacts(
+    ledger.artifacts = run_files.artifacts(
         bool(config.diagnostics), data.labels,
         bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)))
     return ledger
@@ -248,17 +250,17 @@ def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
     """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
     splits, diagnostics = data.splits, bool(config.diagnostics)
     # the dev predictions' trace serves the test split too (same batch shapes)
-    by_decoding = (evaluation.scores_by_decoding(model, data.preprocessor, splits.test,
-                                                 data.test_x, step=predict_step)
+    by_decoding = (predictions.scores_by_decoding(model, data.preprocessor, splits.test,
+                                                  data.test_x, step=predict_step)
                    if splits.test else {})
     test = by_decoding.get(model.decoding, {})
     record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
-    attack = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.test)
+    attack = (predictions.membership_attack(model, data.preprocessor, data.train, splits.test)
               if splits.test and diagnostics else {})
     # The same attack against the dev split: where the test split is drawn differently from
     # train, test losses are higher for reasons other than membership. No training step uses dev
     # and the trainer selects nothing on it, so its utterances are non-members too.
-    attack_dev = (evaluation.membership_attack(model, data.preprocessor, data.train, splits.dev,
+    attack_dev = (predictions.membership_attack(model, data.preprocessor, data.train, splits.dev,
                                                 "dev")
                   if splits.dev and diagnostics else {})
     record.update({"test": test, "decoding": model.decoding, "test_by_decoding": by_decoding,

@@ -19,7 +19,7 @@ LINE = "{tokens}\t{tags}\t{intent}\n"
 
 def write_corpus(directory: str, size: int, shards: int = 8, seed: int = 0) -> list:
     """`size` synthetic utterances in `shards` text files; returns their paths."""
-    from trainers import synthetic
+    from trainers.data import synthetic
 
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"shard{i:03d}.txt") for i in range(shards)]

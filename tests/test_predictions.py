@@ -1,8 +1,9 @@
-"""trainers.evaluation.per_example_losses: every row scored once, in order, with a single trace."""
+"""trainers.scoring.predictions.per_example_losses: every row scored once, in order, with a
+single trace."""
 import numpy as np
 import tensorflow as tf
 
-from trainers import evaluation
+from trainers.scoring import predictions
 
 
 class _SumModel:
@@ -24,10 +25,11 @@ def test_losses_cover_every_row_in_order_with_one_trace():
     x = {"x": rng.normal(size=(7, 3)).astype("float32")}
     y = {"y": rng.uniform(1, 2, size=7).astype("float32")}
     model = _SumModel()
-    step = evaluation.loss_step(model)
-    got = evaluation.per_example_losses(model, x, y, batch_size=3, step=step)  # 3 + 3 + 1 (padded)
+    step = predictions.loss_step(model)
+    # 3 + 3 + 1 (padded)
+    got = predictions.per_example_losses(model, x, y, batch_size=3, step=step)
     np.testing.assert_allclose(got, x["x"].sum(1) * y["y"], rtol=1e-6)
-    again = evaluation.per_example_losses(model, {"x": x["x"][:2]}, {"y": y["y"][:2]}, batch_size=3,
-                                   step=step)
+    again = predictions.per_example_losses(model, {"x": x["x"][:2]}, {"y": y["y"][:2]},
+                                           batch_size=3, step=step)
     np.testing.assert_allclose(again, got[:2], rtol=1e-6)
     assert model.traces == 1

@@ -8,8 +8,8 @@ import time
 import keras
 import tensorflow as tf
 
-from trainers import evaluation
-from trainers.rundir import METRICS_FILE, STATE_FILE, read_json, write_json
+from trainers.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
+from trainers.scoring import predictions
 
 _log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class EpochEnd(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         seconds = time.time() - self._start
-        dev = (evaluation.score(self.dev, *evaluation.predict(
+        dev = (predictions.score(self.dev, *predictions.predict(
             self.joint, self.preprocessor, self.dev_x, step=self.predict_step)) if self.dev else {})
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})

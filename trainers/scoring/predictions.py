@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from edp_tf import attacks
 from models.labels import is_well_formed_bio
-from trainers import builders
-from trainers import metrics as metrics_lib
+from trainers.pipeline import builders
+from trainers.scoring import metrics as metrics_lib
 
 
 def padded_batches(batch_size: int, *arrays: dict):
