@@ -199,7 +199,8 @@ def add_dev_attack(grid, cell, python: str) -> dict:
     ledger_files = {f: _bytes(os.path.join(full, f)) for f in ("privacy.json", "state.json")}
     with open(full + ".attack.log", "a") as out:
         code = subprocess.call([python, "-m", "trainers.train", f"--run_dir={run_dir}",
-                                "--resume"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                "--resume", "--recompute_metrics"], cwd=ROOT, stdout=out,
+                               stderr=subprocess.STDOUT)
     if any(_bytes(os.path.join(full, f)) != b for f, b in ledger_files.items()):
         raise RuntimeError(f"cell {cell.name}: resuming {run_dir} changed its privacy.json or "
                            "state.json")

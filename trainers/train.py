@@ -43,6 +43,9 @@ _WORKERS = flags.DEFINE_integer(
     "127.0.0.1 (trainers/pipeline/worker_processes.py); on CPUs each worker is one replica.",
     lower_bound=1)
 _WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
+_RECOMPUTE = flags.DEFINE_bool(
+    "recompute_metrics", False, "With --resume on a finished run: restore its last checkpoint "
+    "and recompute its final metrics (test scores, attacks), instead of printing its summary.")
 
 _SHORTCUTS = {
     "mechanism": _MECHANISM, "model": _MODEL, "data_dir": _DATA_DIR, "replicas": _REPLICAS,
@@ -67,7 +70,8 @@ def main(argv):
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
         config = _resumed_config(config, run_dir)
         finished = run_files.finished_summary(run_dir)
-        if finished is not None and int(config.epochs) <= finished["epochs"]:
+        if (finished is not None and int(config.epochs) <= finished["epochs"]
+                and not _RECOMPUTE.value):
             print(f"{run_dir} is finished ({finished['epochs']} epochs): nothing to resume. "
                   "Its summary:", flush=True)
             print(training.summary_line(finished), flush=True)
