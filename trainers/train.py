@@ -64,7 +64,7 @@ def main(argv):
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
     from edp_tf import make_strategy
 
-    from trainers.pipeline import run_files, training
+    from trainers.pipeline import callbacks, run_files, training
 
     run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
@@ -84,7 +84,11 @@ def main(argv):
     if _WORKER_INDEX.value is not None:
         return _worker(config, run_dir)
     strategy = make_strategy(int(config.replicas))
-    summary = training.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+    try:
+        summary = training.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+    except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
+        print(f"{stopped}", file=sys.stderr, flush=True)
+        sys.exit(128 + stopped.signum)
     print(training.summary_line(summary), flush=True)
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 
 import keras
@@ -14,12 +16,61 @@ from trainers.scoring import predictions
 _log = logging.getLogger(__name__)
 
 
+class StoppedBySignal(RuntimeError):
+    """SIGTERM or SIGINT stopped training after a step; the run resumes with --resume."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+
+
+class GracefulStop(keras.callbacks.Callback):
+    """SIGTERM (a preempted machine) or SIGINT (Ctrl-C) finishes the current step, then stops.
+
+    Keras still closes the epoch: the ledger charges the steps that ran (every step that ran is
+    charged, none twice), while `EpochEnd` keeps no checkpoint of a partial epoch, so a resume
+    reruns that epoch from the last whole one. The handlers are the process's own only while
+    `fit` runs."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        super().__init__()
+        self.signum = None
+        self.steps_done = 0
+        self._previous = {}
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._stop) for s in self.SIGNALS}
+
+    def on_train_end(self, logs=None):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.steps_done = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.steps_done = int(batch) + 1
+
+    def _stop(self, signum, frame):
+        self.signum = signum
+        self.model.stop_training = True
+
+    def epoch_cut_short(self) -> bool:
+        return self.signum is not None and self.steps_done < (self.params or {}).get("steps", 0)
+
+
 class EpochEnd(keras.callbacks.Callback):
-    """Dev metrics into metrics.json, then the checkpoint and state (after the ledger)."""
+    """Dev metrics into metrics.json, then the checkpoint and state (after the ledger); an epoch
+    that a signal cut short is not kept (`GracefulStop`)."""
 
     def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
-                 diagnostics: bool = False):
+                 diagnostics: bool = False, graceful: "GracefulStop | None" = None):
         super().__init__()
+        self.graceful = graceful
         self.diagnostics = diagnostics
         self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
         self.dev, self.dev_x = dev, dev_x
@@ -31,6 +82,8 @@ class EpochEnd(keras.callbacks.Callback):
         self._start = time.time()
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.graceful is not None and self.graceful.epoch_cut_short():
+            return  # its steps are charged; the resumed run trains the epoch again
         logs = logs or {}
         seconds = time.time() - self._start
         dev = (predictions.score(self.dev, *predictions.predict(
@@ -91,7 +144,8 @@ def in_resume_order(privacy_ledger, epoch_end: EpochEnd, tensorboard_dir, extra=
     `privacy_ledger` None (plain SGD) and `tensorboard_dir` None are left out. A private run
     without `diagnostics` gets the public progress bar, last so that it shows the epsilon of
     the epoch that just ended."""
-    ordered = [privacy_ledger] if privacy_ledger is not None else []
+    ordered = [epoch_end.graceful] if epoch_end.graceful is not None else []
+    ordered += [privacy_ledger] if privacy_ledger is not None else []
     ordered.append(epoch_end)
     if tensorboard_dir is not None:  # the training loss and clipping statistics: diagnostics
         ordered.append(keras.callbacks.TensorBoard(tensorboard_dir, write_graph=False,

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import math
 import os
+import signal
 import time
 from typing import Optional
 
@@ -88,9 +89,10 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if not resume:
         _write_run_files(run_dir, config, data, n, delta)
     ledger = _ledger(config, data, run_dir, sampler, n, delta, q) if private else None
+    graceful = callbacks_lib.GracefulStop()
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
                                        data.dev_x, manager, state, trainer if private else None,
-                                       bool(config.diagnostics))
+                                       bool(config.diagnostics), graceful)
     tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
     initial_epoch = int(state.get("epochs_done", 0))
     if initial_epoch < config.epochs:
@@ -101,6 +103,13 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                                          bool(config.diagnostics)))
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
+        if graceful.signum is not None:
+            done = int(state.get("epochs_done", initial_epoch))
+            raise callbacks_lib.StoppedBySignal(graceful.signum, (
+                f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
+                f"epochs are checkpointed in {run_dir}; every step that ran is charged in "
+                f"privacy.json. Continue with: python -m trainers.train --run_dir={run_dir} "
+                "--resume"))
     # The averaged weights, also when fit had nothing left to run or stopped; not before the
     # first step (the averages would still be the zeros they start as).
     if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
