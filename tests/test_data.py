@@ -233,3 +233,17 @@ def test_atis_counts_and_unseen_labels_match_source_md():
     assert test.unseen_intents == ("atis_airfare#atis_flight", "atis_day_name",
                                    "atis_flight#atis_airline", "atis_flight_no#atis_airline")
     assert test.unknown_intent_utterances == 5
+
+
+def test_user_level_dev_and_test_hold_no_training_user():
+    from trainers.data.corpus import Splits
+
+    def said(user, word):
+        return Utterance((word,), ("O",), "greet", user)
+
+    splits = Splits((said("a", "hi"), said("b", "yo")), (said("a", "hey"), said("c", "hello")),
+                    (said("b", "sup"), said("d", "howdy")), "toy")
+    kept, dropped = loading.without_training_users(splits)
+    assert dropped == 2
+    assert [u.user for u in kept.dev] == ["c"] and [u.user for u in kept.test] == ["d"]
+    assert kept.train == splits.train

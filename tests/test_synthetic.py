@@ -129,6 +129,8 @@ def test_utterances_have_skewed_users_from_their_own_stream():
     corpus = synthetic.synthetic_corpus(seed=3, size=1200)
     counts = collections.Counter(u.user for u in corpus.train + corpus.dev + corpus.test)
     assert None not in counts and len(counts) <= synthetic.users_for(1200)
+    speakers = [{u.user for u in part} for part in (corpus.train, corpus.dev, corpus.test)]
+    assert not (speakers[0] & speakers[1]) and not (speakers[0] & speakers[2])  # by user
     ordered = sorted(counts.values(), reverse=True)
     # Zipf-like: the heaviest user speaks far more than the median one, and a tail exists
     assert ordered[0] >= 10 * ordered[len(ordered) // 2] and ordered[-1] <= 2

@@ -167,6 +167,20 @@ class UnseenCounts:
         return dataclasses.asdict(self)
 
 
+def without_training_users(splits: Splits) -> tuple[Splits, int]:
+    """(splits whose dev and test hold no utterance of a training user, rows dropped).
+
+    At user level epsilon protects a user's whole data, yet dev and test metrics are released
+    unnoised: a training user's dev or test rows would feed them. Corpora split by row (a CSV
+    with a userid column split by ratio) lose those rows from dev and test; the synthetic
+    corpus has its own speakers per split and loses none."""
+    users = {u.user for u in splits.train}
+    dev = tuple(u for u in splits.dev if u.user not in users)
+    test = tuple(u for u in splits.test if u.user not in users)
+    dropped = len(splits.dev) + len(splits.test) - len(dev) - len(test)
+    return dataclasses.replace(splits, dev=dev, test=test), dropped
+
+
 def conform(utterances: Sequence[Utterance], tags: LabelVocabulary, intents: LabelVocabulary,
             split: str) -> tuple[tuple[Utterance, ...], UnseenCounts]:
     """Maps dev/test labels the label vocabularies lack, and logs the counts (never text).

@@ -154,6 +154,13 @@ def _strategy(config, strategy):
 def _load_data(config, splits, resume: bool) -> _Data:
     splits = splits or builders.load_splits(config)
     units, users = builders.privacy_units(config, splits.train)
+    if users is not None:  # user level: dev and test hold no training user's utterances
+        splits, dropped = loading.without_training_users(splits)
+        if dropped:
+            _log.info("user level: %d dev/test utterances of training users left out", dropped)
+        if not splits.test:
+            raise ValueError("--config.privacy_unit=user: every test utterance belongs to a "
+                             "training user; give splits made by user")
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
         config = recipes.resolve(config, units)
         if config.model == "bert":  # private runs may have taken the bert.private_ fields
