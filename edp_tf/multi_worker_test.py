@@ -13,7 +13,6 @@ import sys
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import edp_tf
 from edp_tf import multi_worker

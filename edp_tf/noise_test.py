@@ -5,7 +5,6 @@ import math
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from edp_tf import DPConfig, PrivateModel
 from edp_tf.testing import wide_model, zero_loss

@@ -45,7 +45,7 @@ import time
 from typing import Optional
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 MECHANISMS = {
     # name: (microbatch_size, noise_mode, claim, privacy_unit); replicas come from --replicas

@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 import time
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 _MODEL = flags.DEFINE_enum("model", "bert", ["clc", "bert", "tiny"], "Model to time.")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "Replicas (GPUs if visible, else logical CPUs).")

@@ -17,7 +17,6 @@ full SNIPS training split (a public benchmark), so every model has the same outp
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 
