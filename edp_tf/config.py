@@ -9,7 +9,8 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
-from edp_tf.mechanism import DECAYS, NOISE_MODES, PRIVACY_UNITS, noise_multiplier_at
+from edp_tf.mechanism import (DECAYS, NOISE_MODES, PRIVACY_UNITS, USER_ESTIMATORS,
+                              noise_multiplier_at)
 
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")
@@ -219,7 +220,7 @@ class DPConfig:
         lr = self.local_learning_rate
         if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
             raise ValueError(f"DPConfig.local_learning_rate must be a positive number, got {lr!r}")
-        if self.user_estimator not in ("fixed", "clipped"):
+        if self.user_estimator not in USER_ESTIMATORS:
             raise ValueError(f"DPConfig.user_estimator must be 'fixed' or 'clipped', "
                              f"got {self.user_estimator!r}")
         if self.user_estimator == "clipped" and self.privacy_unit != "user":

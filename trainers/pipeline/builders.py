@@ -21,7 +21,8 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting, multi_worker, sampling
-from edp_tf.mechanism import Mechanism
+from edp_tf.ledger import SAMPLINGS
+from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
 from trainers.data import loading
 from trainers.pipeline import optimizers
 
@@ -29,8 +30,6 @@ _log = logging.getLogger(__name__)
 
 MECHANISMS = ("sgd", "edp", "dpsgd")
 MODELS = ("clc", "bert")
-SAMPLINGS = ("poisson", "shuffle")
-PRIVACY_UNITS = ("example", "user")
 # Dropout on the encoder's outputs before the intent and slot heads; runs whose config.json
 # predates the `head_dropout` field used this value.
 HEAD_DROPOUT = 0.1
