@@ -398,7 +398,9 @@ def synthetic_corpus(seed: int = 0, size: int = 3000, canaries: int = 0,
     for canary in planted:
         for _ in range(canary_repeats):
             train.insert(canary_rng.randrange(len(train) + 1), canary)
-    train, dev, test = (_with_users(part, seed, name)
+    speakers = {"train": users_for(n_train), "dev": users_for(n_dev),  # canaries aside
+                "test": users_for(len(test))}
+    train, dev, test = (_with_users(part, seed, name, speakers[name])
                         for part, name in ((train, "train"), (dev, "dev"), (test, "test")))
     source = f"synthetic smart-home corpus (seed {seed}, size {size}"
     if canaries:
@@ -421,16 +423,15 @@ def users_for(size: int) -> int:
     return max(2, size // 12)
 
 
-def _with_users(part, seed: int, name: str) -> list:
-    """Each utterance spoken by one of `users_for(len(part))` users drawn with Zipf weights
-    (exponent 0.8): a few heavy users with hundreds of utterances, a long tail with one or two,
-    as an assistant's logs have. Each split has its own speakers ("dev-user00003"), so a
+def _with_users(part, seed: int, name: str, speakers: int) -> list:
+    """Each utterance spoken by one of `speakers` users (`users_for` the split's size) drawn
+    with Zipf weights (exponent 0.8): a few heavy users with hundreds of utterances, a long
+    tail with one or two, as an assistant's logs have. Each split has its own speakers ("dev-user00003"), so a
     user-level run never scores dev or test on a training user's utterances. Planted canaries
     keep their own user (one user repeating a phrase). Own random stream: the utterances are
     unchanged."""
     rng = random.Random(f"edp-tf users {seed} {name}")
-    chooser = _ZipfChooser([f"{name}-user{i:05d}" for i in range(users_for(len(part)))],
-                           exponent=0.8)
+    chooser = _ZipfChooser([f"{name}-user{i:05d}" for i in range(speakers)], exponent=0.8)
     return [u if u.user is not None else dataclasses.replace(u, user=chooser(rng)) for u in part]
 
 
