@@ -75,3 +75,17 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert planned.returncode == 0, planned.stderr[-3000:]
     assert "Private: yes" in planned.stdout
+
+
+def test_a_command_without_the_nlu_extra_says_how_to_get_it(monkeypatch):
+    from trainers import console
+
+    def missing(name):
+        raise ModuleNotFoundError("No module named 'ml_collections'", name="ml_collections")
+
+    monkeypatch.setattr(console.importlib, "import_module", missing)
+    with pytest.raises(SystemExit) as stopped:
+        console.train()
+    assert str(stopped.value) == ("error: edp-train is the NLU application, which needs its "
+                                  "extra dependencies (ml_collections is missing): pip install "
+                                  "'edp-tf[nlu]'")

@@ -20,7 +20,13 @@ COMMANDS = ("train", "evaluate", "privacy", "audit", "lira", "experiment", "benc
 def _command(name: str) -> Callable[[], None]:
     def run() -> None:
         cli.quiet_unless_verbose()
-        module = importlib.import_module(f"trainers.{name}")
+        try:
+            module = importlib.import_module(f"trainers.{name}")
+        except ModuleNotFoundError as error:  # `pip install edp-tf`: the library alone
+            if (error.name or "").split(".")[0] in ("edp_tf", "trainers", "models", "configs"):
+                raise
+            sys.exit(f"error: edp-{name} is the NLU application, which needs its extra "
+                     f"dependencies ({error.name} is missing): pip install 'edp-tf[nlu]'")
         if hasattr(module, "define_flags"):
             module.define_flags()
         _help_as_the_module(module)
