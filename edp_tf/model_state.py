@@ -67,6 +67,9 @@ def adaptable_layers(model: keras.layers.Layer, public: Iterable[str] = ()) -> L
 def refuse_state_outside_the_clip(model: keras.layers.Layer, inputs,
                                   public_layers: Sequence[str] = ()) -> None:
     """ValueError naming each layer whose state would learn from the private data unclipped."""
+    unknown = set(public_layers) - {layer.name for layer in _layers(model)}
+    if unknown:  # a misspelt name would leave a public claim about no layer at all
+        raise ValueError(f"public_layers names no layer of the model: {sorted(unknown)}")
     running = state_assigned_in_training(model, inputs)
     if running:
         raise ValueError(

@@ -71,6 +71,8 @@ def test_adapted_preprocessing_needs_a_public_declaration():
         _fit(model)
     history = _fit(model, public_layers=["norm"])
     assert np.isfinite(history.history["loss"][0])
+    with pytest.raises(ValueError, match=r"public_layers names no layer.*'nrom'"):
+        _fit(model, public_layers=["nrom"])
 
 
 def test_the_check_reads_no_values_and_changes_nothing():
