@@ -9,15 +9,11 @@ import subprocess
 import sys
 import time
 
+from tests.tiny_runs import SMALL_CLC_FLAGS
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
-# A small per-example CLC on 2,400 synthetic utterances: 60 steps an epoch, about a second or two
-FLAGS = ["--config.synthetic_size=2400", "--config.batch_size=32", "--config.max_words=20",
-         "--config.clc.word_vectors=glove-6b-50d", "--config.clc.vocabulary_size=2000",
-         "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
-         "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
-         "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
-         "--mechanism=dpsgd", "--replicas=1", f"--epochs={EPOCHS}"]
+FLAGS = [*SMALL_CLC_FLAGS, "--replicas=1", f"--epochs={EPOCHS}"]
 
 
 def _read(run_dir, name):

@@ -14,18 +14,12 @@ import dp_accounting
 import pytest
 
 from edp_tf import accounting
+from tests.tiny_runs import SMALL_CLC_FLAGS
 from trainers.pipeline import worker_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 6
-# A small CLC on 2,400 synthetic utterances: ~60 steps a second or two per epoch after tracing,
-# long enough to kill a worker between two epochs.
-FLAGS = ["--config.synthetic_size=2400", "--config.batch_size=32", "--config.max_words=20",
-         "--config.clc.word_vectors=glove-6b-50d", "--config.clc.vocabulary_size=2000",
-         "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
-         "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
-         "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
-         "--mechanism=dpsgd", f"--epochs={EPOCHS}"]
+FLAGS = [*SMALL_CLC_FLAGS, f"--epochs={EPOCHS}"]
 
 
 def command(run_dir, *extra):

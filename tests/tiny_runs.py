@@ -10,6 +10,17 @@ from trainers.data import synthetic
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
 
 
+# A small per-example CLC on 2,400 synthetic utterances, as command-line flags: ~60 steps, a second
+# or two an epoch after tracing, long enough to stop a run (or kill a worker) between steps.
+SMALL_CLC_FLAGS = (
+    "--config.synthetic_size=2400", "--config.batch_size=32", "--config.max_words=20",
+    "--config.clc.word_vectors=glove-6b-50d", "--config.clc.vocabulary_size=2000",
+    "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
+    "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
+    "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
+    "--mechanism=dpsgd")
+
+
 def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides):
     """The base config shrunk to a few seconds of training (tracing dominates)."""
     c = base_config()

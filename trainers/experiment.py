@@ -528,7 +528,7 @@ def planned_run(config) -> dict:
 
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
-    from edp_tf import accounting, sampling
+    from edp_tf import accounting
     from trainers.pipeline import builders, recipes
 
     builders.check_config(config)
@@ -547,17 +547,10 @@ def planned_run(config) -> dict:
     c = recipes.resolve(config, n)
     delta = c.delta or accounting.default_delta(n)
     k, replicas, q = builders.microbatch_size(c), int(c.replicas), int(c.batch_size) / n
-    if users is not None:
-        cap = float(c.get("user_weight_cap", 0.0)) or None
-        sampler = sampling.UserPoissonSampler.for_users(users, q, k, replicas, None,
-                                                        weight_cap=cap)
-    else:
-        sampler = sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
-                                          microbatch_size=k)
+    sampler = builders.poisson_sampler(c, n, q, k, replicas, users)
     steps = sampler.steps_per_epoch
-    dp = builders.private_config(c, k, sampler.expected_batch_size, None, replicas, sampler, q,
-                                 delta, steps)
-    plan = builders.privacy_plan(c, dp, replicas, sampler, q, n, delta, steps)
+    _, plan = builders.private_run(c, k, sampler.expected_batch_size, None, replicas, sampler, q,
+                                   n, delta, steps)
     return {"records": plan.schedule(), "sampling_rate": q,
             "extra_events": tuple(plan.extra_events), "delta": delta, "dataset_size": n}
 

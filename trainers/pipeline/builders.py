@@ -286,6 +286,17 @@ def privacy_units(config, train) -> tuple:
     return len(set(users)), users
 
 
+def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixed_seed=None,
+                    key=None) -> sampling.PoissonSampler:
+    """The run's Poisson sampler: over users (`users`, the user of each row) or examples."""
+    if users is not None:
+        cap = float(config.get("user_weight_cap", 0.0)) or None
+        return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
+                                                     weight_cap=cap, key=key)
+    return sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
+                                   microbatch_size=k, seed=fixed_seed, key=key)
+
+
 def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None).
 
@@ -300,18 +311,10 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     if batch > n:
         raise ValueError(f"--config.batch_size={batch} exceeds the {n} {unit}")
     q = batch / n
-    if users is not None:
-        cap = float(config.get("user_weight_cap", 0.0)) or None
-        sampler = sampling.UserPoissonSampler.for_users(users, q, private_cfg_k, replicas,
-                                                        fixed_seed, weight_cap=cap, key=key)
+    if users is not None or (config.mechanism != "sgd" and config.sampling == "poisson"):
+        sampler = poisson_sampler(config, n, q, private_cfg_k, replicas, users, fixed_seed, key)
         return (sampler.dataset(x, y).repeat(), sampler.steps_per_epoch, q,
                 sampler.expected_batch_size, sampler)
-    if config.mechanism != "sgd" and config.sampling == "poisson":
-        sampler = sampling.PoissonSampler(
-            dataset_size=n, sampling_rate=q, replicas=replicas, microbatch_size=private_cfg_k,
-            seed=fixed_seed, key=key)
-        ds = sampler.dataset(x, y).repeat()
-        return ds, sampler.steps_per_epoch, q, sampler.expected_batch_size, sampler
     multiple = replicas * (private_cfg_k or 1)
     if batch % multiple:
         raise ValueError(
@@ -354,33 +357,25 @@ def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
                          + str(error).replace("DPConfig.", "")) from None
 
 
-def private_config(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
-                   delta: float, steps: int, noise_multiplier=None) -> edp_tf.DPConfig:
-    """The run's DPConfig; with a target epsilon, z0 is calibrated through the run's Mechanism
-    (or `noise_multiplier`, the z0 a resumed run calibrated before)."""
+def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
+                n: int, delta: float, steps: int, noise_multiplier=None,
+                not_covered=()) -> tuple:
+    """(DPConfig, PrivacyPlan) of the run, decided once before the first step: the mechanism of
+    the config on the batches fit will see, the sampling and length of the run, the planned
+    extra query and what the statement does not cover. With a target epsilon z0 is calibrated
+    through the plan (or is `noise_multiplier`, the z0 a resumed run calibrated before).
+    PrivateModel runs the plan's mechanism; the ledger reports it."""
     dp = dp_config(config, k, expected_batch, fixed_seed)
-    if config.target_epsilon <= 0:
-        return dp
-    if noise_multiplier is None:
-        rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
-        extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
-                  if config.scaling == "private" else ())
-        noise_multiplier = edp_tf.plan.calibrate(
-            Mechanism.from_config(dp, replicas, rows), config.target_epsilon, delta, q,
-            int(config.epochs), steps, extras).noise_multiplier
-        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g", noise_multiplier,
-                  config.target_epsilon, delta)
-    return dp.replace(noise_multiplier=noise_multiplier)
-
-
-def privacy_plan(config, dp: edp_tf.DPConfig, replicas: int, sampler, q: float, n: int,
-                 delta: float, steps: int, not_covered=()) -> edp_tf.PrivacyPlan:
-    """The run's privacy statement, decided once before the first step: the (calibrated)
-    mechanism of `dp` on the batches fit will see, the sampling and length of the run, the
-    planned extra query and what the statement does not cover. PrivateModel runs its
-    mechanism; the ledger reports it."""
     rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
     extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
               if dp.scaling == "private" else ())
-    return edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
+    plan = edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
                               int(config.epochs), steps, extras, tuple(not_covered))
+    if config.target_epsilon > 0 and noise_multiplier is None:
+        plan = plan.calibrated(config.target_epsilon)
+        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",
+                  plan.mechanism.noise_multiplier, config.target_epsilon, delta)
+    elif config.target_epsilon > 0:
+        plan = dataclasses.replace(plan, mechanism=dataclasses.replace(
+            plan.mechanism, noise_multiplier=float(noise_multiplier)))
+    return dp.replace(noise_multiplier=plan.mechanism.noise_multiplier), plan

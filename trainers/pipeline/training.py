@@ -77,11 +77,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
     dp = plan = None
     if private:
-        dp = builders.private_config(
+        dp, plan = builders.private_run(
             config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
-            delta, steps, state.get("noise_multiplier"))
-        plan = builders.privacy_plan(config, dp, strategy.num_replicas_in_sync, sampler, q, n,
-                                     delta, steps, _not_covered(data, source))
+            n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
     model, trainer, manager = _build(config, data, dp, plan, steps, strategy, run_dir, resume,
                                      state, source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
