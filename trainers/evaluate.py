@@ -1,11 +1,17 @@
 """`python -m trainers.evaluate --run_dir=... [--data_dir=...] [--split=test] [--decodings]`: score a
-saved run.
+saved run. `--per_class [--compare_to=OTHER_RUN]`: per intent and slot type, against training
+frequency, beside another run (e.g. the private run beside plain training).
 
 It scores the exported SavedModel (what would be served: raw utterance strings in, intent and
 tags out), so it checks the export as much as the model. Without --data_dir it uses the data the
 run was trained on (its config). With --decodings it instead rebuilds the model from the latest
 checkpoint and scores both CRF decodings (BIO-constrained and plain Viterbi). Prints the metrics as
 JSON (no utterance text).
+
+With --per_class it prints a table per intent and slot type (accuracy / F1, training count, test
+support; trainers/scoring/per_class.py) and writes it as JSON to --output or the run's
+per_class.json. The training counts are unnoised statistics of the run's training split, so the
+report is a diagnostic, not a DP release, and says so; it never touches privacy.json.
 """
 from __future__ import annotations
 
@@ -25,6 +31,15 @@ def define_flags() -> None:
     flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
     flags.DEFINE_bool("decodings", False, "Score the latest checkpoint (not the export) with "
                       "both CRF decodings, BIO-constrained and unconstrained Viterbi.")
+    flags.DEFINE_bool("per_class", False, "Score each intent and slot type against its count in "
+                      "the run's training split (a diagnostic, not a DP release); writes "
+                      "--output or RUN_DIR/per_class.json.")
+    flags.DEFINE_string("compare_to", None, "With --per_class: a run on the same data (e.g. plain "
+                        "training) to put beside --run_dir; gap = its score - the run's.")
+    flags.DEFINE_string("per_class_results", None, "With --per_class and --compare_to: also "
+                        "write PREFIX.md (tables and commands) and PREFIX.png (gap by bucket).")
+    flags.DEFINE_multi_string("command", [], "With --per_class_results: a command that made "
+                              "the runs, quoted in PREFIX.md (repeatable).")
 
 
 def load_serving(run_dir: str):
@@ -40,20 +55,10 @@ def load_serving(run_dir: str):
     return tf.saved_model.load(path).signatures["serving_default"]
 
 
-def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
-                 batch_size: int = 256) -> dict:
+def serve_predictions(run_dir: str, utterances, batch_size: int = 256):
+    """(intents, tag lists) the run's SavedModel serves for `utterances`."""
     import tensorflow as tf
 
-    from trainers.pipeline import builders, run_files
-    from trainers.scoring import metrics as metrics_lib
-
-    config = run_files.load_run_config(run_dir)
-    if data_dir is not None:
-        with config.unlocked():
-            config.data_dir = data_dir
-    utterances = getattr(builders.load_splits(config), split)
-    if not utterances:
-        raise ValueError(f"the {split} split of the data is empty")
     serve = load_serving(run_dir)
     intents, tags = [], []
     for start in range(0, len(utterances), batch_size):
@@ -62,9 +67,194 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
         intents.extend(s.decode() for s in out["intent"].numpy())
         for row, u in zip(out["slot_tags"].numpy(), batch):
             tags.append([t.decode() for t in row[:len(u.tokens)]])
+    return intents, tags
+
+
+def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
+    from trainers.pipeline import builders, run_files
+
+    config = run_files.load_run_config(run_dir)
+    if data_dir is not None:
+        with config.unlocked():
+            config.data_dir = data_dir
+    utterances = getattr(builders.load_splits(config), split)
+    if not utterances:
+        raise ValueError(f"the {split} split of the data is empty")
+    return config, utterances
+
+
+def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
+                 batch_size: int = 256) -> dict:
+    from trainers.scoring import metrics as metrics_lib
+
+    config, utterances = _config_and_split(run_dir, data_dir, split)
+    intents, tags = serve_predictions(run_dir, utterances, batch_size)
     result = metrics_lib.evaluate_utterances(utterances, intents, tags)
     result.update({"run_dir": run_dir, "split": split, "data": config.data_dir or "synthetic"})
     return result
+
+
+# what decides a run's corpus: two runs compared per class must agree on all of them
+_DATA_FIELDS = ("data_dir", "data_seed", "synthetic_size", "synthetic_canaries",
+                "synthetic_canary_repeats")
+
+
+def run_label(run_dir: str) -> str:
+    """"<model> <mechanism>[, eps E]" from the run's config and, if private, its ledger (read
+    only): the name a per-class table gives the run."""
+    from trainers.pipeline import run_files
+
+    config = run_files.load_run_config(run_dir)
+    label = f"{config.model} {config.mechanism}"
+    path = os.path.join(run_dir, "privacy.json")
+    if config.mechanism != "sgd" and os.path.isfile(path):
+        with open(path) as f:
+            epsilon = json.load(f).get("epsilon")
+        if isinstance(epsilon, (int, float)):
+            label += f", eps {epsilon:.2f}"
+    return label
+
+
+def per_class_run(run_dir: str, compare_to: Optional[str] = None,
+                  data_dir: Optional[str] = None, split: str = "test") -> dict:
+    """Per-intent and per-slot-type scores of a run (and of `compare_to`, on the same data) with
+    each class's count in the run's own training split; a JSON-ready dict, no utterance text.
+
+    The training counts always come from the run's training split (what the model learnt from),
+    also when `data_dir` supplies the scored split.
+    """
+    from trainers.pipeline import builders, run_files
+    from trainers.scoring import per_class
+
+    config = run_files.load_run_config(run_dir)
+    if compare_to is not None:
+        other = run_files.load_run_config(compare_to)
+        differ = [f for f in _DATA_FIELDS if config.get(f) != other.get(f)]
+        if differ:
+            raise ValueError(f"{compare_to} was trained on other data than {run_dir} "
+                             f"(differing: {', '.join(differ)}): per-class gaps need the same "
+                             "training split")
+    train = builders.load_splits(config).train
+    counts = per_class.training_counts([u.intent for u in train], [u.tags for u in train])
+    _, utterances = _config_and_split(run_dir, data_dir, split)
+    ref_intents = [u.intent for u in utterances]
+    ref_tags = [u.tags for u in utterances]
+
+    def scores(path):
+        intents, tags = serve_predictions(path, utterances)
+        return per_class.class_scores(ref_intents, ref_tags, intents, tags, counts)
+
+    mine = scores(run_dir)
+    result = {
+        "diagnostic": per_class.DIAGNOSTIC,
+        "run_dir": run_dir, "run": run_label(run_dir), "split": split,
+        "data": (data_dir or config.data_dir) or "synthetic",
+        "training_data": config.data_dir or "synthetic",
+        "training_utterances": len(train),
+        "buckets": [label for label, _, _ in per_class.BUCKETS],
+        "score": "intent: accuracy (correct / test support); slot type: span F1, exact type "
+                 "and boundaries",
+    }
+    if compare_to is None:
+        result["classes"] = [s.to_json() for s in mine]
+        result["by_bucket"] = per_class.by_bucket(mine)
+        return result
+    theirs = scores(compare_to)
+    gaps = per_class.compare(mine, theirs)
+    result.update({
+        "compare_to": compare_to, "reference": run_label(compare_to),
+        "gap": "reference score - run score (positive: the run does worse)",
+        "lost_if": {"min_gap": per_class.MIN_GAP, "min_support": per_class.MIN_SUPPORT},
+        "classes": [g.to_json() for g in gaps],
+        "by_bucket": per_class.by_bucket(mine, theirs),
+        "lost": [dict(kind=g.run.kind, name=g.run.name, train_count=g.run.train_count,
+                      support=g.run.support, gap=g.gap)
+                 for g in per_class.losses(gaps)],
+    })
+    return result
+
+
+def _scores_from_json(classes: list, key: Optional[str] = None):
+    from trainers.scoring import per_class
+
+    def score(d):
+        return per_class.ClassScore(d["kind"], d["name"], d["train_count"], d["support"],
+                                    d["predicted"], d["correct"])
+    return [score(c[key] if key else c) for c in classes]
+
+
+def per_class_text(result: dict) -> str:
+    """The printed report: the diagnostic line, the tables, the classes the run loses."""
+    from trainers.scoring import per_class
+
+    run = result["run"]
+    lines = [result["diagnostic"],
+             f"run: {result['run_dir']} ({run}); {result['split']} split of {result['data']}; "
+             f"training counts from {result['training_utterances']} training utterances of "
+             f"{result['training_data']}"]
+    if "compare_to" not in result:
+        scores = _scores_from_json(result["classes"])
+        lines += ["", per_class.class_table(scores, run), "",
+                  per_class.bucket_table(result["by_bucket"], run)]
+        return "\n".join(lines)
+    ref = result["reference"]
+    gaps = [per_class.ClassGap(a, b) for a, b in zip(
+        _scores_from_json(result["classes"], "run"),
+        _scores_from_json(result["classes"], "reference"))]
+    lines += [f"reference: {result['compare_to']} ({ref}); gap = reference - run", "",
+              per_class.class_table(gaps, run, ref), "",
+              per_class.bucket_table(result["by_bucket"], run, ref), ""]
+    lost = result["lost"]
+    limits = result["lost_if"]
+    rule = f"gap >= {limits['min_gap']:.2f} on >= {limits['min_support']} test references"
+    if lost:
+        lines.append(f"{run} loses {len(lost)} classes against {ref} ({rule}): " + "; ".join(
+            f"{c['kind']} {c['name']} (train {c['train_count']}, test {c['support']}, "
+            f"gap {c['gap']:.2f})" for c in lost))
+    else:
+        lines.append(f"{run} loses no class against {ref} ({rule})")
+    return "\n".join(lines)
+
+
+def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
+    """PREFIX.md (the report as markdown, with the commands) and PREFIX.png (gap by bucket)."""
+    import shlex
+    import sys
+
+    from trainers.scoring import per_class
+
+    directory = os.path.dirname(prefix)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    title = os.path.basename(prefix)
+    per_class.plot_gap_by_bucket(result["by_bucket"], prefix + ".png", title, result["run"],
+                                 result["reference"])
+    evaluate_command = "python -m trainers.evaluate " + " ".join(
+        shlex.quote(a) for a in sys.argv[1:])
+    text = [f"# {title}: what privacy costs, per class ({result['split']} split)", "",
+            f"*{result['diagnostic']}.*", "",
+            f"Generated by `{evaluate_command}`. run: `{result['run_dir']}` ({result['run']}); "
+            f"reference: `{result['compare_to']}` ({result['reference']}); gap = reference - "
+            f"run. Score: {result['score']}. Training counts from the "
+            f"{result['training_utterances']} training utterances of `{result['training_data']}`."
+            f" A class is lost when the gap is at least {result['lost_if']['min_gap']:.2f} on at "
+            f"least {result['lost_if']['min_support']} test references "
+            "(trainers/scoring/per_class.py, `losses`); gap se is a rough binomial standard "
+            "error.", "", f"![gap by bucket]({title}.png)", "",
+            "## By training-frequency bucket", "",
+            per_class.bucket_table(result["by_bucket"], result["run"], result["reference"]), "",
+            "## Classes lost", ""]
+    text += [f"- {c['kind']} `{c['name']}`: train {c['train_count']}, test {c['support']}, "
+             f"gap {c['gap']:.3f}" for c in result["lost"]] or ["none"]
+    gaps = [per_class.ClassGap(a, b) for a, b in zip(
+        _scores_from_json(result["classes"], "run"),
+        _scores_from_json(result["classes"], "reference"))]
+    text += ["", "## Per class (rarest first)", "",
+             per_class.class_table(gaps, result["run"], result["reference"]), "",
+             "## Commands", ""]
+    text += [f"- `{c}`" for c in commands + [evaluate_command]]
+    with open(prefix + ".md", "w") as out:
+        out.write("\n".join(text) + "\n")
 
 
 def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
@@ -73,16 +263,16 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     existed get both (their SavedModel serves Viterbi only)."""
     import tensorflow as tf
 
-    from trainers.pipeline import builders, run_files, warm_start
+    from trainers.pipeline import builders, checkpoints, run_files, warm_start
     from trainers.scoring import predictions
 
     config = run_files.load_run_config(run_dir)
     if config.get("ema_fraction", 0.0) > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
                          "its checkpoint does not hold: score its export instead")
-    checkpoint = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
-        raise ValueError(f"{run_dir} has no checkpoint in checkpoints/")
+        raise ValueError(f"{run_dir} has no intact committed checkpoint in checkpoints/")
     utterances = getattr(builders.load_splits(config), split)
     if not utterances:
         raise ValueError(f"the {split} split of {run_dir}'s data is empty")
@@ -97,6 +287,23 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
 def main(argv):
     del argv
     f = flags.FLAGS
+    if (f.compare_to or f.per_class_results or f.command) and not f.per_class:
+        raise app.UsageError("--compare_to, --per_class_results and --command go with --per_class")
+    if f.per_class_results and not f.compare_to:
+        raise app.UsageError("--per_class_results plots a gap: give --compare_to")
+    if f.per_class:
+        if f.decodings:
+            raise app.UsageError("--per_class scores the export: drop --decodings")
+        result = per_class_run(f.run_dir, f.compare_to, f.data_dir, f.split)
+        print(per_class_text(result))
+        path = f.output or os.path.join(f.run_dir, "per_class.json")
+        with open(path, "w") as out:
+            out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        print(f"wrote {path}")
+        if f.per_class_results:
+            write_per_class_results(result, f.per_class_results, list(f.command))
+            print(f"wrote {f.per_class_results}.md and {f.per_class_results}.png")
+        return
     if f.decodings:
         if f.data_dir:
             raise app.UsageError("--decodings scores the run's own data: drop --data_dir")
