@@ -71,9 +71,11 @@ def write_json_atomically(path: str, content: dict, sort_keys: bool = False) -> 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(error, OSError) and error.filename is None:  # name the file (a full disk)
+            raise OSError(error.errno, error.strerror, path) from error
         raise
 
 

@@ -89,6 +89,14 @@ def main(argv):
     except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
         print(f"{stopped}", file=sys.stderr, flush=True)
         sys.exit(128 + stopped.signum)
+    except Exception as error:  # noqa: BLE001 (a full disk is told in one line, others raise)
+        if not run_files.disk_full(error):
+            raise
+        print(f"error: the disk is full ({run_files.disk_full(error)}); nothing written so far "
+              f"is lost (every file is replaced whole, and the ledger charges every step that "
+              f"ran). Free space, then continue with: python -m trainers.train "
+              f"--run_dir={run_dir} --resume", file=sys.stderr, flush=True)
+        sys.exit(1)
     print(training.summary_line(summary), flush=True)
 
 

@@ -10,6 +10,7 @@ import time
 import keras
 import tensorflow as tf
 
+from trainers.pipeline import checkpoints
 from trainers.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
 from trainers.scoring import predictions
 
@@ -64,8 +65,8 @@ class GracefulStop(keras.callbacks.Callback):
 
 
 class EpochEnd(keras.callbacks.Callback):
-    """Dev metrics into metrics.json, then the checkpoint and state (after the ledger); an epoch
-    that a signal cut short is not kept (`GracefulStop`)."""
+    """Dev metrics into metrics.json, then the checkpoint, committed by state.json (after the
+    ledger: `checkpoints`); an epoch that a signal cut short is not kept (`GracefulStop`)."""
 
     def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
                  diagnostics: bool = False, graceful: "GracefulStop | None" = None):
@@ -97,11 +98,10 @@ class EpochEnd(keras.callbacks.Callback):
             entry["train"] = {k: float(v) for k, v in logs.items()}
         record["epochs"].append(entry)
         write_json(path, record)
-        self.checkpoint.save()
-        self.state["epochs_done"] = epoch + 1
-        if self.private is not None:
-            self.state["layer_scales"] = list(self.private.layer_scales)
-        write_json(os.path.join(self.run_dir, STATE_FILE), self.state)
+        checkpoints.write(
+            self.checkpoint, self.run_dir, self.state, epoch + 1,
+            list(self.private.layer_scales) if self.private is not None else None,
+            lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state))
         if dev:
             _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%.1f s)",
                       epoch, dev["ser"], dev["intent_accuracy"], dev["slot_f1"], seconds)

@@ -1,10 +1,12 @@
 """The run directory: its files, written atomically, and which of them epsilon covers.
 
     config.json     the resolved config, n, the data source and delta (written once)
-    state.json      epochs done, z0, steps per epoch, the per-layer scales (after every epoch)
+    state.json      epochs done, z0, steps per epoch, the committed checkpoints with their
+                    per-layer scales (trainers.pipeline.checkpoints), "finished" after the export
     metrics.json    dev metrics per epoch, test metrics, unseen labels (diagnostics when asked)
     privacy.json    the ledger (edp_tf.ledger), written *before* the checkpoint of an epoch
-    checkpoints/, saved_model/, preprocessor.json, label_schema.json, tensorboard/
+    checkpoints/, saved_model/ (replaced whole), preprocessor.json, label_schema.json,
+    tensorboard/
 """
 from __future__ import annotations
 
@@ -85,6 +87,38 @@ def write_json(path: str, payload) -> None:
     ledger_lib.write_json_atomically(path, payload, sort_keys=True)
 
 
+def write_directory_atomically(path: str, write) -> None:
+    """`write(directory)` fills a new directory that then replaces `path`: a kill or a full disk
+    while writing leaves the previous `path` (or none), never a partial one."""
+    import shutil
+
+    partial, previous = path + ".partial", path + ".previous"
+    for stale in (partial, previous):
+        shutil.rmtree(stale, ignore_errors=True)
+    write(partial)
+    if os.path.exists(path):
+        os.replace(path, previous)
+    os.replace(partial, path)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
+def disk_full(error: BaseException) -> str:
+    """What failed for lack of disk space ("" if `error` is something else): Python's ENOSPC or
+    EDQUOT, or TensorFlow's error of a write that ran out of space (a checkpoint, the export)."""
+    import errno
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
+        text = str(error)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return text.strip().splitlines()[0][:300]
+        error = error.__cause__ or error.__context__
+    return ""
+
+
 def read_json(path: str, default=None):
     if not os.path.isfile(path):
         return default
@@ -97,7 +131,9 @@ def finished_summary(run_dir: str) -> dict | None:
     config = read_run_file(run_dir, CONFIG_FILE)["config"]
     state = read_json(os.path.join(run_dir, STATE_FILE), {})
     metrics = read_json(os.path.join(run_dir, METRICS_FILE), {})
-    if int(state.get("epochs_done", 0)) < int(config["epochs"]) or "test" not in metrics:
+    # "finished" is written after the export (runs from before it: the test metrics)
+    if (int(state.get("epochs_done", 0)) < int(config["epochs"])
+            or not state.get("finished", "test" in metrics)):
         return None
     private = config["mechanism"] != "sgd"
     ledger = read_json(os.path.join(run_dir, ledger_lib.FILENAME), {}) if private else {}

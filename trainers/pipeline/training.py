@@ -22,7 +22,7 @@ import edp_tf
 from edp_tf import accounting
 from trainers.data import loading
 from trainers.data import schema as schema_lib
-from trainers.pipeline import builders, recipes, run_files, warm_start
+from trainers.pipeline import builders, checkpoints, recipes, run_files, warm_start
 from trainers.pipeline import callbacks as callbacks_lib
 from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
@@ -67,9 +67,10 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         keras.utils.set_random_seed(fixed_seed)
     data = _load_data(config, splits, resume)
     config, n = data.config, data.units
+    restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
     source = (warm_start.prepare(config, data.splits.train)
-              if config.get("init_from") and not resume else None)
+              if config.get("init_from") and restored is None else None)
     delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
@@ -80,16 +81,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         dp, plan = builders.private_run(
             config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
             n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
-    model, trainer, manager = _build(config, data, dp, plan, steps, strategy, run_dir, resume,
-                                     state, source)
+    model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
+                                        source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
-        _write_run_files(run_dir, config, data, n, delta)
+        _write_run_files(run_dir, config, data, n, delta, state)
     ledger = _ledger(config, data, run_dir, sampler, n, delta, q) if private else None
     graceful = callbacks_lib.GracefulStop()
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
-                                       data.dev_x, manager, state, trainer if private else None,
+                                       data.dev_x, checkpoint, state, trainer if private else None,
                                        bool(config.diagnostics), graceful)
     tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
     initial_epoch = int(state.get("epochs_done", 0))
@@ -116,7 +117,11 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if export:
         from models.export import export_serving_model
 
-        export_serving_model(model, data.preprocessor, os.path.join(run_dir, "saved_model"))
+        run_files.write_directory_atomically(
+            os.path.join(run_dir, "saved_model"),
+            lambda path: export_serving_model(model, data.preprocessor, path))
+    state["finished"] = True  # after the export: a run killed before it is not finished
+    write_json(os.path.join(run_dir, STATE_FILE), state)
     privacy = _statement(ledger, run_dir)
     extra = ({"after_training": after_training(model, data.preprocessor)}
              if after_training else {})
@@ -178,10 +183,28 @@ def _load_data(config, splits, resume: bool) -> _Data:
                  encode(splits.test))
 
 
-def _build(config, data: _Data, dp, plan, steps: int, strategy, run_dir: str, resume: bool,
-           state: dict, source: Optional[warm_start.Source] = None):
-    """(model, what `fit` runs: the PrivateModel or the model, checkpoint manager), restored
-    from the last checkpoint when resuming, its backbone from `source` when given."""
+def _restart_point(run_dir: str, state: dict) -> Optional[checkpoints.Committed]:
+    """The newest intact committed checkpoint of a run being resumed (None: from the start);
+    a damaged one is named and skipped, and the epochs after the one taken train again (the
+    ledger charges them again: they query the data again)."""
+    found, skipped = checkpoints.latest(run_dir, state)
+    for why in skipped:
+        _log.warning("damaged checkpoint skipped: %s", why)
+    if skipped or (found is None and int(state.get("epochs_done", 0))):
+        where = (f"{os.path.basename(found.prefix)} ({found.epochs_done} epochs)" if found
+                 else "the start: no intact checkpoint is left")
+        _log.warning("resuming from %s; later epochs train again and are charged again", where)
+    state["epochs_done"] = found.epochs_done if found else 0
+    state["layer_scales"] = found.layer_scales if found else None
+    state["finished"] = False
+    return found
+
+
+def _build(config, data: _Data, dp, plan, steps: int, strategy,
+           restored: Optional[checkpoints.Committed],
+           source: Optional[warm_start.Source] = None):
+    """(model, what `fit` runs: the PrivateModel or the model, its tf.train.Checkpoint),
+    restored from `restored` when resuming, its backbone from `source` when given."""
     with strategy.scope():
         model = builders.build_model(config, data.preprocessor, data.vectors)
         if source is not None:
@@ -196,15 +219,12 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy, run_dir: str, re
             trainer = model
             trainer.compile(optimizer=optimizer)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        manager = tf.train.CheckpointManager(checkpoint, os.path.join(run_dir, "checkpoints"), 2)
-        if resume:
+        if restored is not None:
             optimizer.build(model.trainable_variables)
-            if manager.latest_checkpoint is None:
-                raise ValueError(f"--resume: no checkpoint in {run_dir}/checkpoints")
-            checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-            if dp is not None and state.get("layer_scales"):
-                trainer.restore_layer_scales(state["layer_scales"])
-    return model, trainer, manager
+            checkpoint.read(restored.prefix).assert_existing_objects_matched()
+            if dp is not None and restored.layer_scales:
+                trainer.restore_layer_scales(restored.layer_scales)
+    return model, trainer, checkpoint
 
 
 def _probe_first(config, model, trainer) -> None:
@@ -219,14 +239,18 @@ def _probe_first(config, model, trainer) -> None:
     trainer.freeze_until(probe, model.encoder.trainable_variables)
 
 
-def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float) -> None:
-    write_json(os.path.join(run_dir, CONFIG_FILE), {
-        "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
-        "delta": delta})
+def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
+                     state: dict) -> None:
+    """The run's fixed files and its first state (a run killed in its first epoch resumes from
+    the start); config.json last, since it marks the directory as holding a run."""
+    write_json(os.path.join(run_dir, STATE_FILE), dict(state, epochs_done=0, checkpoints=[]))
     write_json(os.path.join(run_dir, "preprocessor.json"), data.preprocessor.get_config())
     write_json(os.path.join(run_dir, "label_schema.json"),
                dict(data.labels.to_dict(), source=data.labels.source,
                     from_training_data=data.labels.from_training_data))
+    write_json(os.path.join(run_dir, CONFIG_FILE), {
+        "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
+        "delta": delta})
 
 
 def _not_covered(data: _Data, source: Optional[warm_start.Source]) -> list:

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from trainers.pipeline import run_files
+from trainers.pipeline import checkpoints, run_files
 
 MAX_CHAIN = 16  # sources of sources followed before giving up (a loop, or a broken chain)
 
@@ -58,9 +58,9 @@ def _read_run(run_dir: str):
     for name in (run_files.CONFIG_FILE, "preprocessor.json"):
         if not os.path.isfile(os.path.join(run_dir, name)):
             _bad(run_dir, f"no {name}: not a run directory of trainers.train")
-    checkpoint = tf.train.latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
-        _bad(run_dir, "no checkpoint in checkpoints/")
+        _bad(run_dir, "no intact committed checkpoint in checkpoints/")
     return run_files.load_run_config(run_dir), checkpoint
 
 

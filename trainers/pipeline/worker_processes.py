@@ -120,6 +120,13 @@ def launch(argv: Sequence[str], workers: int, run_dir: str, resume: bool) -> int
             procs.append(subprocess.Popen(command, env=env, stdout=log,
                                           stderr=subprocess.STDOUT))
     _write_pids(run_dir, procs)
+    stopped = []  # SIGTERM (a preempted machine) or SIGINT reaching the launcher
+
+    def stop(signum, frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         while True:
             codes = [proc.poll() for proc in procs]
@@ -139,7 +146,14 @@ def launch(argv: Sequence[str], workers: int, run_dir: str, resume: bool) -> int
             time.sleep(0.5)
     except KeyboardInterrupt:
         _stop(procs)
-        raise
+        signum = stopped[0] if stopped else signal.SIGINT
+        print(f"stopped by {signal.Signals(signum).name}: the workers were stopped; every step "
+              f"that ran is charged in privacy.json. Continue from the last checkpoint with "
+              f"--resume --workers={workers} --run_dir={run_dir}", file=sys.stderr, flush=True)
+        return 128 + signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _write_pids(run_dir: str, procs) -> None:
