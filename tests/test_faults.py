@@ -1,65 +1,54 @@
-"""A run stopped by a signal: SIGTERM (a preempted machine) finishes the current step, exits with
-a line saying how to resume, and --resume finishes the run with every step that ran charged once.
+"""A private run faulted from the inside at steps a seed picks (trainers/faults.py): a graceful
+SIGTERM, a SIGKILL between a checkpoint's files and its commit, a damaged newest checkpoint and
+an exception in the input pipeline; resumed after each, it finishes with an export that serves
+and a ledger that charges every step that ran (the soak with every fault kind is the command
+`python -m trainers.faults`, docs/faults.md).
 
-The command runs in subprocesses, as a user runs it (see test_workers.py for why)."""
+The runs are subprocesses, as a user runs them (see test_workers.py for why)."""
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
+import random
 
-from tests.tiny_runs import SMALL_CLC_FLAGS
+from trainers import faults
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 3
-FLAGS = [*SMALL_CLC_FLAGS, "--replicas=1", f"--epochs={EPOCHS}"]
+# 1,200 synthetic utterances, 960 to train on at batch 32: q = 1/30, 30 steps an epoch
+STEPS_PER_EPOCH = 30
 
 
-def _read(run_dir, name):
-    try:
-        with open(os.path.join(run_dir, name)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}  # not written yet (or being replaced)
+def test_faults_inside_a_run_lose_no_step_and_leave_a_model_that_serves(tmp_path):
+    reference = faults.planned_reference(STEPS_PER_EPOCH, EPOCHS)
+    chain = ["sigterm", "kill_in_checkpoint", "truncated_checkpoint", "input_error"]
+    log = []
+    outcomes = faults.run_chain("run", chain, random.Random(3), str(tmp_path), reference, None,
+                                log.append)
+    assert [o.kind for o in outcomes] == chain, log
+    assert all(o.survived for o in outcomes), [o.why for o in outcomes] + log
+    assert sum(o.lost_steps for o in outcomes) == 0
+    # the SIGTERM attempt said how to continue, in one line
+    assert any("sigterm" in line and "--resume" in line for line in log), log
 
 
-def test_sigterm_stops_after_a_step_and_resume_charges_each_step_once(tmp_path):
-    run_dir = str(tmp_path / "run")
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    command = [sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", *FLAGS]
-    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while (_read(run_dir, "state.json").get("epochs_done", 0) < 1 and job.poll() is None
-           and time.time() < deadline):
-        time.sleep(0.1)
-    time.sleep(0.5)  # into the second epoch's steps
-    assert job.poll() is None, "the run ended before it could be stopped"
-    job.send_signal(signal.SIGTERM)
-    _, err = job.communicate(timeout=300)
-    assert job.returncode == 128 + signal.SIGTERM, err[-3000:]
-    (line,) = [x for x in err.splitlines() if x.startswith("stopped by SIGTERM")]
-    assert f"--run_dir={run_dir} --resume" in line
-    stopped = _read(run_dir, "privacy.json")
-    steps = _read(run_dir, "state.json")["steps_per_epoch"]
-    done = _read(run_dir, "state.json")["epochs_done"]
-    assert 1 <= done < EPOCHS
-    # the epoch cut short is charged for the steps it ran, and is not checkpointed
-    charged = [(e["epoch"], e["steps"]) for e in stopped["epochs"]]
-    assert charged[:done] == [(t, steps) for t in range(done)]
-    assert len(charged) in (done, done + 1) and stopped["in_progress"] is None
-    if len(charged) == done + 1:
-        assert charged[-1][0] == done and 1 <= charged[-1][1] < steps
+def test_the_witness_and_the_table_count_what_they_should(tmp_path):
+    witness = str(tmp_path / "w")
+    for line in ("begin 0", "step 0", "step 0", "begin 0", "step 0", "begin 1"):
+        faults._witness(witness, line)
+    assert faults.witnessed(witness) == [(0, 2), (0, 1), (1, 0)]
+    outcomes = [faults.Outcome("sigkill", True, 0, 12), faults.Outcome("sigkill", False, 3, 0,
+                                                                      "x")]
+    text = faults.table(outcomes, {"enospc_export": "no small filesystem"})
+    assert "| sigkill |" in text and "| 2 | 1 | 3 | 12 |" in text
+    assert "enospc_export" in text and "not run: no small filesystem" in text
+    assert faults.plan_chain(random.Random(0), ["sigkill", "kill_in_export"], 3)[-1] == \
+        "kill_in_export"
 
-    resumed = subprocess.run(command + ["--resume"], cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    final = _read(run_dir, "privacy.json")
-    again = [(e["epoch"], e["steps"]) for e in final["epochs"]]
-    # every planned step, plus the cut-short steps that ran and were not kept: none lost,
-    # none twice
-    assert again[:len(charged)] == charged
-    assert again[len(charged):] == [(t, steps) for t in range(done, EPOCHS)]
-    assert _read(run_dir, "state.json")["epochs_done"] == EPOCHS
-    assert os.path.isfile(os.path.join(run_dir, "saved_model", "saved_model.pb"))
+
+def test_a_truncated_checkpoint_is_the_newest_committed_one(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    data = run_dir / "checkpoints" / "ckpt-2.data-00000-of-00001"
+    data.write_bytes(b"x" * 100)
+    (run_dir / "state.json").write_text(json.dumps({"checkpoints": [{"name": "ckpt-2", "files": {
+        "ckpt-2.index": {}, "ckpt-2.data-00000-of-00001": {}}}]}))
+    assert faults.truncate_newest_checkpoint(str(run_dir)) == str(data)
+    assert os.path.getsize(data) == 50
