@@ -396,6 +396,10 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
     assert "epsilon: " in proc.stdout, proc.stdout[-3000:]
     assert not re.search(r"\bloss: |clipped_fraction|preclip_norm|nonfinite",
                          proc.stdout + proc.stderr)
+    # where the wall time went, after the summary: every phase of the run is named
+    (timing,) = [line for line in proc.stdout.splitlines() if line.startswith("time: ")]
+    for phase in ("start-up", "data", "build", "tracing", "steps", "test metrics", "export"):
+        assert f" {phase} " in timing, timing
 
 
 def _resume(run_dir, *flags):

@@ -64,7 +64,7 @@ def main(argv):
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
     from edp_tf import make_strategy
 
-    from trainers.pipeline import callbacks, run_files, training
+    from trainers.pipeline import callbacks, run_files, timing, training
 
     run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
@@ -98,6 +98,7 @@ def main(argv):
               f"--run_dir={run_dir} --resume", file=sys.stderr, flush=True)
         sys.exit(1)
     print(training.summary_line(summary), flush=True)
+    print(timing.breakdown_line(summary["timing"]), flush=True)
 
 
 def _requested_fields() -> dict:

@@ -10,7 +10,7 @@ import time
 import keras
 import tensorflow as tf
 
-from trainers.pipeline import checkpoints
+from trainers.pipeline import checkpoints, timing
 from trainers.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
 from trainers.scoring import predictions
 
@@ -69,8 +69,10 @@ class EpochEnd(keras.callbacks.Callback):
     ledger: `checkpoints`); an epoch that a signal cut short is not kept (`GracefulStop`)."""
 
     def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
-                 diagnostics: bool = False, graceful: "GracefulStop | None" = None):
+                 diagnostics: bool = False, graceful: "GracefulStop | None" = None,
+                 phases: "timing.Phases | None" = None):
         super().__init__()
+        self.phases = phases or timing.Phases()
         self.graceful = graceful
         self.diagnostics = diagnostics
         self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
@@ -87,8 +89,10 @@ class EpochEnd(keras.callbacks.Callback):
             return  # its steps are charged; the resumed run trains the epoch again
         logs = logs or {}
         seconds = time.time() - self._start
-        dev = (predictions.score(self.dev, *predictions.predict(
-            self.joint, self.preprocessor, self.dev_x, step=self.predict_step)) if self.dev else {})
+        with self.phases.phase("dev evaluation"):
+            dev = (predictions.score(self.dev, *predictions.predict(
+                self.joint, self.preprocessor, self.dev_x, step=self.predict_step))
+                if self.dev else {})
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
@@ -98,10 +102,11 @@ class EpochEnd(keras.callbacks.Callback):
             entry["train"] = {k: float(v) for k, v in logs.items()}
         record["epochs"].append(entry)
         write_json(path, record)
-        checkpoints.write(
-            self.checkpoint, self.run_dir, self.state, epoch + 1,
-            list(self.private.layer_scales) if self.private is not None else None,
-            lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state))
+        with self.phases.phase("checkpoints"):
+            checkpoints.write(
+                self.checkpoint, self.run_dir, self.state, epoch + 1,
+                list(self.private.layer_scales) if self.private is not None else None,
+                lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state))
         if dev:
             _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%.1f s)",
                       epoch, dev["ser"], dev["intent_accuracy"], dev["slot_f1"], seconds)

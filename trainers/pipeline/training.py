@@ -22,7 +22,7 @@ import edp_tf
 from edp_tf import accounting
 from trainers.data import loading
 from trainers.data import schema as schema_lib
-from trainers.pipeline import builders, checkpoints, recipes, run_files, warm_start
+from trainers.pipeline import builders, checkpoints, recipes, run_files, timing, warm_start
 from trainers.pipeline import callbacks as callbacks_lib
 from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
@@ -59,13 +59,15 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     `export=False` skips the SavedModel.
     """
     started = time.time()
+    phases = timing.Phases()
     builders.check_config(config)
     state = _open_run_dir(run_dir, resume)
     strategy = _strategy(config, strategy)
     fixed_seed = int(config.seed) if config.seed >= 0 else None
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
-    data = _load_data(config, splits, resume)
+    with phases.phase("data"):
+        data = _load_data(config, splits, resume)
     config, n = data.config, data.units
     restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
@@ -74,15 +76,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
-    ds, steps, q, expected_batch, sampler = builders.datasets(
-        config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
-    dp = plan = None
-    if private:
-        dp, plan = builders.private_run(
-            config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
-            n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
-    model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
-                                        source)
+    with phases.phase("build"):
+        ds, steps, q, expected_batch, sampler = builders.datasets(
+            config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
+        dp = plan = None
+        if private:
+            dp, plan = builders.private_run(
+                config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
+                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
+        model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
+                                            source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
@@ -91,14 +94,15 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     graceful = callbacks_lib.GracefulStop()
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
                                        data.dev_x, checkpoint, state, trainer if private else None,
-                                       bool(config.diagnostics), graceful)
+                                       bool(config.diagnostics), graceful, phases)
     tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
     initial_epoch = int(state.get("epochs_done", 0))
     if initial_epoch < config.epochs:
         try:
             trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
                         steps_per_epoch=steps, verbose="auto", callbacks=callbacks_lib
-                        .in_resume_order(ledger, epoch_end, tensorboard, callbacks,
+                        .in_resume_order(ledger, epoch_end, tensorboard,
+                                         (timing.StepTimes(phases), *callbacks),
                                          bool(config.diagnostics)))
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
@@ -113,13 +117,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     # first step (the averages would still be the zeros they start as).
     if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
         trainer.optimizer.finalize_variable_values(model.trainable_variables)
-    record, test, attack = _final_metrics(run_dir, config, data, model, epoch_end.predict_step)
+    with phases.phase("test metrics"):
+        record, test, attack = _final_metrics(run_dir, config, data, model,
+                                              epoch_end.predict_step)
     if export:
         from models.export import export_serving_model
 
-        run_files.write_directory_atomically(
-            os.path.join(run_dir, "saved_model"),
-            lambda path: export_serving_model(model, data.preprocessor, path))
+        with phases.phase("export"):
+            run_files.write_directory_atomically(
+                os.path.join(run_dir, "saved_model"),
+                lambda path: export_serving_model(model, data.preprocessor, path))
     state["finished"] = True  # after the export: a run killed before it is not finished
     write_json(os.path.join(run_dir, STATE_FILE), state)
     privacy = _statement(ledger, run_dir)
@@ -131,7 +138,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         "test": test, "decoding": model.decoding, "membership_inference": attack,
         "epsilon": privacy.get("epsilon", math.inf if not private else None),
         "delta": delta, "private": bool(privacy.get("private", False)),
-        "noise_multiplier": z0 if private else 0.0,
+        "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
     }
 
 

@@ -1,0 +1,32 @@
+"""The run's wall-time breakdown: phases add up, the first step's tracing is told apart."""
+import time
+
+from trainers.pipeline import timing
+
+
+def test_phases_add_up_to_the_total_with_the_rest_as_other():
+    phases = timing.Phases()
+    with phases.phase("data"):
+        time.sleep(0.05)
+    phases.add("steps", 0.5)
+    phases.add("steps", 0.25)
+    out = phases.breakdown()
+    assert out["steps"] == 0.8  # 0.75 rounded to 0.1 s
+    assert out["data"] >= 0.0 and out["start-up"] > 0.0  # this process started before the test
+    parts = sum(v for k, v in out.items() if k not in ("total",))
+    assert abs(parts - out["total"]) <= 0.2 or out["other"] == 0.0
+    line = timing.breakdown_line({"total": 100.0, "steps": 80.0, "tracing": 15.0, "export": 0.2})
+    assert line == "time: 100 s (80% in training steps): steps 80.0, tracing 15.0"
+
+
+def test_the_first_step_beyond_a_typical_one_is_tracing():
+    phases = timing.Phases()
+    steps = timing.StepTimes(phases)
+    for seconds in (0.30, 0.02, 0.02, 0.02):
+        steps.on_train_batch_begin(0)
+        time.sleep(seconds)
+        steps.on_train_batch_end(0)
+    steps.on_train_end()
+    # tracing ~ 0.30 - 0.02; steps ~ 4 x 0.02 (sleep overshoots by a few ms on a busy machine)
+    assert 0.2 <= phases.seconds["tracing"] <= 0.35
+    assert 0.07 <= phases.seconds["steps"] <= 0.2
