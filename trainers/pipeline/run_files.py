@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import ml_collections
@@ -113,8 +114,10 @@ def disk_full(error: BaseException) -> str:
         if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
             return f"{error.strerror}: {error.filename}" if error.filename else error.strerror
         text = str(error)
-        if "No space left on device" in text or "Disk quota exceeded" in text:
-            return text.strip().splitlines()[0][:300]
+        for reason in ("No space left on device", "Disk quota exceeded"):
+            if reason in text:  # TensorFlow's text: "{{node ...}} /path/file; No space left ..."
+                path = re.search(r"(/[^\s;:]+)[;:]?\s*" + reason, text)
+                return f"{reason}: {path.group(1)}" if path else reason
         error = error.__cause__ or error.__context__
     return ""
 
