@@ -216,6 +216,21 @@ def per_class_text(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _run_row(run_dir: str, label: str) -> str:
+    """A markdown row of what a run did, from its metrics.json (full runs, as trained)."""
+    path = os.path.join(run_dir, "metrics.json")
+    if not os.path.isfile(path):
+        return f"| `{run_dir}` | {label} | | | | | | |"
+    with open(path) as f:
+        m = json.load(f)
+    test = m.get("test", {})
+    seconds = sum(e.get("seconds", 0.0) for e in m.get("epochs", []))
+    cells = [f"`{run_dir}`", label, m.get("decoding", "viterbi"), str(len(m.get("epochs", []))),
+             f"{seconds:.0f}"] + [f"{test[k]:.3f}" if k in test else ""
+                                  for k in ("ser", "intent_accuracy", "slot_f1")]
+    return "| " + " | ".join(cells) + " |"
+
+
 def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
     """PREFIX.md (the report as markdown, with the commands) and PREFIX.png (gap by bucket)."""
     import shlex
@@ -241,7 +256,12 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
             f"least {result['lost_if']['min_support']} test references "
             "(trainers/scoring/per_class.py, `losses`); gap se is a rough binomial standard "
             "error.", "", f"![gap by bucket]({title}.png)", "",
-            "## By training-frequency bucket", "",
+            "## Runs", "",
+            "| run | model | served decoding | epochs | training seconds | test SER | "
+            "intent accuracy | slot F1 |", "|---|---|---|---|---|---|---|---|"]
+    text += [_run_row(path, label) for path, label in (
+        (result["run_dir"], result["run"]), (result["compare_to"], result["reference"]))]
+    text += ["", "## By training-frequency bucket", "",
             per_class.bucket_table(result["by_bucket"], result["run"], result["reference"]), "",
             "## Classes lost", ""]
     text += [f"- {c['kind']} `{c['name']}`: train {c['train_count']}, test {c['support']}, "

@@ -313,24 +313,31 @@ def plot_gap_by_bucket(rows: Sequence[dict], path: str, title: str, run_label: s
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, kind, metric in zip(axes, (INTENT, SLOT), ("intent accuracy", "slot-type F1")):
-        kept = [r for r in rows if r["kind"] == kind and r["classes"]]
-        x = range(len(kept))
-        run = [r["pooled"] or 0.0 for r in kept]
-        ref = [r.get("reference_pooled") or 0.0 for r in kept]
-        ax.bar([i + 0.2 for i in x], ref, width=0.4, label=reference_label, color="#9ecae1")
-        ax.bar([i - 0.2 for i in x], run, width=0.4, label=run_label, color="#de2d26")
-        for i, r in zip(x, kept):
+        # every bucket on the axis, empty ones too, so that corpora read alike
+        kept = {r["bucket"]: r for r in rows if r["kind"] == kind and r["classes"]}
+        for i, (label, _, _) in enumerate(BUCKETS):
+            r = kept.get(label)
+            if r is None:
+                ax.text(i, 0.05, "no class", ha="center", fontsize=8, color="gray")
+                continue
+            first = label == next(iter(kept))  # one legend entry per model
+            run, ref = r["pooled"] or 0.0, r.get("reference_pooled")
+            ax.bar(i - 0.2, run, width=0.4, color="#de2d26", label=run_label if first else None)
+            if ref is not None:
+                ax.bar(i + 0.2, ref, width=0.4, color="#9ecae1",
+                       label=reference_label if first else None)
             if r.get("gap_pooled") is not None:
-                ax.text(i, max(run[i], ref[i]) + 0.02, f"gap {r['gap_pooled']:+.2f}",
-                        ha="center", fontsize=8)
-        ax.set_xticks(list(x))
-        ax.set_xticklabels([f"{r['bucket']}\n{r['classes']} cls, {r['support']} test"
-                            for r in kept], fontsize=8)
-        ax.set_ylim(0, 1.12)
+                ax.text(i, max(run, ref) + 0.02, f"gap {r['gap_pooled']:+.2f}", ha="center",
+                        fontsize=8)
+        ax.set_xticks(range(len(BUCKETS)))
+        ax.set_xticklabels([f"{label}\n{kept[label]['classes']} cls, {kept[label]['support']} test"
+                            if label in kept else label for label, _, _ in BUCKETS], fontsize=8)
+        ax.set_ylim(0, 1.25)
         ax.set_xlabel("training examples of the class")
         ax.set_ylabel(f"{metric} (pooled over the bucket)")
         ax.set_title(f"{title}: {kind}s", fontsize=10)
-        ax.legend(fontsize=8, loc="lower right")
+        if kept:
+            ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
