@@ -35,16 +35,18 @@ def _data_file(run_dir, name):
     return path
 
 
-def test_resume_takes_the_newest_intact_commit_and_names_what_it_skips(tmp_path):
-    run_dir, state = str(tmp_path), {}
+def test_resume_takes_the_newest_intact_commit_and_names_what_it_skips(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run_dir, state = "run", {}  # relative, as users give --run_dir
     ckpt = tf.train.Checkpoint(v=tf.Variable(0.0))
     for epoch in (1, 2, 3):
         _commit(ckpt, run_dir, state, epoch, 10.0 * epoch)
-    on_disk = json.loads((tmp_path / "state.json").read_text())
+    on_disk = json.loads((tmp_path / "run" / "state.json").read_text())
     assert [e["epochs_done"] for e in on_disk["checkpoints"]] == [3, 2]  # KEEP = 2
     assert not any(f.startswith("ckpt-1.") for f in os.listdir(checkpoints.directory(run_dir)))
     # TensorFlow's own index follows the commits
-    assert tf.train.latest_checkpoint(checkpoints.directory(run_dir)).endswith("ckpt-3")
+    latest = tf.train.latest_checkpoint(checkpoints.directory(run_dir))
+    assert latest == os.path.join("run", "checkpoints", "ckpt-3")
 
     found, skipped = checkpoints.latest(run_dir, on_disk)
     assert (found.epochs_done, found.layer_scales, skipped) == (3, [30.0], [])

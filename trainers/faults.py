@@ -249,20 +249,25 @@ def worker_attempt(run_dir: str, epochs: int, resume: bool, kind: Optional[str],
     command = [sys.executable, "-m", "trainers.train", "--workers=2", *RUN_FLAGS,
                f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
     command = [c for c in command if c != "--replicas=1"]
+    started = time.time()
     job = subprocess.Popen(command, cwd=REPO, env=_environment(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     deadline, fired = time.time() + timeout, False
     if kind is not None:
         while job.poll() is None and time.time() < deadline:
-            if _in_progress(run_dir) >= epoch:
+            # this attempt's own files: a ledger left by a killed attempt still shows the
+            # epoch it was in, and its pids are gone
+            if _in_progress(run_dir, started) >= epoch and _read_pids(run_dir, started):
                 time.sleep(delay)
-                pids = _read_pids(run_dir)
                 if job.poll() is not None:
                     break
-                if kind == "worker_sigkill" and pids:
-                    os.kill(pids[epoch % len(pids)], signal.SIGKILL)
-                elif kind == "launcher_sigterm":
-                    job.send_signal(signal.SIGTERM)
+                try:
+                    if kind == "worker_sigkill":
+                        os.kill(_read_pids(run_dir, started)[epoch % 2], signal.SIGKILL)
+                    else:
+                        job.send_signal(signal.SIGTERM)
+                except ProcessLookupError:  # that worker has just ended: try again
+                    continue
                 fired = True
                 break
             time.sleep(0.05)
@@ -270,17 +275,31 @@ def worker_attempt(run_dir: str, epochs: int, resume: bool, kind: Optional[str],
     return subprocess.CompletedProcess(command, job.returncode, out, err), fired
 
 
-def _read_pids(run_dir: str) -> list:
+def _newer(path: str, than: float) -> bool:
     try:
-        with open(os.path.join(run_dir, "workers", "pids")) as f:
+        return os.path.getmtime(path) >= than
+    except OSError:
+        return False
+
+
+def _read_pids(run_dir: str, since: float) -> list:
+    """The worker pids the launcher wrote after `since` ([] before)."""
+    path = os.path.join(run_dir, "workers", "pids")
+    try:
+        if not _newer(path, since):
+            return []
+        with open(path) as f:
             return [int(x) for x in f.read().split()]
     except (OSError, ValueError):
         return []
 
 
-def _in_progress(run_dir: str) -> int:
-    """The epoch the chief's ledger marks in progress (-1 when none)."""
-    led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
+def _in_progress(run_dir: str, since: float) -> int:
+    """The epoch the chief's ledger, written after `since`, marks in progress (-1: none)."""
+    path = os.path.join(run_dir, "privacy.json")
+    if not _newer(path, since):
+        return -1
+    led = _read(path, {}) or {}
     return int((led.get("in_progress") or {}).get("epoch", -1))
 
 
@@ -505,10 +524,24 @@ def table(outcomes: list, skipped: dict) -> str:
     return "\n".join(rows)
 
 
+def _guarded(chain: list, log, run, *args) -> list:
+    """`run(*args)`; an error of the harness itself counts each fault of the chain as lost."""
+    try:
+        return run(*args)
+    except Exception as error:  # noqa: BLE001 (reported in the table, not hidden)
+        log(f"  the chain failed: {type(error).__name__}: {error}")
+        return [Outcome(k, False, why=f"{type(error).__name__}: {error}") for k in chain]
+
+
 def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int, epochs: int,
-              kinds: list, work: Optional[str] = None, log=print) -> tuple[list, dict]:
-    """Runs the suite; returns (outcomes, {kind: why it was not run})."""
-    rng = random.Random(seed)
+              kinds: list, work: Optional[str] = None, log=print,
+              after_chain=None) -> tuple[list, dict]:
+    """Runs the suite; returns (outcomes, {kind: why it was not run}). `after_chain(outcomes,
+    skipped)` runs after each chain (the table so far, for a soak that may be cut short).
+
+    Each chain draws from its own generator (seed, chain), and its outcomes are kept in
+    `work`: the same command with the same --work_dir resumes a soak, rerunning only the
+    chains that have no outcome file (the uninterrupted run is kept too)."""
     work = work or tempfile.mkdtemp(prefix="edp-faults-")
     os.makedirs(work, exist_ok=True)
     skipped = {}
@@ -520,19 +553,41 @@ def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int,
             skipped.update({k: f"no small filesystem ({disk.reason})"
                             for k in single if k in NEEDS_SMALL_DISK})
             single = [k for k in single if k not in NEEDS_SMALL_DISK]
+    worker_kinds = [k for k in kinds if k in WORKERS]
+    plans = ([(f"chain{i}", run_chain, single) for i in range(chains if single else 0)]
+             + [(f"workers{i}", run_worker_chain, worker_kinds)
+                for i in range(worker_chains if worker_kinds else 0)])
     outcomes = []
     try:
-        log(f"seed {seed}: the uninterrupted run ({epochs} epochs) ...")
-        reference = reference_run(work, epochs)
-        for index in range(chains if single else 0):
-            chain = plan_chain(rng, single, faults_per_chain)
-            log(f"chain {index}: {chain}")
-            outcomes += run_chain(f"chain{index}", chain, rng, work, reference, disk, log)
-        worker_kinds = [k for k in kinds if k in WORKERS]
-        for index in range(worker_chains if worker_kinds else 0):
-            chain = [rng.choice(worker_kinds) for _ in range(faults_per_chain)]
-            log(f"worker chain {index}: {chain}")
-            outcomes += run_worker_chain(f"workers{index}", chain, rng, work, reference, log)
+        reference = _read(os.path.join(work, "reference.json"))
+        if reference is None or reference["epochs"] != epochs:
+            log(f"seed {seed}: the uninterrupted run ({epochs} epochs) ...")
+            reference = reference_run(work, epochs)
+            with open(os.path.join(work, "reference.json"), "w") as f:
+                json.dump(reference, f)
+        reference["records"] = {int(k): tuple(v) for k, v in reference["records"].items()}
+        for name, run, pool in plans:
+            done_file = os.path.join(work, f"{name}.json")
+            kept = _read(done_file)
+            if kept is not None and kept["seed"] == seed:
+                outcomes += [Outcome(**o) for o in kept["outcomes"]]
+                log(f"{name}: kept from an earlier run of this command")
+                continue
+            rng = random.Random(f"{seed}-{name}")
+            chain = (plan_chain(rng, pool, faults_per_chain) if run is run_chain
+                     else [rng.choice(pool) for _ in range(faults_per_chain)])
+            log(f"{name}: {chain}")
+            shutil.rmtree(os.path.join(work, name), ignore_errors=True)
+            if os.path.exists(os.path.join(work, name + ".witness")):
+                os.remove(os.path.join(work, name + ".witness"))
+            args = (disk, log) if run is run_chain else (log,)
+            mine = _guarded(chain, log, run, name, chain, rng, work, reference, *args)
+            with open(done_file, "w") as f:
+                json.dump({"seed": seed, "chain": chain,
+                           "outcomes": [dataclasses.asdict(o) for o in mine]}, f, indent=1)
+            outcomes += mine
+            if after_chain:
+                after_chain(outcomes, skipped)
     finally:
         if disk is not None:
             disk.close()
@@ -546,18 +601,29 @@ def main(argv):
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ValueError(f"--kinds: unknown {unknown}; known: {', '.join(KINDS)}")
+    # stopped from outside: unwind, so that the small filesystem is unmounted
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()
+    command = "python -m trainers.faults " + " ".join(
+        f"--{name}={flags.FLAGS[name].value}" for name in ("chains", "faults_per_chain",
+                                                           "worker_chains", "epochs")) + (
+        f" --seed={seed}" + (f" --kinds={','.join(kinds)}" if _KINDS.value else ""))
+
+    def write(outcomes, skipped, final=False):
+        if _OUTPUT.value:
+            os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
+            status = "" if final else " (in progress: the chains so far)"
+            with open(_OUTPUT.value, "w") as f:
+                f.write(f"Command: `{command}`{status}; {time.time() - started:.0f} s.\n\n"
+                        f"{table(outcomes, skipped)}\n")
+
     outcomes, skipped = run_suite(seed, _CHAINS.value, _FAULTS.value, _WORKER_CHAINS.value,
-                                  _EPOCHS.value, kinds, _WORK_DIR.value)
-    text = table(outcomes, skipped)
+                                  _EPOCHS.value, kinds, _WORK_DIR.value, after_chain=write)
+    write(outcomes, skipped, final=True)
     failed = [o for o in outcomes if not o.survived]
-    print(f"\nseed {seed}, {time.time() - started:.0f} s\n{text}")
+    print(f"\n{command}: {time.time() - started:.0f} s\n{table(outcomes, skipped)}")
     for o in failed:
         print(f"LOST: {o.kind}: {o.why}")
-    if _OUTPUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUTPUT.value)), exist_ok=True)
-        with open(_OUTPUT.value, "w") as f:
-            f.write(f"{text}\n")
     sys.exit(1 if failed else 0)
 
 
