@@ -158,3 +158,34 @@ def test_loop_method_trains_a_recurrent_layer_that_is_not_unrolled():
     history = private.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert np.all(np.isfinite(history.history["loss"]))
     assert any(not np.allclose(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
+
+
+@pytest.mark.parametrize("method", ["ghost", "loop"])
+def test_a_loss_per_output_with_weights_and_sample_weights_is_clipped_exactly(method):
+    """What `PrivateModel.compile(loss={...}, loss_weights={...})` derives, with sample weights
+    and about half the examples clipped: the clipped sum is the definition's (edp_tf.testing's
+    loop over the weighted sum of the outputs' losses)."""
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((5,))
+    h = keras.layers.Dense(6, activation="tanh")(inputs)
+    model = keras.Model(inputs, {"cls": keras.layers.Dense(3, name="cls")(h),
+                                 "reg": keras.layers.Dense(1, name="reg")(h)})
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(12, 5)).astype("float32")
+    y = {"cls": rng.integers(0, 3, size=(12,)), "reg": rng.normal(size=(12, 1)).astype("float32")}
+    w = rng.uniform(0.2, 1.0, size=12).astype("float32")
+    w[3] = 0.0
+    loss = microbatch.as_per_example_loss(
+        {"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
+        {"cls": 1.0, "reg": 0.25})
+    variables = model.trainable_variables
+    alpha = (1.0,) * len(variables)
+    reference = loop_gradients(model, loss, x, y, w, 1, 1.0)
+    C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))
+    want, want_norms, _ = loop_clipped_sum(reference, alpha, C)
+    result, _, _ = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, loss, variables, x, y, tf.constant(w), 1, 1.0, alpha, C, method))()
+    np.testing.assert_allclose(result.norms.numpy(), want_norms, rtol=1e-4)
+    assert 0 < int(np.sum(want_norms > C)) < len(x)  # the clip acts on some, not all
+    for v, got, expected in zip(variables, result.clipped_sum, want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=2e-4, atol=1e-6, err_msg=v.path)
