@@ -170,10 +170,29 @@ def base_config() -> ml_collections.ConfigDict:
     # few utterances count less; S stays C); 0 = every user weighs 1.
     c.user_weight_cap = 0.0
     # The mechanism's knobs (clip, z0, noise mode, decay, scaling, user-level estimator and local
-    # epochs, sparse embedding noise, chunking, ...) are edp_tf.DPConfig's fields, documented,
-    # defaulted and checked there: one definition each (trainers/pipeline/builders.py dp_config).
+    # epochs, sparse embedding noise, chunking, augment_copies, ...) are edp_tf.DPConfig's fields,
+    # documented, defaulted and checked there: one definition each (trainers/pipeline/builders.py
+    # dp_config).
     for name, value in dp_knob_defaults().items():
         c[name] = value
+    # Augmentation multiplicity (De et al. 2022), `augment_copies` = K above (1: off). Why: with
+    # per-example clipping a step learns from each sampled example's clipped gradient, and a
+    # single augmented view of it adds that view's randomness to the clipped vector. With K > 1
+    # each sampled example's micro-batch holds K rows (itself and augmentations of it) whose
+    # losses are averaged before its one clip: less variance per clipped vector at the same C,
+    # and since the copies come from the example and public data only, adding or removing it
+    # still moves the sum by C: q = batch / n (n the original examples), the steps, S and epsilon
+    # are those of K = 1, only each step's work grows K times (physical_batch_size bounds its
+    # memory). Private per-example runs only (--mechanism=dpsgd, Poisson sampling, example
+    # level); refused elsewhere with the reason. The copies (trainers/data/augment.py):
+    c.augment = "mask,substitute"  # kinds: "mask" (words outside slots), "substitute" (slots)
+    c.augment_word_rate = 0.15  # mask: probability that a word tagged O becomes unknown
+    # substitute: probability that a slot whose type has a public filler (the synthetic
+    # generator's, by slot-type name) gets another value, re-tagged B-/I- for its length
+    c.augment_slot_rate = 0.5
+    # variants of each example made when the data load (the example and V - 1 augmentations),
+    # of which each step takes K at random; 0: V = K (the same K rows each time it is sampled)
+    c.augment_variants = 0
     # Release unnoised statistics of the training data (per-epoch train loss and clipping stats in
     # metrics.json and TensorBoard, training-split encoding counts, membership-inference numbers
     # computed from training losses)? Not covered by epsilon: off by default; experiments use it.

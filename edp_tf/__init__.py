@@ -7,14 +7,14 @@ from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
-from edp_tf.sampling import PoissonSampler, UserPoissonSampler
+from edp_tf.sampling import AugmentedPoissonSampler, PoissonSampler, UserPoissonSampler
 from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 
 __all__ = [
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
-    "PoissonSampler", "UserPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
+    "PoissonSampler", "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

@@ -88,6 +88,14 @@ class DPConfig:
         exceeds `selection_threshold` x sigma_c (3: an untouched row passes with probability
         0.13%). The accountant charges the joint multiplier (z^-2 + z_c^-2)^-1/2 per step.
         Example-level only; not with the loop method.
+      augment_copies: K >= 1, augmentation multiplicity (De et al. 2022): each example's
+        micro-batch holds K rows, copies of that example augmented with public data only, whose
+        loss is their mean (1/K each), clipped once: the clipped vector carries less of the
+        augmentations' variance at the same C, and adding or removing the example still adds or
+        removes one clipped micro-batch (S = C, epsilon unchanged). The batches must hold each
+        sampled example's K copies in consecutive rows (edp_tf.sampling.AugmentedPoissonSampler);
+        sample weights are in [0, 1] and scale the clipped vector, as a user's do. Needs
+        per-example clipping (microbatch_size=1) at privacy_unit='example'; 1: no copies.
     """
 
     l2_norm_clip: float = 1.0
@@ -114,6 +122,7 @@ class DPConfig:
     selection_noise_multiplier: float = 5.0
     selection_clip: float = 1.0
     selection_threshold: float = 3.0
+    augment_copies: int = 1
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -183,14 +192,20 @@ class DPConfig:
                 f"DPConfig.scaling_examples must be an integer >= 1, got {self.scaling_examples!r}"
             )
 
+        k = self.augment_copies
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"DPConfig.augment_copies must be an integer >= 1, got {k!r}")
         if self.physical_batch_size is not None:
             p = self.physical_batch_size
             if isinstance(p, bool) or not isinstance(p, int) or p < 1:
                 raise ValueError(f"DPConfig.physical_batch_size must be None or an integer >= 1, "
                                  f"got {p!r}")
-            if self.microbatch_size is not None and p % self.microbatch_size:
+            rows = (self.microbatch_size or 1) * k  # a micro-batch's rows: whole chunks of them
+            if self.microbatch_size is not None and p % rows:
                 raise ValueError(f"DPConfig.physical_batch_size={p} must be a multiple of "
-                                 f"microbatch_size={self.microbatch_size}")
+                                 f"microbatch_size={self.microbatch_size}"
+                                 + (f" x augment_copies={self.augment_copies}" if rows
+                                    != self.microbatch_size else ""))
         if self.privacy_unit not in PRIVACY_UNITS:
             raise ValueError(f"DPConfig.privacy_unit must be one of {PRIVACY_UNITS}, "
                              f"got {self.privacy_unit!r}")
@@ -245,6 +260,24 @@ class DPConfig:
                 self.per_example_method == "loop"):
             raise ValueError("DPConfig.sparse_embeddings does not support per_example_method="
                              "'loop': use 'ghost' or 'vectorized'")
+        if k > 1 and self.privacy_unit != "example":
+            # a user's micro-batch already averages their rows under one clip; K copies of each
+            # would have to share its cap of microbatch_size rows with the user's other
+            # examples, which is another sampler than the one whose sensitivity is proven
+            raise ValueError("DPConfig.augment_copies > 1 is example-level only: at "
+                             "privacy_unit='user' a user's micro-batch already averages their "
+                             "rows under one clip")
+        if k > 1 and self.microbatch_size != 1:
+            # with several examples per micro-batch their copies would share a clip (S = 2C)
+            # and their mean would weigh examples by their number of copies drawn
+            raise ValueError("DPConfig.augment_copies > 1 needs per-example clipping "
+                             f"(microbatch_size=1), got microbatch_size={self.microbatch_size!r}")
+        if k > 1 and self.scaling == "private":
+            # the scale query adds one unit vector per row and is charged with sensitivity 1:
+            # an example owns K rows
+            raise ValueError("DPConfig.augment_copies > 1 cannot be combined with "
+                             "scaling='private' (a per-row query; one example owns K rows): use "
+                             "'uniform' or 'public' scales")
 
     def noise_multiplier_at(self, epoch: int) -> float:
         """z_t for the 0-based epoch t of the decay schedule."""

@@ -29,6 +29,14 @@ from edp_tf import DPConfig
         # the scaling query is charged per row: one user owns up to microbatch_size rows
         ({"scaling": "private", "privacy_unit": "user", "microbatch_size": 8,
           "expected_batch_size": 10.0}, "scaling"),
+        ({"augment_copies": 0}, "augment_copies"),
+        ({"augment_copies": 2.0, "microbatch_size": 1}, "augment_copies"),
+        # one example's copies are one micro-batch: per-example clipping, example level only
+        ({"augment_copies": 4}, "augment_copies"),
+        ({"augment_copies": 4, "microbatch_size": 2}, "augment_copies"),
+        ({"augment_copies": 4, "microbatch_size": 1, "privacy_unit": "user",
+          "expected_batch_size": 10.0}, "augment_copies"),
+        ({"augment_copies": 4, "microbatch_size": 1, "scaling": "private"}, "augment_copies"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):
@@ -61,6 +69,8 @@ def test_decay_schedules_per_epoch():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(physical_batch_size=0), "physical_batch_size"),
     (dict(physical_batch_size=3, microbatch_size=2), "multiple of microbatch_size"),
+    (dict(physical_batch_size=6, microbatch_size=1, augment_copies=4),
+     "multiple of microbatch_size=1 x augment_copies=4"),
 ])
 def test_physical_batch_size_is_checked(kwargs, message):
     from edp_tf import DPConfig

@@ -393,6 +393,12 @@ class PrivacyLedger(keras.callbacks.Callback):
                 f"DPConfig.microbatch_size={mechanism.microbatch_size} but the sampler gives "
                 f"each user {self.sampler.microbatch_size} rows: they must be equal, so that a "
                 "micro-batch is exactly one user")
+        copies = getattr(self.sampler, "copies", 1)  # an AugmentedPoissonSampler's K
+        if copies != mechanism.augment_copies:
+            raise ValueError(
+                f"DPConfig.augment_copies={mechanism.augment_copies} but the sampler gives each "
+                f"example {copies} row(s): they must be equal, so that a micro-batch is exactly "
+                "one example's copies (edp_tf.sampling.AugmentedPoissonSampler)")
 
     def _mechanism(self, facts: dict) -> dict:
         self._check_unit(self.model.mechanism)
@@ -435,6 +441,9 @@ class PrivacyLedger(keras.callbacks.Callback):
             "local_epochs": facts.get("local_epochs", 0),
             # informational: the first epochs trained only some variables (same mechanism)
             "frozen_until_epoch": facts.get("frozen_until_epoch", 0),
+            # informational: rows (augmented copies) in each example's clip; S, q and epsilon
+            # are those of the same run without copies
+            "augment_copies": facts.get("augment_copies", 1),
         }
 
     def _schedule(self) -> dict:

@@ -243,3 +243,36 @@ def test_read_ledger_refuses_broken_files(tmp_path):
         ledger.read_ledger(str(tmp_path))
     with pytest.raises(ValueError, match="no privacy ledger"):
         ledger.read_ledger(str(tmp_path / "missing"))
+
+
+def test_augmented_copies_keep_the_ledger_and_epsilon_of_one_copy(strategy, data, tmp_path):
+    """K = 4 copies per example (the same example 4 times here: the ledger only sees the
+    geometry) is charged exactly as K = 1: same q, steps, S and epsilon; only the padded batch
+    grows. A sampler whose copies are not the step's is refused."""
+    x, y = data
+    copies = (np.repeat(x, 4, axis=0), np.repeat(y, 4, axis=0))
+    contents = {}
+    for k, sampler, arrays in (
+            (1, sampling.PoissonSampler(N_EX, Q, replicas=N, microbatch_size=1), data),
+            (4, sampling.AugmentedPoissonSampler(N_EX, Q, replicas=N, copies=4), copies)):
+        model = make_model(strategy, microbatch_size=1, augment_copies=k,
+                           expected_batch_size=sampler.expected_batch_size)
+        led = ledger.PrivacyLedger.for_sampler(tmp_path / f"k{k}", sampler, DELTA)
+        model.fit(sampler.dataset(*arrays), epochs=1, verbose=0, callbacks=[led])
+        contents[k] = load(tmp_path / f"k{k}")
+        assert model.mechanism.rows_per_microbatch == k
+    one, four = contents[1], contents[4]
+    assert four["augment_copies"] == 4 and one["augment_copies"] == 1
+    assert four["global_batch_size"] == 4 * one["global_batch_size"]
+    for field in ledger.MECHANISM_FIELDS + ("epsilon", "epsilon_rdp", "epochs", "private"):
+        assert four[field] == one[field], field
+    assert four["sensitivity"] == 1 and four["private"] is True
+    for sampler, arrays in ((sampling.PoissonSampler(N_EX, Q, replicas=N, microbatch_size=1),
+                             data),
+                            (sampling.AugmentedPoissonSampler(N_EX, Q, replicas=N, copies=4),
+                             copies)):
+        model = make_model(strategy, microbatch_size=1, augment_copies=2,
+                           expected_batch_size=sampler.expected_batch_size)
+        led = ledger.PrivacyLedger.for_sampler(tmp_path / "mismatch", sampler, DELTA)
+        with pytest.raises(ValueError, match="augment_copies=2 but the sampler"):
+            model.fit(sampler.dataset(*arrays), epochs=1, verbose=0, callbacks=[led])

@@ -24,6 +24,12 @@ adding a user then moves both sum and denominator, and the sensitivity of the av
 2 C / (q W) (McMahan et al. 2018, Lemma 1 with w_k = 1 and W_min = W): S = 2, and the noise is
 added to the average at std z S C / (q W) whatever the denominator.
 
+Augmentation multiplicity (De et al. 2022): with `augment_copies` K > 1 each example's
+micro-batch holds K rows, augmented copies made from that example and public data only, whose loss
+is their mean (as a user's micro-batch is the mean over the user's rows), clipped once. The unit
+is still one example and adding or removing it adds or removes one clipped micro-batch: S = 1,
+D = q n, the same accounting as K = 1; only the rows per micro-batch (and the padded batch) grow.
+
 Sparse embedding noise (DP-AdaFEST, edp_tf/selection.py) adds a second Gaussian release on the
 same sample each step, the noisy row counts (multiplier z_c relative to S C1): the accountant
 charges the joint multiplier (z_eff^-2 + z_c^-2)^-1/2, `joint_noise_multiplier`.
@@ -106,6 +112,8 @@ class Mechanism:
       privacy_unit: "example", or "user" (one micro-batch per sampled user: S = 1).
       user_estimator: users only: "fixed" (divide by q W) or "clipped" (by max(q W, users
         drawn): S = 2).
+      augment_copies: K, the rows of one example's micro-batch (its augmented copies, their
+        mean loss clipped once); 1: none. Per-example clipping only.
     """
 
     replicas: int
@@ -120,6 +128,7 @@ class Mechanism:
     privacy_unit: str = "example"
     user_estimator: str = "fixed"
     selection_noise_multiplier: Optional[float] = None
+    augment_copies: int = 1
 
     def __post_init__(self) -> None:
         checks.count("replicas", self.replicas, 1)
@@ -155,6 +164,12 @@ class Mechanism:
             if self.privacy_unit != "example":
                 raise ValueError("sparse embedding noise (selection_noise_multiplier) is "
                                  "example-level only")
+        checks.count("augment_copies", self.augment_copies, 1)
+        if self.augment_copies > 1 and (self.privacy_unit != "example"
+                                        or self.microbatch_size != 1):
+            raise ValueError("augment_copies > 1 needs per-example micro-batches "
+                             "(microbatch_size=1, privacy_unit='example'): one example's copies "
+                             "are one micro-batch")
 
     @classmethod
     def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
@@ -162,7 +177,8 @@ class Mechanism:
         return cls(replicas, global_batch_size, config.microbatch_size, config.l2_norm_clip,
                    config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
                    config.expected_batch_size, config.privacy_unit, config.user_estimator,
-                   config.selection_noise_multiplier if config.sparse_embeddings else None)
+                   config.selection_noise_multiplier if config.sparse_embeddings else None,
+                   config.augment_copies)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property
@@ -175,8 +191,19 @@ class Mechanism:
         return self.microbatch_size or max(1, self.per_replica_batch)
 
     @property
+    def rows_per_microbatch(self) -> int:
+        """Rows of one micro-batch: k, times the copies of each example (augment_copies)."""
+        return self.examples_per_microbatch * self.augment_copies
+
+    @property
+    def grouped(self) -> bool:
+        """True when a micro-batch's loss is the mean over its real rows (one unit's rows: a
+        user's, or one example's augmented copies) rather than sum_i w_i L_i / k_e."""
+        return self.privacy_unit == "user" or self.augment_copies > 1
+
+    @property
     def microbatches_per_replica(self) -> int:
-        return self.per_replica_batch // self.examples_per_microbatch
+        return self.per_replica_batch // self.rows_per_microbatch
 
     @property
     def sensitivity(self) -> int:
@@ -192,16 +219,18 @@ class Mechanism:
     @property
     def expected_examples_per_microbatch(self) -> Optional[float]:
         """k_e = k * expected / realised rows (1 for one example per micro-batch); None for
-        users: a user's micro-batch loss is the mean over that user's examples."""
-        if self.privacy_unit == "user":
+        users (a user's micro-batch loss is the mean over that user's examples) and for
+        augmented copies (the mean over the example's copies)."""
+        if self.grouped:
             return None
         k = self.examples_per_microbatch
         return 1.0 if k == 1 else k * self.expected_batch / self.global_batch_size
 
     @property
     def expected_microbatches(self) -> float:
-        """D, the normaliser of the update (q W, the expected users, for users)."""
-        if self.privacy_unit == "user":
+        """D, the normaliser of the update (q W, the expected users, for users; q n, the
+        expected examples, for augmented copies: one micro-batch each)."""
+        if self.grouped:
             return self.expected_batch
         return self.expected_batch / self.expected_examples_per_microbatch
 
@@ -242,4 +271,5 @@ class Mechanism:
             "privacy_unit": self.privacy_unit,
             "user_estimator": self.user_estimator,
             "selection_noise_multiplier": self.selection_noise_multiplier,
+            "augment_copies": self.augment_copies,
         }

@@ -36,6 +36,13 @@ def test_geometry_of_fixed_and_poisson_batches():
     edp = Mechanism(2, 64)  # one micro-batch of 32 per replica
     assert (edp.examples_per_microbatch, edp.sensitivity, edp.expected_microbatches) == (32, 2, 2)
     assert Mechanism(4, 4).sensitivity == 1  # one row per replica is one example per micro-batch
+    # augmented copies: 4 rows of one example per micro-batch, accounted as one example
+    copies = Mechanism(2, 320, 1, expected_batch_size=40.0, augment_copies=4)
+    assert (copies.sensitivity, copies.rows_per_microbatch, copies.microbatches_per_replica,
+            copies.expected_examples_per_microbatch, copies.expected_microbatches) == (
+        1, 4, 40, None, 40.0)
+    assert copies.expected_microbatches == per_example.expected_microbatches
+    assert copies.to_dict()["microbatch_size"] == 1
 
 
 def test_from_config_and_schedule_agree_with_the_config():
@@ -82,7 +89,8 @@ def test_to_dict_holds_the_ledgers_fields():
     assert d == {"replicas": 2, "global_batch_size": 64, "microbatch_size": 4,
                  "microbatches_per_replica": 8, "sensitivity": 2, "noise_mode": "calibrated",
                  "l2_norm_clip": 0.5, "expected_batch_size": 48.0, "privacy_unit": "example",
-                 "user_estimator": "fixed", "selection_noise_multiplier": None}
+                 "user_estimator": "fixed", "selection_noise_multiplier": None,
+                 "augment_copies": 1}
 
 
 def test_sparse_embedding_noise_is_charged_at_the_joint_multiplier_not_drawn_at_it():

@@ -121,8 +121,9 @@ def _per_example(loss) -> PerExampleLoss:
 
 
 def _weighted_loss(model, loss_fn, x, y, w, k_e):
-    """sum_i w_i L_i / k_e; k_e None: the mean over the micro-batch's real rows (a user's: w > 0
-    marks them, the user's weight scales the clipped update instead, `user_weights`)."""
+    """sum_i w_i L_i / k_e; k_e None: the mean over the micro-batch's real rows (a user's, or
+    one example's augmented copies: w > 0 marks them, the weight scales the clipped update
+    instead, `user_weights`)."""
     y_pred = model(x, training=True)
     per_example = tf.cast(loss_fn(y, y_pred), tf.float32)
     if k_e is None:
@@ -131,9 +132,10 @@ def _weighted_loss(model, loss_fn, x, y, w, k_e):
     return tf.reduce_sum(per_example * w) / k_e, y_pred
 
 
-USER_WEIGHT_RANGE = ("privacy_unit='user': every sample_weight (a user's weight w_k) must be in "
-                     "[0, 1]: it scales the user's *clipped* update, so a weight above 1 would "
-                     "move the sum by more than C, the sensitivity accounted")
+USER_WEIGHT_RANGE = ("privacy_unit='user' or augment_copies > 1: every sample_weight (a user's "
+                     "weight w_k, or an augmented example's) must be in [0, 1]: it scales the "
+                     "*clipped* update, so a weight above 1 would move the sum by more than C, "
+                     "the sensitivity accounted")
 
 
 def user_weights(w: tf.Tensor, k: int) -> tf.Tensor:
@@ -465,7 +467,7 @@ def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> M
         else:
             grads = StackedGradients(*stacked_microbatch_gradients(
                 model, loss_fn, variables, x, y, w, k, k_e), plan.scales)
-        if k_e is None:  # user-level: one user per micro-batch, weighted after clipping
+        if k_e is None:  # one user (one example's copies) a micro-batch, weighted after clip
             grads.weights = user_weights(w, k)
         return grads
 
@@ -489,7 +491,7 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
             update = single_microbatch_gradient(model, loss_fn, variables, xj, yj, wj,
                                                 plan.expected_examples)
         g = SingleGradient(*update, plan.scales)
-        if plan.expected_examples is None:  # user-level: the user's weight, after clipping
+        if plan.expected_examples is None:  # a user's (an example's) weight, after clipping
             g.weights = user_weights(wj, plan.microbatch_size)
         return (g.clip(plan.l2_norm_clip, per_layer=plan.per_layer), g.losses[0],
                 tf.nest.flatten(g.y_pred), g.y_pred)

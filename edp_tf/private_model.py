@@ -246,7 +246,10 @@ class PrivateModel(keras.Model):
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
-        if self._dp_config.privacy_unit == "user":  # arrays in full, a dataset's first batch
+        cfg = self._dp_config
+        # a user's weight, or an augmented example's, scales its clipped vector: arrays are
+        # checked in full, a dataset's first batch here (the step checks every batch)
+        if cfg.privacy_unit == "user" or cfg.augment_copies > 1:
             weights = kwargs.get("sample_weight")
             weights = first[2] if weights is None else weights
             if weights is not None and not np.all((np.asarray(weights) >= 0)
@@ -280,11 +283,13 @@ class PrivateModel(keras.Model):
         fw = _mask(fx, fw)
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])
-        k = cfg.microbatch_size
+        # rows per micro-batch: an example's augmented copies are one micro-batch of K rows
+        k = None if cfg.microbatch_size is None else cfg.microbatch_size * cfg.augment_copies
         if batch % n or (k is not None and batch % (n * k)):
+            copies = f" x augment_copies {cfg.augment_copies}" if cfg.augment_copies > 1 else ""
             raise ValueError(
                 f"The global batch of {batch} examples must be divisible by replicas x "
-                f"microbatch_size = {n} x {k if k else 'one micro-batch'}"
+                f"microbatch_size{copies} = {n} x {k if k else 'one micro-batch'}"
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
         method = self._per_example_method(k)

@@ -263,20 +263,89 @@ class UserPoissonSampler(PoissonSampler):
         users, k, slots, q = self.dataset_size, self.microbatch_size, self.slots, self.sampling_rate
         n = len(self.user_of_row)
         table = _rows_by_user(self.user_of_row, users, n, k)  # [users + 1, width], padded with n
-
-        def rows_of(seeds):
-            slot_user = _placed(users, q, slots, seeds,
-                                f"Poisson sample of more than {slots} users")
-            candidates = tf.gather(table, slot_user)  # [slots, width]
-            # a uniformly random k of each user's rows: real rows sorted by random keys first
-            keys = tf.where(candidates < n, tf.random.stateless_uniform(
-                tf.shape(candidates), seeds[2], dtype=tf.float32), 2.0)
-            chosen = tf.gather(candidates, tf.argsort(keys, axis=1)[:, :k], batch_dims=1)
-            return tf.reshape(chosen, [slots * k])
-
         row_weights = ([self.user_weights[u] for u in self.user_of_row] if self.user_weights
                        else None)
-        return self._stream(x, y, n, steps, 3, rows_of, row_weights)
+        return self._stream(x, y, n, steps, 3, lambda seeds: _grouped_rows(
+            table, users, q, slots, k, n, seeds, f"Poisson sample of more than {slots} users"),
+            row_weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class AugmentedPoissonSampler(PoissonSampler):
+    """Poisson sampling over *examples* whose rows are augmented copies: the batches of
+    augmentation multiplicity (`DPConfig(augment_copies=K)`, De et al. 2022).
+
+    The training arrays hold `variants` rows per example, consecutive (rows [i V, (i + 1) V) are
+    example i's, e.g. the example itself and V - 1 augmentations of it made from it and public
+    data only). Each step takes every example independently with probability q, as
+    `PoissonSampler` does (`dataset_size` is n, the examples, so q, the steps and epsilon are
+    those of the same run without copies), and each sampled example fills one slot of `copies`
+    (K) rows with a uniformly random K of its V variants: the grouping of `UserPoissonSampler`,
+    with an example in place of a user. Slots are placed as rows are, so adding an example fills
+    one more slot, one micro-batch of `DPConfig(microbatch_size=1, augment_copies=K)`: S = C.
+
+    `max_batch_size` counts rows (slots x K); `expected_batch_size` is q n, in examples.
+    """
+
+    copies: int = 1  # K: rows of an example per step (one micro-batch)
+    variants: int = 0  # V >= K: rows of an example in the arrays; 0: K
+
+    def __post_init__(self) -> None:
+        copies = _positive_int("copies", self.copies)
+        if self.variants == 0:
+            object.__setattr__(self, "variants", copies)
+        if _positive_int("variants", self.variants) < copies:
+            raise ValueError(f"variants={self.variants} must be >= copies={copies}: each step "
+                             "takes K of an example's variants")
+        if self.microbatch_size not in (None, 1):
+            raise ValueError("AugmentedPoissonSampler: one example's copies are one micro-batch "
+                             f"(microbatch_size 1), got microbatch_size={self.microbatch_size}")
+        if self.max_batch_size is None:
+            slots = poisson_max_batch_size(_positive_int("dataset_size", self.dataset_size),
+                                           check_sampling_rate(self.sampling_rate),
+                                           self.overflow_probability, self.replicas)
+            object.__setattr__(self, "max_batch_size", slots * copies)
+        elif _positive_int("max_batch_size", self.max_batch_size) % (self.replicas * copies):
+            raise ValueError(f"max_batch_size={self.max_batch_size} must be a multiple of "
+                             f"replicas x copies = {self.replicas * copies}")
+        object.__setattr__(self, "microbatch_size", 1)
+        super().__post_init__()
+
+    @property
+    def slots(self) -> int:
+        """Examples per batch at most (the binomial quantile over examples)."""
+        return self.max_batch_size // self.copies
+
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+        """`steps` (default steps_per_epoch) batches of (x, y, mask): slot j holds rows
+        [j K, (j + 1) K), K variants of one sampled example, or padding. x and y hold
+        dataset_size x variants rows, each example's consecutive."""
+        n, k, v, slots = self.dataset_size, self.copies, self.variants, self.slots
+        rows = n * v
+        for array in tf.nest.flatten((x, y)):
+            if not tf.TensorShape(getattr(array, "shape", None)).rank or array.shape[0] != rows:
+                raise ValueError(f"x and y must hold dataset_size x variants = {n} x {v} = {rows} "
+                                 f"rows (each example's variants consecutive), got shape "
+                                 f"{getattr(array, 'shape', None)}")
+        table = tf.concat([tf.reshape(tf.range(rows, dtype=tf.int32), [n, v]),
+                           tf.fill([1, v], rows)], 0)  # [n + 1, V]: the last is the empty slot
+        return self._stream(x, y, rows, steps, 3, lambda seeds: _grouped_rows(
+            table, n, self.sampling_rate, slots, k, rows, seeds,
+            f"Poisson sample larger than {slots} examples"))
+
+
+def _grouped_rows(table: tf.Tensor, units: int, q: float, slots: int, k: int, rows: int, seeds,
+                  what: str) -> tf.Tensor:
+    """[slots k] row indices: each of `units` units (users, or examples with copies) taken with
+    probability q into a uniformly random slot (`_placed`), which holds a uniformly random k of
+    the unit's rows (`table[unit]`, padded with `rows`: the zero padding row), then padding."""
+    slot_unit = _placed(units, q, slots, seeds, what)
+    candidates = tf.gather(table, slot_unit)  # [slots, width]
+    # a uniformly random k of each unit's rows: real rows sorted by random keys first
+    keys = tf.where(candidates < rows, tf.random.stateless_uniform(
+        tf.shape(candidates), seeds[2], dtype=tf.float32), 2.0)
+    chosen = tf.gather(candidates, tf.argsort(keys, axis=1)[:, :k], batch_dims=1)
+    return tf.reshape(chosen, [slots * k])
 
 
 def _rows_by_user(user_of_row, users: int, n: int, k: int) -> tf.Tensor:

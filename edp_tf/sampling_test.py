@@ -160,3 +160,39 @@ def test_slot_keys_do_not_tie():
         keys = slot_keys(size, tf.constant([i, 7], tf.int64)).numpy()
         tied += len(np.unique(keys)) < size
     assert tied == 0
+
+
+@pytest.mark.parametrize("copies,variants", [(3, 3), (2, 5)])
+def test_augmented_sampler_gives_each_sampled_example_k_of_its_variants_in_one_slot(copies,
+                                                                                     variants):
+    """Poisson over examples (q n expected, not q n K), each sampled example's slot holding K
+    distinct rows of its own V variants; empty slots are all padding."""
+    n, q, steps = 60, 0.2, 200
+    sampler = sampling.AugmentedPoissonSampler(n, q, replicas=2, copies=copies,
+                                               variants=variants)
+    assert sampler.expected_batch_size == pytest.approx(q * n)
+    assert sampler.steps_per_epoch == sampling.PoissonSampler(n, q).steps_per_epoch
+    assert sampler.max_batch_size == sampler.slots * copies
+    assert sampler.slots == sampling.PoissonSampler(n, q, replicas=2).max_batch_size
+    x, y = toy_data(n * variants)
+    examples = []
+    for bx, by, mask in batches(sampler, steps, x, y):
+        rows = (by.reshape(-1, copies) - 1).astype(int)  # y = row + 1, 0 for padding
+        slot_mask = mask.reshape(-1, copies)
+        assert np.all(slot_mask == slot_mask[:, :1])  # a slot is all real or all padding
+        real = rows[slot_mask[:, 0] == 1]
+        owners = real // variants
+        assert np.all(owners == owners[:, :1])  # one example per slot
+        assert all(len(set(r)) == copies for r in real)  # K distinct variants
+        assert len(set(owners[:, 0])) == len(owners)  # an example once per batch
+        examples.append(len(owners))
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(np.mean(examples) - mean) < 5 * math.sqrt(var / steps), np.mean(examples)
+
+
+def test_augmented_sampler_refuses_arrays_without_every_variant():
+    x, y = toy_data(60)
+    with pytest.raises(ValueError, match="dataset_size x variants = 30 x 4 = 120"):
+        sampling.AugmentedPoissonSampler(30, 0.1, copies=4).dataset(x, y)
+    with pytest.raises(ValueError, match="variants=2 must be >= copies=3"):
+        sampling.AugmentedPoissonSampler(30, 0.1, copies=3, variants=2)

@@ -52,12 +52,13 @@ def _loss(y_true, y_pred):
     return 0.5 * keras.ops.sum(keras.ops.square(y_pred - y_true), axis=-1)
 
 
-def _update(config, weights):
+def _update(config, weights, x=X, y=Y):
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     private = PrivateModel(model, config)
     private.compile(optimizer=keras.optimizers.SGD(1.0), loss=_loss)
-    private.fit(X, Y, sample_weight=weights, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
+    private.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False,
+                verbose=0)
     return -model.get_weights()[0].ravel(), private.mechanism
 
 
@@ -81,3 +82,42 @@ def test_removing_one_unit_moves_the_clipped_sum_by_at_most_s_c(one_replica, kwa
     assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
     if kwargs["microbatch_size"] != 1 and kwargs["privacy_unit"] == "example":
         assert moved > 1.5 * C  # the adversarial pair reaches S = 2: S = 1 would be wrong
+
+
+# Augmentation multiplicity: the loss of an example is the mean over its copies, clipped once.
+# Example 0's copies (gradients -y: +40, -4, +6, -30) average far above C whatever k; example 1's
+# (+1.6, -1.0, +3.0, -2.6) each exceed C but average 0.3 (k = 2) or 0.25 (k = 4), where clipping
+# copy by copy would give 0.
+COPIES_Y = np.array([-40.0, 4.0, -6.0, 30.0, -1.6, 1.0, -3.0, 2.6], "float32")
+
+
+def _copies(k):
+    """(x, y) of 2 examples x k copies, each example's consecutive, as the sampler lays them."""
+    y = np.concatenate([COPIES_Y[:k], COPIES_Y[4:4 + k]])[:, None]
+    return np.ones((2 * k, 1), "float32"), y
+
+
+@pytest.mark.parametrize("k,method,clipping", [
+    (1, "ghost", "flat"), (2, "vectorized", "per_layer"), (4, "ghost", "flat"),
+    (4, "loop", "flat")])
+def test_an_example_with_k_copies_moves_the_clipped_sum_by_at_most_c(one_replica, k, method,
+                                                                       clipping):
+    """Removing one example (its k rows become padding) moves the clipped sum by at most C
+    whatever k, and the clipped sum is sum_i clip_C(mean of example i's copies' gradients):
+    averaged before clipping, not clipped copy by copy."""
+    config = DPConfig(l2_norm_clip=C, noise_multiplier=0.0, microbatch_size=1,
+                      augment_copies=k, expected_batch_size=2.0, per_example_method=method,
+                      clipping=clipping)
+    x, y = _copies(k)
+    removed = np.ones(2 * k, "float32")
+    removed[:k] = 0.0
+    with one_replica.scope():
+        full, mechanism = _update(config, np.ones(2 * k, "float32"), x, y)
+        neighbour, _ = _update(config, removed, x, y)
+    assert (mechanism.sensitivity, mechanism.expected_microbatches) == (1, 2.0)
+    scale = mechanism.expected_microbatches
+    means = [-y[:k].mean(), -y[k:].mean()]  # d/dw 0.5 (w - y)^2 at w = 0, x = 1
+    clipped = [g * min(1.0, C / abs(g)) for g in means]
+    assert float(full[0]) * scale == pytest.approx(sum(clipped), rel=1e-5, abs=1e-6)
+    moved = float(np.linalg.norm(full - neighbour)) * scale
+    assert 0.5 * C < moved <= C * (1 + 1e-5), moved

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import secrets
+import weakref
 from typing import Optional
 
 import numpy as np
@@ -23,7 +25,7 @@ import edp_tf
 from edp_tf import accounting, multi_worker, sampling
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
-from trainers.data import loading
+from trainers.data import augment, loading
 from trainers.pipeline import optimizers
 
 _log = logging.getLogger(__name__)
@@ -38,6 +40,59 @@ HEAD_DROPOUT = 0.1
 def unit(config) -> str:
     """The config's privacy unit ("example" for configs written before the field existed)."""
     return config.get("privacy_unit", "example")
+
+
+def augment_copies(config) -> int:
+    """K, the rows of each example's clip (1: no augmentation; configs before the field)."""
+    return int(config.get("augment_copies", 1))
+
+
+def augment_variants(config) -> int:
+    """V >= K, the variants of each example made at load (K of them drawn each step)."""
+    return int(config.get("augment_variants", 0)) or augment_copies(config)
+
+
+def augmenter(config) -> augment.Augmenter:
+    """The config's augmentations (trainers/data/augment.py)."""
+    return augment.Augmenter(augment.parse_kinds(config.get("augment", ",".join(augment.KINDS))),
+                             float(config.get("augment_word_rate", 0.15)),
+                             float(config.get("augment_slot_rate", 0.5)))
+
+
+def _check_augmentation(config, bad) -> None:
+    """Augmentation multiplicity runs where one example's copies are one clipped micro-batch:
+    private per-example clipping of Poisson-sampled examples."""
+    copies = config.get("augment_copies", 1)
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        bad("augment_copies", copies, "an integer >= 1 (1: no augmented copies)")
+    variants = config.get("augment_variants", 0)
+    if isinstance(variants, bool) or not isinstance(variants, int) or not (
+            variants == 0 or variants >= copies):
+        bad("augment_variants", variants, f"0 (= augment_copies) or an integer >= "
+            f"augment_copies={copies}")
+    try:
+        augment.parse_kinds(config.get("augment", ",".join(augment.KINDS)))
+    except ValueError:
+        bad("augment", config.augment, f"a comma-separated subset of {augment.KINDS}")
+    for field in ("augment_word_rate", "augment_slot_rate"):
+        if not 0 <= config.get(field, 0.0) <= 1:
+            bad(field, config[field], "a probability in [0, 1]")
+    if copies == 1:
+        return
+    # the copies are averaged inside an example's clip: plain training has no clip, micro-batches
+    # of several examples would share one (S = 2C), shuffled batches are not Poisson over
+    # examples, and a user's micro-batch already averages their rows (DPConfig says the same)
+    why = ("needs --mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
+           "micro-batch)")
+    if config.mechanism != "dpsgd":
+        bad("augment_copies", copies, f"1 with mechanism={config.mechanism!r}: augmentation "
+            f"multiplicity {why}")
+    if config.sampling != "poisson":
+        bad("augment_copies", copies, "1 with sampling='shuffle': augmentation multiplicity "
+            "needs Poisson sampling over examples, each bringing its copies")
+    if unit(config) == "user":
+        bad("augment_copies", copies, "1 with privacy_unit='user': a user's micro-batch already "
+            "averages their rows under one clip")
 
 
 def check_config(config) -> None:
@@ -66,6 +121,7 @@ def check_config(config) -> None:
             config.get("user_weight_cap", 0.0) and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
+    _check_augmentation(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
         dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
     if config.get("decoding", "viterbi") not in DECODINGS:
@@ -155,7 +211,15 @@ def minilm_path() -> str:
 
 def build_preprocessor(config, train: tuple, schema):
     """The model's preprocessor: public vocabulary unless the config asks for the training one;
-    labels from `schema` (trainers/data/schema.py)."""
+    labels from `schema` (trainers/data/schema.py). With augmented copies (a private run's
+    `augment_copies` > 1), encoding `train` with it gives each example's copies
+    (`with_training_copies`); the vocabulary is the originals'."""
+    preprocessor, vectors = _preprocessor(config, train, schema)
+    with_training_copies(config, preprocessor, train)
+    return preprocessor, vectors
+
+
+def _preprocessor(config, train: tuple, schema):
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
@@ -182,6 +246,36 @@ def build_preprocessor(config, train: tuple, schema):
     if config.bert.vocabulary == "train":
         return BertPreprocessor.from_training_data(tokens, tags, intents, **kwargs), None
     return BertPreprocessor.from_checkpoint(minilm_path(), tags, intents, **kwargs), None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCopies:
+    """The augmented copies to encode for one training split (see `with_training_copies`)."""
+
+    utterances: tuple  # the training split itself: only this object gets copies
+    variants: int  # V rows per example: the example, then V - 1 augmentations
+    augmenter: augment.Augmenter
+    key: int  # the run's augmentation key: its fixed seed, else OS entropy
+
+
+# preprocessor -> the TrainingCopies of the split it was built for: the run encodes its training
+# split with `encode(preprocessor, split, ...)`, which takes no config, so the copies the config
+# asks for are found through the preprocessor built for that split (and only for that very
+# object: dev, test and attack sets are encoded plainly).
+_TRAINING_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def with_training_copies(config, preprocessor, train) -> None:
+    """Makes `encode(preprocessor, train, ...)` encode each example of `train` as
+    augment_variants consecutive rows (the example, then augmentations of it: trainers/data/
+    augment.py), the rows AugmentedPoissonSampler groups, when the config asks for augmented
+    copies in a private run; does nothing otherwise."""
+    if augment_copies(config) == 1 or config.mechanism == "sgd":
+        _TRAINING_COPIES.pop(preprocessor, None)
+        return
+    key = int(config.seed) if config.seed >= 0 else secrets.randbits(63)
+    _TRAINING_COPIES[preprocessor] = TrainingCopies(train, augment_variants(config),
+                                                    augmenter(config), key)
 
 
 def bert_checkpoint(config) -> Optional[str]:
@@ -232,7 +326,15 @@ class Encoded:
 
 
 def encode(preprocessor, utterances, split: str) -> Encoded:
-    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text."""
+    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text. The
+    training split a preprocessor was built for with augmented copies is encoded with them."""
+    copies = _TRAINING_COPIES.get(preprocessor)
+    if copies is not None and utterances is copies.utterances:
+        utterances = augment.with_copies(utterances, copies.variants, copies.augmenter,
+                                         copies.key)
+        _log.info("%s: each of %d examples as %d rows (itself and %d augmented copies: %s)",
+                  split, len(copies.utterances), copies.variants, copies.variants - 1,
+                  ", ".join(copies.augmenter.kinds))
     x, y, report = preprocessor.encode(
         [u.tokens for u in utterances], [u.tags for u in utterances],
         [u.intent for u in utterances])
@@ -288,7 +390,12 @@ def privacy_units(config, train) -> tuple:
 
 def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixed_seed=None,
                     key=None) -> sampling.PoissonSampler:
-    """The run's Poisson sampler: over users (`users`, the user of each row) or examples."""
+    """The run's Poisson sampler: over users (`users`, the user of each row) or examples (with
+    their augmented copies, augment_variants consecutive rows each, when the config asks)."""
+    if augment_copies(config) > 1:
+        return sampling.AugmentedPoissonSampler(
+            dataset_size=n, sampling_rate=q, replicas=replicas, seed=fixed_seed, key=key,
+            copies=augment_copies(config), variants=augment_variants(config))
     if users is not None:
         cap = float(config.get("user_weight_cap", 0.0)) or None
         return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
@@ -301,6 +408,7 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None).
 
     n counts privacy units; `users` (the user of each row) selects Poisson sampling over users.
+    With augmented copies x and y hold augment_variants rows per example (`encode`).
     """
     replicas = strategy.num_replicas_in_sync
     # Workers of a multi-worker run must draw the same batches: worker 0's OS-entropy key.
