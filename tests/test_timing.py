@@ -30,3 +30,20 @@ def test_the_first_step_beyond_a_typical_one_is_tracing():
     # tracing ~ 0.30 - 0.02; steps ~ 4 x 0.02 (sleep overshoots by a few ms on a busy machine)
     assert 0.2 <= phases.seconds["tracing"] <= 0.35
     assert 0.07 <= phases.seconds["steps"] <= 0.2
+
+
+def test_a_callbacks_hooks_are_timed_and_still_called():
+    phases = timing.Phases()
+
+    class Hook:
+        calls = []
+
+        def on_epoch_end(self, epoch, logs=None):
+            time.sleep(0.05)
+            self.calls.append(epoch)
+            return epoch
+
+    hook = Hook()
+    phases.time_methods(hook, ("on_epoch_end",), "privacy accounting")
+    assert hook.on_epoch_end(3) == 3 and hook.calls == [3]
+    assert 0.04 <= phases.seconds["privacy accounting"] < 0.5

@@ -13,7 +13,7 @@ import keras
 
 # the order of the summary line
 PHASES = ("start-up", "data", "build", "tracing", "steps", "dev evaluation", "checkpoints",
-          "test metrics", "export")
+          "privacy accounting", "test metrics", "export")
 
 
 def process_age() -> Optional[float]:
@@ -48,6 +48,17 @@ class Phases:
         finally:
             self.add(name, time.perf_counter() - start)
 
+    def time_methods(self, obj, names, phase: str) -> None:
+        """Counts the time `obj`'s methods `names` take (a callback's hooks) into `phase`."""
+        for name in names:
+            method = getattr(obj, name)
+
+            def timed(*args, _method=method, **kwargs):
+                with self.phase(phase):
+                    return _method(*args, **kwargs)
+
+            setattr(obj, name, timed)
+
     def breakdown(self) -> dict:
         """{phase: seconds} with "total" (from the process start where known) and "other"."""
         out = {k: round(v, 1) for k, v in self.seconds.items()}
@@ -73,7 +84,8 @@ def breakdown_line(breakdown: dict) -> str:
 
 class StepTimes(keras.callbacks.Callback):
     """Times each training step (batch begin to batch end) into `phases`: the first step of a
-    fit, which traces the step function, goes to "tracing" beyond a typical step's time."""
+    fit, which traces the step function, goes to "tracing" beyond a typical step's time, and so
+    does fit's set-up before it (the input pipeline's iterator, the distributed dataset)."""
 
     def __init__(self, phases: Phases):
         super().__init__()
@@ -81,9 +93,16 @@ class StepTimes(keras.callbacks.Callback):
         self._begin = None
         self._first = None
         self._times = []
+        self._fit_started = None
+
+    def on_train_begin(self, logs=None):
+        self._fit_started = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None):
         self._begin = time.perf_counter()
+        if self._fit_started is not None:
+            self.phases.add("tracing", self._begin - self._fit_started)
+            self._fit_started = None
 
     def on_train_batch_end(self, batch, logs=None):
         if self._begin is None:

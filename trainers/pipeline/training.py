@@ -91,6 +91,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if not resume:
         _write_run_files(run_dir, config, data, n, delta, state)
     ledger = _ledger(config, data, run_dir, sampler, n, delta, q) if private else None
+    if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
+        phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
+                            "privacy accounting")
     graceful = callbacks_lib.GracefulStop()
     epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
                                        data.dev_x, checkpoint, state, trainer if private else None,
