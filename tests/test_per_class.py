@@ -159,6 +159,31 @@ def test_by_bucket_pools_each_buckets_classes():
     assert rows[(INTENT, "20-99")]["classes"] == 0 and rows[(INTENT, "20-99")]["pooled"] is None
 
 
+def test_rank_correlation_by_hand():
+    assert pc.rank_correlation([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert pc.rank_correlation([1, 2, 3, 4], [9, 1, 0.5, 0]) == pytest.approx(-1.0)
+    # ties at mean ranks: x ranks (0, 1.5, 1.5, 3), y ranks (0, 1, 2, 3): covariance 4.5,
+    # variances 4.5 and 5 -> 4.5 / sqrt(22.5)
+    assert pc.rank_correlation([1, 5, 5, 9], [1, 2, 3, 4]) == pytest.approx(4.5 / 22.5 ** 0.5)
+    assert pc.rank_correlation([1, 2], [1, 2]) is None  # too few
+    assert pc.rank_correlation([1, 1, 1], [1, 2, 3]) is None  # constant
+
+
+def test_frequency_and_gap_keeps_classes_with_enough_references():
+    gaps = pc.compare(
+        [ClassScore(SLOT, "rare", 10, 10, 10, 2), ClassScore(SLOT, "mid", 100, 10, 10, 6),
+         ClassScore(SLOT, "common", 1000, 10, 10, 9), ClassScore(SLOT, "tiny", 1, 2, 2, 2)],
+        [ClassScore(SLOT, "rare", 10, 10, 10, 8), ClassScore(SLOT, "mid", 100, 10, 10, 9),
+         ClassScore(SLOT, "common", 1000, 10, 10, 10), ClassScore(SLOT, "tiny", 1, 2, 2, 0)])
+    rows = {r["kind"]: r for r in pc.frequency_and_gap(gaps)}
+    # gaps 0.6, 0.3, 0.1 fall as counts rise ("tiny", 2 references, is left out); the reference
+    # scores 0.8, 0.9, 1.0 rise
+    assert rows[SLOT]["classes"] == 3
+    assert rows[SLOT]["count_vs_gap"] == pytest.approx(-1.0)
+    assert rows[SLOT]["count_vs_reference"] == pytest.approx(1.0)
+    assert rows[INTENT]["classes"] == 0 and rows[INTENT]["count_vs_gap"] is None
+
+
 def dataclass_copy(score, **changes):
     import dataclasses
 
@@ -271,6 +296,7 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
                         majority and c["bucket"] == row["bucket"]) / row["support"]
             assert row["pooled"] == pytest.approx(share) and row["reference_pooled"] == 1.0
     assert "loses" in out and "gap = reference - run" in out
+    assert "rank correlation of training count with the gap" in out
 
     md = open(prefix + ".md").read()
     assert md.count("not a DP release") == 1 and "python -m trainers.train --config=tiny" in md

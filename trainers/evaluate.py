@@ -167,6 +167,7 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
         "lost_if": {"min_gap": per_class.MIN_GAP, "min_support": per_class.MIN_SUPPORT},
         "classes": [g.to_json() for g in gaps],
         "by_bucket": per_class.by_bucket(mine, theirs),
+        "frequency_and_gap": per_class.frequency_and_gap(gaps),
         "lost": [dict(kind=g.run.kind, name=g.run.name, train_count=g.run.train_count,
                       support=g.run.support, gap=g.gap)
                  for g in per_class.losses(gaps)],
@@ -181,6 +182,15 @@ def _scores_from_json(classes: list, key: Optional[str] = None):
         return per_class.ClassScore(d["kind"], d["name"], d["train_count"], d["support"],
                                     d["predicted"], d["correct"])
     return [score(c[key] if key else c) for c in classes]
+
+
+def _correlation_lines(result: dict) -> list:
+    def fmt(value):
+        return "n/a" if value is None else f"{value:+.2f}"
+    return [f"{r['kind']}s with >= {r['min_support']} test references ({r['classes']}): "
+            f"rank correlation of training count with the gap {fmt(r['count_vs_gap'])}, with "
+            f"the reference's score {fmt(r['count_vs_reference'])}"
+            for r in result.get("frequency_and_gap", ())]
 
 
 def per_class_text(result: dict) -> str:
@@ -204,6 +214,7 @@ def per_class_text(result: dict) -> str:
     lines += [f"reference: {result['compare_to']} ({ref}); gap = reference - run", "",
               per_class.class_table(gaps, run, ref), "",
               per_class.bucket_table(result["by_bucket"], run, ref), ""]
+    lines += _correlation_lines(result)
     lost = result["lost"]
     limits = result["lost_if"]
     rule = f"gap >= {limits['min_gap']:.2f} on >= {limits['min_support']} test references"
@@ -262,8 +273,9 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
     text += [_run_row(path, label) for path, label in (
         (result["run_dir"], result["run"]), (result["compare_to"], result["reference"]))]
     text += ["", "## By training-frequency bucket", "",
-            per_class.bucket_table(result["by_bucket"], result["run"], result["reference"]), "",
-            "## Classes lost", ""]
+            per_class.bucket_table(result["by_bucket"], result["run"], result["reference"]), ""]
+    text += [f"- {line} (Spearman)" for line in _correlation_lines(result)]
+    text += ["", "## Classes lost", ""]
     text += [f"- {c['kind']} `{c['name']}`: train {c['train_count']}, test {c['support']}, "
              f"gap {c['gap']:.3f}" for c in result["lost"]] or ["none"]
     gaps = [per_class.ClassGap(a, b) for a, b in zip(

@@ -211,6 +211,52 @@ def losses(gaps: Sequence[ClassGap], min_gap: float = MIN_GAP,
     return sorted(lost, key=lambda g: (-g.gap, g.run.kind, g.run.name))
 
 
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for i in order[start:end + 1]:  # ties share their mean rank
+            ranks[i] = (start + end) / 2
+        start = end + 1
+    return ranks
+
+
+def rank_correlation(xs: Sequence[float], ys: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation (Pearson's on ranks, ties at their mean rank); None with
+    fewer than three pairs or a constant side."""
+    if len(xs) != len(ys):
+        raise ValueError(f"{len(xs)} values against {len(ys)}")
+    if len(xs) < 3:
+        return None
+    a, b = _ranks(xs), _ranks(ys)
+    mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+    cov = sum((x - mean_a) * (y - mean_b) for x, y in zip(a, b))
+    var_a = sum((x - mean_a) ** 2 for x in a)
+    var_b = sum((y - mean_b) ** 2 for y in b)
+    return cov / math.sqrt(var_a * var_b) if var_a and var_b else None
+
+
+def frequency_and_gap(gaps: Sequence[ClassGap], min_support: int = MIN_SUPPORT) -> list[dict]:
+    """Per kind: how the gap follows training frequency over the classes with at least
+    `min_support` test references, as Spearman's correlation of training count and gap (negative:
+    rarer classes lose more) beside that of training count and the reference's score (how much
+    of it rare classes being hard anyway would explain)."""
+    rows = []
+    for kind in (INTENT, SLOT):
+        kept = [g for g in gaps if g.run.kind == kind and g.gap is not None
+                and g.run.support >= min_support]
+        counts = [g.run.train_count for g in kept]
+        rows.append(dict(kind=kind, classes=len(kept), min_support=min_support,
+                         count_vs_gap=rank_correlation(counts, [g.gap for g in kept]),
+                         count_vs_reference=rank_correlation(
+                             counts, [g.reference.score for g in kept])))
+    return rows
+
+
 def _pooled(scores: Sequence[ClassScore]) -> Optional[float]:
     """The bucket's score pooled over its classes: accuracy (intents), micro F1 (slot types)."""
     support = sum(s.support for s in scores)
