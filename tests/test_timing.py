@@ -27,9 +27,10 @@ def test_the_first_step_beyond_a_typical_one_is_tracing():
         time.sleep(seconds)
         steps.on_train_batch_end(0)
     steps.on_train_end()
-    # tracing ~ 0.30 - 0.02; steps ~ 4 x 0.02 (sleep overshoots by a few ms on a busy machine)
-    assert 0.2 <= phases.seconds["tracing"] <= 0.35
-    assert 0.07 <= phases.seconds["steps"] <= 0.2
+    # tracing ~ 0.30 - 0.02, steps ~ 4 x 0.02; the upper bounds leave room for sleeps that
+    # overshoot on a loaded machine, the lower ones fail if the first step is not split
+    assert 0.2 <= phases.seconds["tracing"] <= 0.6
+    assert 0.07 <= phases.seconds["steps"] <= 0.4
 
 
 def test_a_callbacks_hooks_are_timed_and_still_called():
