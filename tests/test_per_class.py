@@ -10,7 +10,7 @@ import pytest
 from tests import tiny_runs
 from trainers.scoring import metrics
 from trainers.scoring import per_class as pc
-from trainers.scoring.per_class import INTENT, SLOT, ClassGap, ClassScore
+from trainers.scoring.per_class import INTENT, SLOT, ClassScore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
