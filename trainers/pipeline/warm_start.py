@@ -122,7 +122,9 @@ def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0)
     from trainers.pipeline import builders
 
     model = builders.build_model(config, preprocessor, shape_only_vectors(config, embedding_dim))
-    tf.train.Checkpoint(model=model).restore(
+    # read, not restore: the run's checkpoints are written without a save counter
+    # (trainers/pipeline/checkpoints.py), which restore would expect
+    tf.train.Checkpoint(model=model).read(
         checkpoint).expect_partial().assert_existing_objects_matched()
     return model
 
