@@ -112,3 +112,34 @@ def test_per_layer_clipping_matches_a_loop_and_keeps_each_contribution_within_c(
     assert math.sqrt(sum(float(np.sum(t ** 2)) for t in one)) <= C * (1 + 1e-6)
     flat = loop_clipped_sum(reference, alpha, C)[0]
     assert any(not np.allclose(a, b) for a, b in zip(flat, want))  # not flat clipping
+
+
+@pytest.mark.parametrize("k, k_e, chunk", [(1, 1.0, 4), (2, 2.0, 4), (None, 10.0, 4),
+                                           (2, None, 6), (1, 1.0, 8)])
+def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chunk):
+    """10 rows in chunks of `chunk`: whole chunks in a while_loop and a shorter last one (8: no
+    loop, one chunk and the rest) give what one pass gives, a NaN micro-batch flagged in place;
+    k_e None: micro-batches of one unit's rows (a user's, an example's copies)."""
+    keras.utils.set_random_seed(3)
+    model = mixed_model()
+    variables = model.trainable_variables
+    x, y = data_for(model, n=10)
+    x = x % 13
+    y[7, 0] = np.nan
+    w = np.ones(len(x), "float32")
+    w[4] = 0.0
+    alpha = tuple(1.0 for _ in variables)
+
+    def run(physical):
+        return tf.function(lambda: microbatch.clipped_gradient_sum(
+            model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, 0.5, chunk=physical))()
+
+    (want, want_losses, want_pred), (got, got_losses, got_pred) = run(None), run(chunk)
+    np.testing.assert_array_equal(got.finite.numpy(), want.finite.numpy())
+    finite = want.finite.numpy()
+    np.testing.assert_allclose(got.norms.numpy()[finite], want.norms.numpy()[finite], rtol=1e-4)
+    for v, a, b in zip(variables, got.clipped_sum, want.clipped_sum):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-4, atol=1e-6, err_msg=v.path)
+    np.testing.assert_allclose(np.nan_to_num(got_losses.numpy()),
+                               np.nan_to_num(want_losses.numpy()), rtol=1e-4)
+    np.testing.assert_allclose(got_pred.numpy(), want_pred.numpy(), rtol=1e-4, atol=1e-6)
