@@ -110,7 +110,7 @@ def cli_run(tmp_path_factory):
     """`python -m trainers.train` (default config, GloVe, with eDP-SGD) with planted canaries."""
     run_dir = str(tmp_path_factory.mktemp("cli") / "run")
     overrides = dict(synthetic_size=SIZE, synthetic_canaries=2, synthetic_canary_repeats=3,
-                     batch_size=BATCH, max_words=20)
+                     batch_size=BATCH, max_words=12)
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
     argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
