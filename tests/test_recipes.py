@@ -237,3 +237,20 @@ def test_a_users_corpus_gets_its_own_private_step_count():
         steps = recipes.PRIVATE_STEPS[("clc", source)]
         assert abs(recipes.total_steps(c, 9_600) - steps) < 9_600 / c.batch_size + 1
     assert recipes.total_steps(user, 9_600) > recipes.total_steps(built_in, 9_600)
+
+
+def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batches():
+    limit = recipes.CHUNK_ROWS["clc"]
+    per_example = config(mechanism="dpsgd")
+    assert recipes.chunk_rows(per_example, 1, limit) == 0  # fits: no chunks
+    assert recipes.chunk_rows(per_example, 1, limit + 1) == limit
+    # whole micro-batches: eDP's of 3 rows, augmented copies of 4 rows, a user's 600 rows
+    edp = config(mechanism="edp")
+    assert recipes.chunk_rows(edp, 3, 4 * limit) == limit // 3 * 3
+    assert recipes.chunk_rows(per_example, 4, 4 * limit) == limit // 4 * 4
+    assert recipes.chunk_rows(per_example, 600, 4 * 600) == 600
+    assert recipes.chunk_rows(config(mechanism="dpsgd", model="bert"), 1, 4096) == \
+        recipes.CHUNK_ROWS["bert"]
+    # a user's value and plain training are left as they are
+    assert recipes.chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
+    assert recipes.chunk_rows(config(mechanism="sgd"), 1, 4096) == 0

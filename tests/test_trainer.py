@@ -597,9 +597,12 @@ class _RawWeights(keras.callbacks.Callback):
 
 
 @pytest.mark.parametrize("mechanism", ["dpsgd", "sgd"])
-def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechanism):
+def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechanism, monkeypatch):
     """ema_fraction > 0: what the run evaluates and exports is the moving average of the weights
-    (matched variable by variable), not the last step's weights; the momentum follows the steps."""
+    (matched variable by variable), not the last step's weights; the momentum follows the steps.
+    The private run also clips in automatic chunks (a bound of 8 rows here, recipes.CHUNK_ROWS),
+    recorded in config.json and kept on resume."""
+    monkeypatch.setitem(recipes.CHUNK_ROWS, "clc", 8)
     config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
                          noise_multiplier=1.0)
     raw, seen = _RawWeights(), {}
@@ -620,6 +623,8 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     again = training.train(config, run_dir, resume=True, strategy=strategy(1), after_training=hook,
                            export=False)
     assert again["test"] == first["test"]
+    assert read(run_dir, "config.json")["config"]["physical_batch_size"] == (
+        8 if mechanism == "dpsgd" else 0)
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
 

@@ -52,6 +52,13 @@ SGD_MIN_STEPS = {"clc": 3000, "bert": 1200}
 # give at most 18 words (12,000 utterances measured), other data gets the common 32. Shorter
 # padding is time: CLC unrolls its two BiLSTMs over every position.
 MAX_WORDS = {"synthetic": 20, "data_dir": 32}
+# Memory: per-example clipping holds every row's activations at once, so a private step's memory
+# grows with its batch (the default on SNIPS, expected batches of ~2,100 rows, held about 10 GB).
+# A private run that leaves physical_batch_size at 0 ("auto") clips at most this many rows of a
+# replica at once, in chunks of whole micro-batches one after the other: the same clipped sum,
+# so the same mechanism and epsilon (edp_tf/microbatch.py), at a small cost in time. Chosen so
+# that the default command on SNIPS-size corpora stays within 4 GB resident (results/memory).
+CHUNK_ROWS = {"clc": 512, "bert": 256}
 LEARNING_RATE = {  # (model, private) -> peak learning rate of the config's optimizer
     ("clc", False): 2e-3, ("clc", True): 3e-2,  # private: with q 0.16 (see above)
     ("bert", False): 1e-4, ("bert", True): 2e-3,  # private: 2e-3 beat 1e-3 on SNIPS at epsilon 8
@@ -133,3 +140,15 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
 def total_steps(config: ml_collections.ConfigDict, n: int) -> int:
     private = config.mechanism != "sgd"
     return int(config.epochs) * steps_per_epoch(n, config.batch_size, private, config.sampling)
+
+
+def chunk_rows(config: ml_collections.ConfigDict, microbatch_rows: int, replica_rows: int) -> int:
+    """The physical_batch_size of a run that leaves it at 0: 0 (no chunks) for plain training
+    and for a replica batch within CHUNK_ROWS, else the largest multiple of a micro-batch's rows
+    (`microbatch_rows`) within CHUNK_ROWS, and never less than one micro-batch."""
+    if config.mechanism == "sgd" or config.physical_batch_size:
+        return int(config.physical_batch_size)
+    limit = CHUNK_ROWS[config.model]
+    if replica_rows <= limit:
+        return 0
+    return max(microbatch_rows, limit // microbatch_rows * microbatch_rows)

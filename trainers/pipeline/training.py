@@ -80,7 +80,11 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         ds, steps, q, expected_batch, sampler = builders.datasets(
             config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
         dp = plan = None
-        if private:
+        if private:  # chunked clipping bounds the step's memory (recipes.CHUNK_ROWS)
+            config.physical_batch_size = recipes.chunk_rows(
+                config, (k or 1) * builders.augment_copies(config),
+                (sampler.max_batch_size if sampler else int(config.batch_size))
+                // strategy.num_replicas_in_sync)
             dp, plan = builders.private_run(
                 config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
                 q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
