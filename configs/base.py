@@ -64,7 +64,8 @@ from edp_tf.config import DPConfig
 # DPConfig fields a run sets from its geometry and flags, not from a config field of that name
 SET_BY_THE_RUN = ("microbatch_size", "seed", "expected_batch_size", "privacy_unit",
                   "layer_scales")
-# optional counts: a ConfigDict holds no None, so 0 stands for "not set"
+# optional counts: a ConfigDict holds no None, so 0 stands for "not set" (for a private run's
+# physical_batch_size, "automatic": trainers/pipeline/recipes.py chunk_rows bounds its memory)
 ZERO_IS_NONE = ("physical_batch_size", "local_batch_size")
 
 
