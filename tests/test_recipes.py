@@ -240,17 +240,20 @@ def test_a_users_corpus_gets_its_own_private_step_count():
 
 
 def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batches():
-    limit = recipes.CHUNK_ROWS["clc"]
-    per_example = config(mechanism="dpsgd")
-    assert recipes.chunk_rows(per_example, 1, limit) == 0  # fits: no chunks
-    assert recipes.chunk_rows(per_example, 1, limit + 1) == limit
+    per_example = config(mechanism="dpsgd", max_words=32)
+    rows = recipes.CHUNK["clc"] // 32  # 256 rows of 32 words
+    whole = recipes.UNCHUNKED["clc"] // 32
+    assert recipes.chunk_rows(per_example, 1, whole) == 0  # fits: no chunks
+    assert recipes.chunk_rows(per_example, 1, whole + 1) == rows
+    # the built-in job's batch (1,755 rows of 20 words) stays whole; SNIPS's (2,348 of 32) not
+    assert recipes.chunk_rows(config(mechanism="dpsgd", max_words=20), 1, 1755) == 0
+    assert recipes.chunk_rows(per_example, 1, 2348) == 256
     # whole micro-batches: eDP's of 3 rows, augmented copies of 4 rows, a user's 600 rows
-    edp = config(mechanism="edp")
-    assert recipes.chunk_rows(edp, 3, 4 * limit) == limit // 3 * 3
-    assert recipes.chunk_rows(per_example, 4, 4 * limit) == limit // 4 * 4
+    assert recipes.chunk_rows(config(mechanism="edp", max_words=32), 3, 4096) == rows // 3 * 3
+    assert recipes.chunk_rows(per_example, 4, 4096) == rows // 4 * 4
     assert recipes.chunk_rows(per_example, 600, 4 * 600) == 600
     assert recipes.chunk_rows(config(mechanism="dpsgd", model="bert"), 1, 4096) == \
-        recipes.CHUNK_ROWS["bert"]
+        recipes.CHUNK["bert"]
     # a user's value and plain training are left as they are
     assert recipes.chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
     assert recipes.chunk_rows(config(mechanism="sgd"), 1, 4096) == 0

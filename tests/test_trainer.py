@@ -600,9 +600,10 @@ class _RawWeights(keras.callbacks.Callback):
 def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechanism, monkeypatch):
     """ema_fraction > 0: what the run evaluates and exports is the moving average of the weights
     (matched variable by variable), not the last step's weights; the momentum follows the steps.
-    The private run also clips in automatic chunks (a bound of 8 rows here, recipes.CHUNK_ROWS),
+    The private run also clips in automatic chunks (of 8 rows here, recipes.CHUNK),
     recorded in config.json and kept on resume."""
-    monkeypatch.setitem(recipes.CHUNK_ROWS, "clc", 8)
+    monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * 12)
+    monkeypatch.setitem(recipes.CHUNK, "clc", 8 * 12)  # 8 rows of 12 words
     config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
                          noise_multiplier=1.0)
     raw, seen = _RawWeights(), {}

@@ -53,12 +53,18 @@ SGD_MIN_STEPS = {"clc": 3000, "bert": 1200}
 # padding is time: CLC unrolls its two BiLSTMs over every position.
 MAX_WORDS = {"synthetic": 20, "data_dir": 32}
 # Memory: per-example clipping holds every row's activations at once, so a private step's memory
-# grows with its batch (the default on SNIPS, expected batches of ~2,100 rows, held about 10 GB).
-# A private run that leaves physical_batch_size at 0 ("auto") clips at most this many rows of a
-# replica at once, in chunks of whole micro-batches one after the other: the same clipped sum,
-# so the same mechanism and epsilon (edp_tf/microbatch.py), at a small cost in time. Chosen so
-# that the default command on SNIPS-size corpora stays within 4 GB resident (results/memory).
-CHUNK_ROWS = {"clc": 512, "bert": 256}
+# grows with its batch. A private run that leaves physical_batch_size at 0 ("auto") clips a
+# replica's batch in chunks of whole micro-batches, one after the other, when the batch is
+# larger than the bound below: the same clipped sum, so the same mechanism and epsilon
+# (edp_tf/microbatch.py). CLC's memory follows rows x padded words (results/memory, the default
+# command, one epoch, peak resident): SNIPS (2,348 rows of 32 words, 75k row-words) 10.1 GB
+# unchunked, 5.7 GB in chunks of 512 rows, 4.0 GB in chunks of 256 (8,192 row-words); the
+# built-in job (1,755 rows of 20 words, 35k) 3.9-4.1 GB unchunked. Chunks cost no step time
+# (a SNIPS step 6.2 s in chunks, 6.8 s whole) but about 30 s of tracing (the first chunk, the loop and the
+# last, shorter chunk are traced apart), so a batch up to UNCHUNKED is left whole: the built-in
+# job keeps its time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
+UNCHUNKED = {"clc": 36_000, "bert": 256}  # row-words (CLC) or rows (BERT) clipped at once
+CHUNK = {"clc": 8_192, "bert": 256}  # the chunk's row-words or rows
 LEARNING_RATE = {  # (model, private) -> peak learning rate of the config's optimizer
     ("clc", False): 2e-3, ("clc", True): 3e-2,  # private: with q 0.16 (see above)
     ("bert", False): 1e-4, ("bert", True): 2e-3,  # private: 2e-3 beat 1e-3 on SNIPS at epsilon 8
@@ -144,11 +150,12 @@ def total_steps(config: ml_collections.ConfigDict, n: int) -> int:
 
 def chunk_rows(config: ml_collections.ConfigDict, microbatch_rows: int, replica_rows: int) -> int:
     """The physical_batch_size of a run that leaves it at 0: 0 (no chunks) for plain training
-    and for a replica batch within CHUNK_ROWS, else the largest multiple of a micro-batch's rows
-    (`microbatch_rows`) within CHUNK_ROWS, and never less than one micro-batch."""
+    and for a replica batch within UNCHUNKED, else the largest multiple of a micro-batch's rows
+    (`microbatch_rows`) within CHUNK, and never less than one micro-batch."""
     if config.mechanism == "sgd" or config.physical_batch_size:
         return int(config.physical_batch_size)
-    limit = CHUNK_ROWS[config.model]
-    if replica_rows <= limit:
+    words = int(config.max_words) if config.model == "clc" else 1
+    if replica_rows * words <= UNCHUNKED[config.model]:
         return 0
+    limit = CHUNK[config.model] // words
     return max(microbatch_rows, limit // microbatch_rows * microbatch_rows)
