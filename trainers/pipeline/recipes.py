@@ -59,12 +59,13 @@ MAX_WORDS = {"synthetic": 20, "data_dir": 32}
 # (edp_tf/microbatch.py). CLC's memory follows rows x padded words (results/memory, the default
 # command, one epoch, peak resident): SNIPS (2,348 rows of 32 words, 75k row-words) 10.1 GB
 # unchunked, 5.7 GB in chunks of 512 rows, 4.0 GB in chunks of 256 (8,192 row-words); the
-# built-in job (1,755 rows of 20 words, 35k) 3.9-4.1 GB unchunked. Chunks cost no step time
-# (a SNIPS step 6.2 s in chunks, 6.8 s whole) but about 30 s of tracing (the first chunk, the loop and the
-# last, shorter chunk are traced apart), so a batch up to UNCHUNKED is left whole: the built-in
-# job keeps its time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
+# built-in job (1,755 rows of 20 words, 35k) 3.9-4.1 GB unchunked. Chunks cost no step time (a
+# SNIPS step 6.2 s in chunks, 6.8 s whole) but about 30 s of tracing (the first chunk, the loop
+# and the last, shorter chunk are traced apart), so a batch up to UNCHUNKED is left whole: the
+# built-in job keeps its time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
 UNCHUNKED = {"clc": 36_000, "bert": 256}  # row-words (CLC) or rows (BERT) clipped at once
 CHUNK = {"clc": 8_192, "bert": 256}  # the chunk's row-words or rows
+
 LEARNING_RATE = {  # (model, private) -> peak learning rate of the config's optimizer
     ("clc", False): 2e-3, ("clc", True): 3e-2,  # private: with q 0.16 (see above)
     ("bert", False): 1e-4, ("bert", True): 2e-3,  # private: 2e-3 beat 1e-3 on SNIPS at epsilon 8
