@@ -11,11 +11,6 @@ from typing import Optional
 
 import keras
 
-# the order of the summary line
-PHASES = ("start-up", "data", "build", "tracing", "steps", "dev evaluation", "checkpoints",
-          "privacy accounting", "test metrics", "export")
-
-
 def process_age() -> Optional[float]:
     """Seconds since this process started (Linux /proc; None elsewhere): the start-up phase
     (interpreter, TensorFlow's import) happens before any code of the run can time it."""
