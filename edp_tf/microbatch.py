@@ -524,16 +524,23 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
     Why: per-example clipping holds every example's activations at once, so memory grows with the
     batch (MiniLM at an expected batch of ~1,050 took 17 GB on a CPU), while DP-SGD wants large
     batches. Chunks of whole micro-batches give exactly the same clipped sum (clipping is per
-    micro-batch). The full chunks run in a `tf.while_loop` of one iteration at a time, traced
-    once: a Python loop traced one graph per chunk and kept about 0.9 GB per chunk of 512 CLC
-    rows alive to the step's end (2 chunks 3.5 GB, 8 chunks 9.0 GB), so memory grew with the
-    batch after all. A last, shorter chunk runs after the loop. With one micro-batch per replica
-    (eDP) the chunks' gradients are summed before the one clip: the same micro-batch gradient.
+    micro-batch). The chunks run in a `tf.while_loop` of one iteration at a time: a Python loop
+    traced one graph per chunk and kept about 0.9 GB per chunk of 512 CLC rows alive to the
+    step's end (2 chunks 3.5 GB, 8 chunks 9.0 GB), so memory grew with the batch after all.
+    The batch is padded to whole chunks with weight-0 copies of its first row (they add nothing:
+    no loss, no gradient, no touched embedding row, as the sampler's padding rows), so that no
+    shorter last chunk needs a trace of its own (tracing is most of a chunked run's start-up).
+    With one micro-batch per replica (eDP) the chunks' gradients are summed before the one clip:
+    the same micro-batch gradient.
     """
     x, y, w = tf.nest.map_structure(tf.convert_to_tensor, (x, y, w))
     rows = tf.nest.flatten(x)[0].shape[0]
     size, eager = plan.chunk, plan.microbatch_size is None
-    full, rest = divmod(rows, size)
+    full = -(-rows // size)
+    if full * size > rows:
+        index = tf.concat([tf.range(rows), tf.zeros([full * size - rows], tf.int32)], 0)
+        x, y = tf.nest.map_structure(lambda a: tf.gather(a, index), (x, y))
+        w = tf.concat([w, tf.zeros([full * size - rows], w.dtype)], 0)
 
     def one(start, length: int):
         """(summed gradient or clipped sum, norms, finite, counts ([] without sparse embedding
@@ -556,31 +563,20 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
 
     parts = [arrays(t, full) for t in ([losses0] + list(preds0)
                                        + ([] if eager else [norms0, finite0]))]
-    if full > 1:
-        def body(i, sums, counts, parts):
-            (c_sum, c_norms, c_finite, c_counts, c_losses, c_preds), _ = one(i * size, size)
-            sums = [a + b for a, b in zip(sums, c_sum)]
-            counts = [a + b for a, b in zip(counts, c_counts)]
-            values = [c_losses] + list(c_preds) + ([] if eager else [c_norms, c_finite])
-            return i + 1, sums, counts, [ta.write(i, v) for ta, v in zip(parts, values)]
 
-        # one iteration at a time: overlapping iterations would hold several chunks at once
-        _, sums, counts, parts = tf.while_loop(
-            lambda i, *_: i < full, body, (tf.constant(1), sums, counts, parts),
-            parallel_iterations=1)
-    stacked = [ta.concat() for ta in parts]
-    losses, preds = stacked[0], stacked[1:1 + len(preds0)]
-    if not eager:
-        norms, finite = stacked[-2], stacked[-1]
-    if rest:
-        with tf.control_dependencies(sums):  # after the loop, not beside it
-            (c_sum, c_norms, c_finite, c_counts, c_losses, c_preds), _ = one(full * size, rest)
+    def body(i, sums, counts, parts):
+        (c_sum, c_norms, c_finite, c_counts, c_losses, c_preds), _ = one(i * size, size)
         sums = [a + b for a, b in zip(sums, c_sum)]
         counts = [a + b for a, b in zip(counts, c_counts)]
-        losses = tf.concat([losses, c_losses], 0)
-        preds = [tf.concat([a, b], 0) for a, b in zip(preds, c_preds)]
-        if not eager:
-            norms, finite = tf.concat([norms, c_norms], 0), tf.concat([finite, c_finite], 0)
+        values = [c_losses] + list(c_preds) + ([] if eager else [c_norms, c_finite])
+        return i + 1, sums, counts, [ta.write(i, v) for ta, v in zip(parts, values)]
+
+    # one iteration at a time: overlapping iterations would hold several chunks at once
+    _, sums, counts, parts = tf.while_loop(
+        lambda i, *_: i < full, body, (tf.constant(1), sums, counts, parts),
+        parallel_iterations=1)
+    stacked = [ta.concat() for ta in parts]
+    losses, preds = stacked[0], [p[:rows] for p in stacked[1:1 + len(preds0)]]
     y_pred = tf.nest.pack_sequence_as(structure, [
         tf.ensure_shape(p, [rows] + p0.shape[1:]) for p, p0 in zip(preds, preds0)])
     if eager:  # one micro-batch: its loss is the chunks' summed loss, [1]
@@ -588,8 +584,10 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
                                [1.0] * len(sums))
         return ClippedAsItWent(whole.clip(plan.l2_norm_clip, plan.selection, plan.per_layer),
                                plan.l2_norm_clip, whole.losses, y_pred)
+    m = rows // plan.microbatch_size  # the real micro-batches; the padding ones come last
+    norms, finite = stacked[-2][:m], stacked[-1][:m]
     return ClippedAsItWent(clipping.ClipResult(sums, norms, finite, counts or None),
-                           plan.l2_norm_clip, losses, y_pred)
+                           plan.l2_norm_clip, losses[:m], y_pred)
 
 
 def clipped_gradient_sum(

@@ -117,9 +117,10 @@ def test_per_layer_clipping_matches_a_loop_and_keeps_each_contribution_within_c(
 @pytest.mark.parametrize("k, k_e, chunk", [(1, 1.0, 4), (2, 2.0, 4), (None, 10.0, 4),
                                            (2, None, 6), (1, 1.0, 8)])
 def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chunk):
-    """10 rows in chunks of `chunk`: whole chunks in a while_loop and a shorter last one (8: no
-    loop, one chunk and the rest) give what one pass gives, a NaN micro-batch flagged in place;
-    k_e None: micro-batches of one unit's rows (a user's, an example's copies)."""
+    """10 rows in chunks of `chunk` (padded to whole chunks with weight-0 rows: 12 rows for 4 and
+    6, 16 for 8) give what one pass gives, the padding left out of the norms, losses and
+    predictions, a NaN micro-batch flagged in place; k_e None: micro-batches of one unit's rows
+    (a user's, an example's copies)."""
     keras.utils.set_random_seed(3)
     model = mixed_model()
     variables = model.trainable_variables
