@@ -49,8 +49,9 @@ def test_bert_modes_can_name_what_trains(parsed_flags, tmp_path):
     baseline, and each mode reports its own trained weights (LoRA's matrix layout has fewer
     factor entries than Keras' per-head one, and both far fewer than the kernels)."""
     out = tmp_path / "bench.json"
-    with flagsaver.flagsaver(model="bert", replicas=1, batch_size=4, steps=1, warmup=0,
-                             sequence_length=8, max_words=6, profile_steps=0, output=str(out),
+    with flagsaver.flagsaver(model="bert", bert_size="tiny", replicas=1, batch_size=4, steps=1,
+                             warmup=0, sequence_length=8, max_words=6, profile_steps=0,
+                             output=str(out),
                              modes=["sgd+no_embeddings", "dpsgd+lora_matrix", "dpsgd+lora"]):
         benchmark.main([])
     modes = json.loads(out.read_text())["modes"]

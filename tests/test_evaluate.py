@@ -28,7 +28,7 @@ def tiny_config():
     """CLC, plain SGD, one replica: the cheapest run whose predictions are not all alike."""
     c = base_config()
     c.update(dict(mechanism="sgd", replicas=1, epochs=4, synthetic_size=300, batch_size=16,
-                  learning_rate=3e-2, max_words=12, seed=0))
+                  learning_rate=3e-2, max_words=8, seed=0))
     c.clc.update(dict(word_vectors="", vocabulary_size=2000, lstm_units=8, num_lstm_layers=1,
                       char_embedding_dim=8, char_filters=8))
     return c

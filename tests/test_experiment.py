@@ -12,7 +12,7 @@ from edp_tf import attacks
 from trainers import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=12",
+TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=8",
         "replicas=1", "learning_rate=0.01", "clc.lstm_units=8", "clc.num_lstm_layers=1",
         "clc.char_embedding_dim=8", "clc.char_filters=8", "clc.vocabulary_size=2000")
 

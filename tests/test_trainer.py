@@ -110,7 +110,7 @@ def cli_run(tmp_path_factory):
     """`python -m trainers.train` (default config, GloVe, with eDP-SGD) with planted canaries."""
     run_dir = str(tmp_path_factory.mktemp("cli") / "run")
     overrides = dict(synthetic_size=SIZE, synthetic_canaries=2, synthetic_canary_repeats=3,
-                     batch_size=BATCH, max_words=12)
+                     batch_size=BATCH, max_words=8)
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
     argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
@@ -567,10 +567,10 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
     """--config.sparse_embeddings: BERT's trainable tables (token, segment) get DP-AdaFEST;
     the ledger records z_c and every epoch is charged at (z^-2 + z_c^-2)^-1/2; z0 is calibrated
     with the selection included, so the target still holds."""
-    config = tiny_config("bert", "dpsgd", replicas=2, epochs=2, target_epsilon=TARGET_EPSILON,
+    config = tiny_config("bert", "dpsgd", replicas=1, epochs=2, target_epsilon=TARGET_EPSILON,
                          sparse_embeddings=True, selection_noise_multiplier=3.0)
     config.bert.finetune = "all"
-    summary = training.train(config, str(tmp_path / "sparse"), strategy=strategy(2), export=False)
+    summary = training.train(config, str(tmp_path / "sparse"), strategy=strategy(1), export=False)
     led = read(summary["run_dir"], "privacy.json")
     assert led["selection_noise_multiplier"] == 3.0
     # the tiny BERT's vocabulary is the training text's: exported, so the run is not private
@@ -602,8 +602,8 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     (matched variable by variable), not the last step's weights; the momentum follows the steps.
     The private run also clips in automatic chunks (of 8 rows here, recipes.CHUNK),
     recorded in config.json and kept on resume."""
-    monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * 12)
-    monkeypatch.setitem(recipes.CHUNK, "clc", 8 * 12)  # 8 rows of 12 words
+    monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * 8)
+    monkeypatch.setitem(recipes.CHUNK, "clc", 8 * 8)  # 8 rows of 8 words
     config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
                          noise_multiplier=1.0)
     raw, seen = _RawWeights(), {}
@@ -669,14 +669,15 @@ class _EncoderAndHeads(keras.callbacks.Callback):
 
 
 def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
-    """BERT with LoRA on 2 replicas (ghost norms, mirrored noise): during the probing epoch the
-    encoder's trainable weights (LoRA factors, biases, layer norms) stay bit-identical, the
-    heads move; in the next epoch the encoder moves too. The ledger is that of any 2 epochs."""
-    config = tiny_config("bert", "dpsgd", replicas=2, epochs=2, probe_epochs=1,
+    """BERT with LoRA (ghost norms): during the probing epoch the encoder's trainable weights
+    (LoRA factors, biases, layer norms) stay bit-identical, the heads move; in the next epoch the
+    encoder moves too. The ledger is that of any 2 epochs. One replica: frozen variables under
+    mirrored noise on 2 replicas are edp_tf/private_model_freeze_test.py's."""
+    config = tiny_config("bert", "dpsgd", replicas=1, epochs=2, probe_epochs=1,
                          noise_multiplier=1.0)
     config.bert.private_finetune = "lora"
     seen = _EncoderAndHeads()
-    summary = training.train(config, str(tmp_path / "run"), strategy=strategy(2), callbacks=[seen],
+    summary = training.train(config, str(tmp_path / "run"), strategy=strategy(1), callbacks=[seen],
                              export=False)
     (encoder0, heads0), (encoder1, heads1), (encoder2, _) = seen.seen
     assert len(encoder0) > 0

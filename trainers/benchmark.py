@@ -56,9 +56,10 @@ _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
 _BERT_SIZE = flags.DEFINE_enum(
-    "bert_size", "compact", ["compact", "minilm"], "BERT's shape: configs/base.py's compact "
-    "BERT (4 layers, 312 wide) or MiniLM-L6's (6 layers, 384 wide), which the SNIPS and ATIS "
-    "configs load; the weights are random either way (speed does not depend on them).")
+    "bert_size", "compact", ["compact", "minilm", "tiny"], "BERT's shape: configs/base.py's "
+    "compact BERT (4 layers, 312 wide), MiniLM-L6's (6 layers, 384 wide), which the SNIPS and "
+    "ATIS configs load, or a one-layer, 64-wide smoke test; the weights are random either way "
+    "(speed does not depend on them).")
 _RECIPES = flags.DEFINE_list(
     "recipes", None, "Instead of --modes: each shipped private recipe (RECIPES, or 'all') "
     "against plain training of the same trainable set, at each of --recipe_replicas; prints "
@@ -116,6 +117,8 @@ def model_sizes(name: str) -> dict:
                      dropout=c.bert.dropout)
         if _BERT_SIZE.value == "minilm":
             sizes.update(MINILM_L6)
+        elif _BERT_SIZE.value == "tiny":
+            sizes.update(num_layers=1, num_heads=2, hidden_dim=64, intermediate_dim=64)
     else:  # tiny: smoke tests
         sizes.update(vocabulary=1000, hidden_dim=16, max_words=_MAX_WORDS.value or 8)
     return sizes

@@ -71,7 +71,7 @@ EXPECTED_EXIT = {"sigkill": -signal.SIGKILL, "kill_in_checkpoint": -signal.SIGKI
 
 # A per-example CLC small enough for seconds per epoch (tests/tiny_runs.py's SMALL_CLC_FLAGS).
 RUN_FLAGS = (
-    "--config.synthetic_size=1200", "--config.batch_size=32", "--config.max_words=12",
+    "--config.synthetic_size=1200", "--config.batch_size=32", "--config.max_words=8",
     "--config.clc.word_vectors=glove-6b-50d", "--config.clc.vocabulary_size=2000",
     "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
     "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
