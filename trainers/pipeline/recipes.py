@@ -58,11 +58,11 @@ MAX_WORDS = {"synthetic": 20, "data_dir": 32}
 # larger than the bound below: the same clipped sum, so the same mechanism and epsilon
 # (edp_tf/microbatch.py). CLC's memory follows rows x padded words (results/memory, the default
 # command, one epoch, peak resident): SNIPS (2,348 rows of 32 words, 75k row-words) 10.1 GB
-# unchunked, 5.7 GB in chunks of 512 rows, 4.0 GB in chunks of 256 (8,192 row-words); the
+# unchunked, 5.7 GB in chunks of 512 rows, 3.5 GB in chunks of 256 (8,192 row-words); the
 # built-in job (1,755 rows of 20 words, 35k) 3.9-4.1 GB unchunked. Chunks cost no step time (a
-# SNIPS step 6.2 s in chunks, 6.8 s whole) but about 30 s of tracing (the first chunk, the loop
-# and the last, shorter chunk are traced apart), so a batch up to UNCHUNKED is left whole: the
-# built-in job keeps its time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
+# SNIPS step 6.2 s in chunks, 6.8 s whole) but about 15 s of tracing (the first chunk and the
+# loop are traced apart), so a batch up to UNCHUNKED is left whole: the built-in job keeps its
+# time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
 UNCHUNKED = {"clc": 36_000, "bert": 256}  # row-words (CLC) or rows (BERT) clipped at once
 CHUNK = {"clc": 8_192, "bert": 256}  # the chunk's row-words or rows
 
