@@ -91,16 +91,18 @@ class WeightsAtStart(keras.callbacks.Callback):
 
 @pytest.fixture(scope="module")
 def resumed_run(tmp_path_factory):
-    """BERT eDP-SGD calibrated to TARGET_EPSILON over 3 epochs, killed after 2, then resumed."""
-    config = tiny_config("bert", "edp", replicas=2, epochs=3, target_epsilon=TARGET_EPSILON)
+    """BERT eDP-SGD calibrated to TARGET_EPSILON over 3 epochs, killed after 2, then resumed.
+    One replica (its micro-batch is the batch): tracing, most of the run, doubles with each
+    replica, and the trainer's 2-replica runs are the user-level and BERT SGD ones."""
+    config = tiny_config("bert", "edp", replicas=1, epochs=3, target_epsilon=TARGET_EPSILON)
     run_dir = str(tmp_path_factory.mktemp("bert-edp") / "run")
     interrupt = InterruptAfterEpoch(1)
     with pytest.raises(Interrupted):
-        training.train(config, run_dir, strategy=strategy(2), callbacks=[interrupt])
+        training.train(config, run_dir, strategy=strategy(1), callbacks=[interrupt])
     ledger_before = read(run_dir, "privacy.json")
     start = WeightsAtStart()
     summary = training.train(run_files.load_run_config(run_dir), run_dir, resume=True,
-                             strategy=strategy(2), callbacks=[start])
+                             strategy=strategy(1), callbacks=[start])
     return dict(config=config, run_dir=run_dir, summary=summary, interrupt=interrupt,
                 start=start, ledger_before=ledger_before)
 
