@@ -536,6 +536,9 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
     x, y, w = tf.nest.map_structure(tf.convert_to_tensor, (x, y, w))
     rows = tf.nest.flatten(x)[0].shape[0]
     size, eager = plan.chunk, plan.microbatch_size is None
+    if not eager and rows % plan.microbatch_size:  # padding would complete a micro-batch
+        raise ValueError(f"per-replica batch of {rows} rows is not divisible by "
+                         f"microbatch_size={plan.microbatch_size}")
     full = -(-rows // size)
     if full * size > rows:
         index = tf.concat([tf.range(rows), tf.zeros([full * size - rows], tf.int32)], 0)

@@ -114,9 +114,22 @@ def test_per_layer_clipping_matches_a_loop_and_keeps_each_contribution_within_c(
     assert any(not np.allclose(a, b) for a, b in zip(flat, want))  # not flat clipping
 
 
-@pytest.mark.parametrize("k, k_e, chunk", [(1, 1.0, 4), (2, 2.0, 4), (None, 10.0, 4),
-                                           (2, None, 6), (1, 1.0, 8)])
-def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chunk):
+def test_chunks_refuse_a_batch_that_is_not_whole_micro_batches():
+    """Padding to whole chunks must not complete a partial micro-batch (9 rows, k = 2)."""
+    model = mixed_model()
+    x, y = data_for(model, n=9)
+    with pytest.raises(ValueError, match="not divisible by microbatch_size=2"):
+        microbatch.clipped_gradient_sum(model, mse, model.trainable_variables, x % 13, y,
+                                        tf.ones([9]), 2, 2.0, (1.0,) * len(model.trainable_variables),
+                                        0.5, chunk=4)
+
+
+@pytest.mark.parametrize("k, k_e, chunk, method, nan_row", [
+    (1, 1.0, 4, "ghost", 7), (2, 2.0, 4, "ghost", 7), (None, 10.0, 4, "ghost", 7),
+    (2, None, 6, "ghost", 7), (1, 1.0, 8, "ghost", 7),
+    (1, 1.0, 4, "loop", 0)])  # the padding copies a non-finite row: still flagged once
+def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chunk, method,
+                                                                     nan_row):
     """10 rows in chunks of `chunk` (padded to whole chunks with weight-0 rows: 12 rows for 4 and
     6, 16 for 8) give what one pass gives, the padding left out of the norms, losses and
     predictions, a NaN micro-batch flagged in place; k_e None: micro-batches of one unit's rows
@@ -126,14 +139,15 @@ def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chu
     variables = model.trainable_variables
     x, y = data_for(model, n=10)
     x = x % 13
-    y[7, 0] = np.nan
+    y[nan_row, 0] = np.nan
     w = np.ones(len(x), "float32")
     w[4] = 0.0
     alpha = tuple(1.0 for _ in variables)
 
     def run(physical):
         return tf.function(lambda: microbatch.clipped_gradient_sum(
-            model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, 0.5, chunk=physical))()
+            model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, 0.5, method=method,
+            chunk=physical))()
 
     (want, want_losses, want_pred), (got, got_losses, got_pred) = run(None), run(chunk)
     np.testing.assert_array_equal(got.finite.numpy(), want.finite.numpy())
