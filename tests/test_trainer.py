@@ -431,6 +431,22 @@ def test_resume_refuses_a_command_that_asks_for_another_run(cli_run):
     assert "epochs=" not in line and "new --run_dir" in line
 
 
+def test_resume_compares_a_config_file_as_it_ran():
+    """A private run resumed with its config file given again (as `trainers.experiment` does):
+    config.json records what ran, a private_ field in place of its plain field, so the file is
+    compared with its private_ fields in their places (trainers/train.py); compared raw, it was
+    refused (bert.finetune 'lora' vs 'no_embeddings')."""
+    file = tiny_config("bert", "dpsgd", replicas=1)
+    file.bert.update(finetune="no_embeddings", private_finetune="lora", dropout=0.1,
+                     private_dropout=0.0)
+    ran = recipes.resolve(file, 192).to_dict()
+    assert run_files.resume_differences(ran, {}, recipes.with_private_fields(file, True)) == []
+    assert ("bert.finetune", "lora", "no_embeddings") in run_files.resume_differences(ran, {}, file)
+    file.bert.private_dropout = 0.2  # another run
+    assert run_files.resume_differences(ran, {}, recipes.with_private_fields(file, True)) == [
+        ("bert.dropout", 0.0, 0.2), ("bert.private_dropout", 0.0, 0.2)]
+
+
 def test_resume_differences_ignore_auto_values_and_extensions():
     saved = {"epochs": 4, "batch_size": 256, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
     given_file = {"epochs": 4, "batch_size": 0, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}

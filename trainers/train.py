@@ -117,11 +117,14 @@ def _resumed_config(config, run_dir: str):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
-    from trainers.pipeline import run_files
+    from trainers.pipeline import recipes, run_files
 
     saved = run_files.load_run_config(run_dir)
     requested = _requested_fields()
-    given_file = config if flags.FLAGS["config"].present else None
+    given_file = None
+    if flags.FLAGS["config"].present:  # compared as it ran: private_ fields in their places
+        private = requested.get("mechanism", config.mechanism) != "sgd"
+        given_file = recipes.with_private_fields(config, private)
     diffs = run_files.resume_differences(saved, requested, given_file)
     if diffs:
         raise ValueError(

@@ -135,7 +135,16 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
     if c.learning_rate <= 0:
         c.learning_rate = ((private and c.private_learning_rate) or
                            LEARNING_RATE[(c.model, private)])
-    if private and c.bert.get("private_finetune"):  # what a private run trains (see docstring)
+    return with_private_fields(c, private)
+
+
+def with_private_fields(config: ml_collections.ConfigDict,
+                        private: bool) -> ml_collections.ConfigDict:
+    """A copy of `config` whose private_ fields replace the fields they stand for, if `private`
+    (what a private run trains, see `resolve`): also how a resumed run's config file is compared
+    with the config.json that recorded what ran."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    if private and c.bert.get("private_finetune"):
         c.bert.finetune = c.bert.private_finetune
     if private and c.bert.get("private_dropout", -1.0) >= 0:
         c.bert.dropout = c.bert.private_dropout
