@@ -53,7 +53,9 @@ def rerun_without_onednn(test_file: str, test_id: str) -> None:
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{test_file}::{test_id}"],
+        # -n 0: one process (pytest.ini's addopts would start xdist workers for one test)
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+         f"{test_file}::{test_id}"],
         env=env, cwd=root, capture_output=True, text=True, timeout=900,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
