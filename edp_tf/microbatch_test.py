@@ -118,10 +118,10 @@ def test_chunks_refuse_a_batch_that_is_not_whole_micro_batches():
     """Padding to whole chunks must not complete a partial micro-batch (9 rows, k = 2)."""
     model = mixed_model()
     x, y = data_for(model, n=9)
+    variables = model.trainable_variables
     with pytest.raises(ValueError, match="not divisible by microbatch_size=2"):
-        microbatch.clipped_gradient_sum(model, mse, model.trainable_variables, x % 13, y,
-                                        tf.ones([9]), 2, 2.0, (1.0,) * len(model.trainable_variables),
-                                        0.5, chunk=4)
+        microbatch.clipped_gradient_sum(model, mse, variables, x % 13, y, tf.ones([9]), 2, 2.0,
+                                        (1.0,) * len(variables), 0.5, chunk=4)
 
 
 @pytest.mark.parametrize("k, k_e, chunk, method, nan_row", [

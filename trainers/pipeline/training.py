@@ -80,7 +80,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         ds, steps, q, expected_batch, sampler = builders.datasets(
             config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
         dp = plan = None
-        if private:  # chunked clipping bounds the step's memory (recipes.CHUNK_ROWS)
+        if private:  # chunked clipping bounds the step's memory (recipes.chunk_rows)
             config.physical_batch_size = recipes.chunk_rows(
                 config, (k or 1) * builders.augment_copies(config),
                 (sampler.max_batch_size if sampler else int(config.batch_size))
