@@ -7,6 +7,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from edp_tf.ghost.bounds import Grams, direct_squared_norm
 from edp_tf.ghost.recording import Capture, Weight
 
 
@@ -75,33 +76,20 @@ def use_gram(p, din, dout) -> bool:
 
 
 def squared_norms(ghost_plan: GhostPlan, rows: Sequence, variables) -> List[tf.Tensor]:
-    """[m] squared norm of each ghost weight's micro-batch gradient (rows stacked on axis 0).
-
-    Computed in float64: <A A^T, dZ dZ^T> is a sum of signed terms that cancel when positions'
-    contributions do, and in float32 a constructed case came out 2.1% low, i.e. an example could
-    pass the clip with more than C. Products of float32 values are exact in float64 and the sums'
-    rounding (~n 2^-53 of the terms' magnitude) is far below anything float32 can represent of
-    the norm. The Gram matrices cost P^2 (Din + Dout) per micro-batch against P Din Dout for the
-    gradient, so float64 here is a few percent of a step for P of a sentence's length.
-    """
-    grams: Dict[int, tf.Tensor] = {}
-
-    def gram(i):
-        if i not in grams:
-            t = tf.cast(rows[i], tf.float64)
-            grams[i] = tf.matmul(t, t, transpose_b=True)
-        return grams[i]
-
+    """[m] squared norm of each ghost weight's micro-batch gradient (rows stacked on axis 0),
+    never below the exact one: float32 matmuls plus a bound of their rounding (`bounds`).
+    Embedding tables work in float64, where products of float32 values are exact (their sums of
+    one id's dz cancel too)."""
+    grams = Grams(rows)
     result = []
     for w, (ia, iz) in zip(ghost_plan.ghost, ghost_plan.layout):
         a, dz = rows[ia], rows[iz]
         if w.kind == "gather":
             result.append(_gather_squared_norms(a, dz, int(variables[w.index].shape[0])))
         elif use_gram(a.shape[1], a.shape[2], dz.shape[2]):
-            result.append(tf.reduce_sum(gram(ia) * gram(iz), axis=[1, 2]))
+            result.append(grams.squared_norm(ia, iz))
         else:  # [m, Din, Dout] is small here
-            per = tf.matmul(tf.cast(a, tf.float64), tf.cast(dz, tf.float64), transpose_a=True)
-            result.append(tf.reduce_sum(tf.square(per), axis=[1, 2]))
+            result.append(direct_squared_norm(a, dz))
     return [_float32_not_below(r) for r in result]
 
 
