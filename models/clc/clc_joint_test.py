@@ -135,3 +135,16 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
         older.predict_labels(x, decoding="bio")
     with pytest.raises(ValueError, match="decoding must be one of"):
         model.predict_labels(x, decoding="greedy")
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 4])
+def test_char_windows_are_zero_padded_same_convolution_windows(kernel_size):
+    """The character CNN is a Dense layer on these windows: entry [.., e, i * d + j] must be
+    character e + i - left's feature j, zero outside the word ('same' padding)."""
+    from models.clc.clc_backbone import _char_windows
+
+    chars = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
+    left = (kernel_size - 1) // 2
+    padded = np.pad(chars, [(0, 0), (0, 0), (left, kernel_size - 1 - left), (0, 0)])
+    want = np.concatenate([padded[:, :, i:i + 5, :] for i in range(kernel_size)], axis=-1)
+    np.testing.assert_array_equal(_char_windows(tf.constant(chars), kernel_size).numpy(), want)
