@@ -56,6 +56,17 @@ def test_cells_collect_the_runs_numbers(finished):
     assert dp["epsilon_at_other_deltas"] == privacy["epsilon_at_other_deltas"]
 
 
+def test_a_cell_with_overrides_resumes_with_its_own_settings(finished):
+    """A cell whose run directory has a checkpoint is resumed from the run's own config: its
+    config file alone (here configs/default.py without synthetic_size=240, ...) would ask for
+    another run, which trainers.train refuses."""
+    g, (_, dp) = finished
+    command = experiment.cell_command(g, g.cells[1], sys.executable, resume=True)
+    assert "--resume" in command and not any(a.startswith("--config") for a in command)
+    again = experiment.run_cell(g, g.cells[1], sys.executable, None)  # finished: nothing to train
+    assert again == dp
+
+
 def test_tables_and_plots(finished):
     g, (sgd, dp) = finished
     with open(os.path.join(g.results_dir, "table1.csv")) as f:

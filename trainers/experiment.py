@@ -85,12 +85,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ------------------------------------------------------------------------------ cells
 def cell_command(grid, cell, python: str = "python", resume: bool = False,
                  runs_dir: str | None = None) -> list:
-    """The `trainers.train` command line of a cell (relative paths: run it from the repo root)."""
-    command = [python, "-m", "trainers.train", f"--config={cell.config}",
-               f"--run_dir={os.path.join(runs_dir or grid.runs_dir, cell.name)}"]
+    """The `trainers.train` command line of a cell (relative paths: run it from the repo root).
+    A resume names only the run directory: the run continues with its own config.json, which
+    the cell's config file alone (without the cell's overrides) would contradict."""
+    run_dir = f"--run_dir={os.path.join(runs_dir or grid.runs_dir, cell.name)}"
     if resume:
-        return command + ["--resume"]
-    return command + [f"--config.{override}" for override in cell.overrides]
+        return [python, "-m", "trainers.train", run_dir, "--resume"]
+    return [python, "-m", "trainers.train", f"--config={cell.config}", run_dir,
+            *(f"--config.{override}" for override in cell.overrides)]
 
 
 def cell_result_path(grid, name: str) -> str:
