@@ -20,8 +20,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import (bias_corrected_adam, clipping, local_training, microbatch, model_state,
-                    multi_worker, noise, scaling, selection)
+from edp_tf import (bias_corrected_adam, clipping, iterators, local_training, microbatch,
+                    model_state, multi_worker, noise, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
@@ -245,6 +245,7 @@ class PrivateModel(keras.Model):
 
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
+        iterators.release_device_iterators_promptly()  # under a strategy the user built, too
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
         cfg = self._dp_config
         # a user's weight, or an augmented example's, scales its clipped vector: arrays are

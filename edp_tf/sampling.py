@@ -32,6 +32,7 @@ from typing import Any, Optional
 import tensorflow as tf
 from scipy import stats
 
+from edp_tf import iterators
 from edp_tf.accounting import check_sampling_rate
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
@@ -150,8 +151,9 @@ class PoissonSampler:
             return bx, by, mask
 
         seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
-        return seeds.take(steps).map(sample, num_parallel_calls=tf.data.AUTOTUNE,
-                                     deterministic=True).prefetch(tf.data.AUTOTUNE)
+        batches = seeds.take(steps).map(sample, num_parallel_calls=iterators.PARALLEL_CALLS,
+                                        deterministic=True).prefetch(iterators.PREFETCHED)
+        return iterators.without_autotune(batches)
 
 
 def _placed(units: int, q: float, size: int, seeds, what: str) -> tf.Tensor:

@@ -5,6 +5,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from edp_tf import iterators
+
 # One strategy per device set, each with its own range of collective keys. TensorFlow numbers the
 # collective group and instance keys of every MirroredStrategy from the same start, so two strategies
 # in one process collide: over the same devices their all-reduces get mixed up ("Shape mismatch in
@@ -40,6 +42,7 @@ def make_strategy(replicas: Optional[int] = None) -> tf.distribute.MirroredStrat
     if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int)
                                  or replicas < 1):
         raise ValueError(f"replicas must be an integer >= 1, got {replicas!r}")
+    iterators.release_device_iterators_promptly()
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         count = replicas or len(gpus)

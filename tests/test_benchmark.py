@@ -88,3 +88,16 @@ def test_scale_writes_corpora_once_and_measures_an_epoch_each(tmp_path):
     again = streaming_benchmark.run_scale([500], str(tmp_path), expected_batch=100)
     assert again[0]["write_seconds"] is None  # the corpus on disk was reused
     assert "| 2,000 |" in streaming_benchmark.table(results)
+
+
+def test_release_benchmark_times_both_pipelines(parsed_flags, tmp_path, capsys):
+    """--release_after on iterators that live half a second: both pipelines run in their own
+    processes and land in the table and the JSON."""
+    out = tmp_path / "release.json"
+    with flagsaver.flagsaver(release_after=0.5, release_runs=1, replicas=2, output=str(out)):
+        benchmark.main([])
+    printed = capsys.readouterr().out
+    assert "| edp_tf | 1 |" in printed and "| tf_default | 1 |" in printed
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(r["variant"] for r in runs) == ["edp_tf", "tf_default"]
+    assert all(r["batches"] > 0 and r["release_s"] >= 0 for r in runs)

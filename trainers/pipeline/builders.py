@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import accounting, multi_worker, sampling
+from edp_tf import accounting, iterators, multi_worker, sampling
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
 from trainers.data import augment, loading
@@ -430,8 +430,8 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
             f"{multiple} with fixed-size batches")
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.shuffle(n, seed=fixed_seed if key is None else key, reshuffle_each_iteration=True)
-    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
-    return ds, n // batch, q, None, None
+    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(iterators.PREFETCHED)
+    return iterators.without_autotune(ds), n // batch, q, None, None
 
 
 def optimizer(config, steps_per_epoch: int):
