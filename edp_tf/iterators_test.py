@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.data.ops import multi_device_iterator_ops
 
-from edp_tf import iterators, sampling
+from edp_tf import iterators, sampling, streaming
 
 N = 64
 
@@ -15,6 +15,9 @@ def samplers():
     yield sampling.PoissonSampler(dataset_size=N, sampling_rate=0.25, replicas=4).dataset(x, y)
     users = np.repeat(np.arange(N // 2), 2)
     yield sampling.UserPoissonSampler.for_users(users, 0.25, 2, replicas=4).dataset(x, y)
+    records = streaming.StreamingPoissonSampler(dataset_size=N, sampling_rate=0.25, replicas=4)
+    yield records.record_dataset(lambda: (b"%d" % i for i in range(N))).map(
+        lambda strings, mask: (strings, strings, mask))
 
 
 def device_autotune(strategy, dataset) -> list:
@@ -25,7 +28,7 @@ def device_autotune(strategy, dataset) -> list:
     return [d._dataset.options().autotune.enabled is not False for d in devices]
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 def test_sampler_pipelines_do_not_autotune(index):
     dataset = list(samplers())[index]
     assert dataset.options().autotune.enabled is False

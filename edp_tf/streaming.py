@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
+from edp_tf import iterators
 from edp_tf.sampling import PoissonSampler, _positive_int
 
 Records = Callable[[], Iterable[bytes]]  # a fresh pass over the corpus on each call
@@ -103,7 +104,8 @@ class StreamingPoissonSampler(PoissonSampler):
             tf.TensorSpec([size], tf.string), tf.TensorSpec([size], tf.float32)))
         # Keras then knows an epoch's length and re-iterates (a fresh epoch) without warning.
         count = self.steps_per_epoch if steps is None else steps
-        return dataset.apply(tf.data.experimental.assert_cardinality(count))
+        return iterators.without_autotune(
+            dataset.apply(tf.data.experimental.assert_cardinality(count)))
 
     # ------------------------------------------------------------------ the two passes
     def _spill(self, records: Records, steps: int, rng: np.random.Generator,
