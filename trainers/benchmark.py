@@ -507,8 +507,9 @@ def recipe_table(rows: list) -> str:
 def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     """Median ms of adding noise to every trainable variable: one `generator.normal` per
     variable against one draw of all the parameters split into them (the same numbers of
-    normals); decides whether the step should draw its noise fused. Also XLA's generator, and
-    the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
+    normals); decides whether the step should draw its noise fused. Also XLA's generator,
+    Box-Muller written with TensorFlow's elementwise ops, and the uniform bits alone (what any
+    exact Gaussian sampler has to draw first)."""
     import tensorflow as tf
 
     model, _ = build_model(model_name, model_sizes(model_name))
@@ -540,7 +541,18 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         return [v + tf.cast(generator.uniform_full_int(tf.shape(v), tf.int32), v.dtype)
                 for v in variables]
 
-    draws = {"per_variable": per_variable, "fused": fused, "xla": xla, "bits_only": bits_only}
+    @tf.function
+    def box_muller_ops():  # Box-Muller from TensorFlow's own elementwise ops, one fused draw
+        half = (sum(sizes) + 1) // 2
+        u = generator.uniform([2, half])  # [0, 1)
+        radius = tf.sqrt(-2.0 * tf.math.log(1.0 - u[0]))  # 1 - u in (0, 1]: log is finite
+        angle = (2.0 * np.pi) * u[1]
+        normals = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], 0)
+        parts = tf.split(normals[:sum(sizes)] * 0.1, sizes)
+        return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
+
+    draws = {"per_variable": per_variable, "fused": fused, "xla": xla,
+             "box_muller_ops": box_muller_ops, "bits_only": bits_only}
     times = {name: [] for name in draws}
     for f in draws.values():
         f()
