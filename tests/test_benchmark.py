@@ -101,3 +101,10 @@ def test_release_benchmark_times_both_pipelines(parsed_flags, tmp_path, capsys):
     runs = json.loads(out.read_text())["runs"]
     assert sorted(r["variant"] for r in runs) == ["edp_tf", "tf_default"]
     assert all(r["batches"] > 0 and r["release_s"] >= 0 for r in runs)
+
+
+def test_noise_draw_times_every_sampler(parsed_flags):
+    result = benchmark.noise_draw_benchmark("tiny", steps=1)
+    assert set(result["median_ms"]) == {"per_variable", "fused", "xla", "box_muller_ops",
+                                        "bits_only"}
+    assert all(ms > 0 for ms in result["median_ms"].values())
