@@ -27,6 +27,8 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
+from edp_tf import iterators
+
 MultiWorker = tf.distribute.MultiWorkerMirroredStrategy
 
 
@@ -46,6 +48,7 @@ def make_multi_worker_strategy(timeout_seconds: Optional[float] = None) -> Multi
     waiting forever. Call it before any other TensorFlow op (like `make_strategy`).
     """
     _patch_keras()
+    iterators.release_device_iterators_promptly()
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout_seconds)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
