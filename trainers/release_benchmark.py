@@ -4,25 +4,24 @@
         --output=results/benchmarks/iterator_release.json
 
 Each run is a fresh process that iterates a distributed Poisson sampler dataset (as fit does,
-one batch per 20 ms) for --seconds, then times the release of the iterator. `edp_tf` is the
-library's pipeline (edp_tf/iterators.py: autotuning off in the input and device pipelines);
-`tf_default` is the same dataset with tf.data's default autotuning, under a plain
+one batch per 20 ms) for --release_after seconds, then times the release of the iterator.
+`edp_tf` is the library's pipeline (edp_tf/iterators.py: autotuning off in the input and device
+pipelines); `tf_default` is the same dataset with tf.data's default autotuning, under a plain
 MirroredStrategy. The runs of both go side by side, so load hits them alike.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import multiprocessing
 import time
 
 VARIANTS = ("edp_tf", "tf_default")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def one_run(variant: str, seconds: float, replicas: int) -> dict:
     """Iterates for `seconds`, then releases the iterator: {"variant", "batches", "release_s"}."""
+    from trainers import cli
+
+    cli.quiet_unless_verbose([])  # a spawned process: silence TensorFlow's start-up lines here too
     import numpy as np
     import tensorflow as tf
 
@@ -56,18 +55,11 @@ def one_run(variant: str, seconds: float, replicas: int) -> dict:
 
 
 def run(seconds: float, runs: int, replicas: int) -> list:
-    """`runs` processes per variant, all at once; their results."""
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "trainers.release_benchmark", variant, str(seconds),
-         str(replicas)], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, text=True) for variant in VARIANTS for _ in range(runs)]
-    results = []
-    for process in processes:
-        out, _ = process.communicate()
-        if process.returncode != 0:
-            raise RuntimeError(f"a run exited with {process.returncode}: {process.args}")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    """`runs` fresh processes per variant, all at once; their results."""
+    jobs = [(variant, seconds, replicas) for variant in VARIANTS for _ in range(runs)]
+    context = multiprocessing.get_context("spawn")  # TensorFlow starts afresh in each
+    with context.Pool(len(jobs), maxtasksperchild=1) as pool:
+        return pool.starmap(one_run, jobs, chunksize=1)
 
 
 def table(results: list, seconds: float) -> str:
@@ -78,7 +70,3 @@ def table(results: list, seconds: float) -> str:
         lines.append(f"| {variant} | {len(times)} | {', '.join(f'{t:.2f}' for t in times)} s "
                      f"| {sum(t > 1.0 for t in times)} |")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":  # one run: variant, seconds, replicas
-    print(json.dumps(one_run(sys.argv[1], float(sys.argv[2]), int(sys.argv[3]))), flush=True)
