@@ -1,5 +1,5 @@
 """edp-tf: efficient DP-SGD for Keras models, with honest privacy accounting."""
-from edp_tf import accounting, ledger, multi_worker, plan, sampling
+from edp_tf import accounting, iterators, ledger, multi_worker, plan, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
