@@ -83,12 +83,7 @@ class CLCBackbone(keras.Model):
         self.lstm_layers = []
         self.lstm_dropouts = []
         for i in range(num_lstm_layers):
-            self.lstm_layers.append(
-                keras.layers.Bidirectional(
-                    keras.layers.LSTM(lstm_units, return_sequences=True, unroll=unroll),
-                    name=f"bilstm_{i}",
-                )
-            )
+            self.lstm_layers.append(_bidirectional_lstm(lstm_units, unroll, f"bilstm_{i}"))
             self.lstm_dropouts.append(keras.layers.Dropout(dropout, name=f"bilstm_{i}_dropout"))
 
         # === Functional model ===
@@ -105,7 +100,7 @@ class CLCBackbone(keras.Model):
         chars = ops.where(has_chars, chars, 0.0)
         x = self.input_dropout(ops.concatenate([words, chars], axis=-1))
         for lstm, drop in zip(self.lstm_layers, self.lstm_dropouts):
-            x = drop(lstm(x, mask=word_mask))
+            x = drop(ops.where(ops.expand_dims(word_mask, -1), lstm(x, mask=word_mask), 0.0))
         pooled = ops.max(ops.where(ops.expand_dims(word_mask, -1), x, -1e9), axis=1)
         pooled = ops.where(ops.any(word_mask, axis=1, keepdims=True), pooled, 0.0)
         super().__init__(
@@ -152,6 +147,22 @@ class CLCBackbone(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+def _bidirectional_lstm(units: int, unroll: bool, name: str) -> keras.layers.Bidirectional:
+    """A BiLSTM over right-padded words whose padding the caller zeroes.
+
+    Why the directions keep their outputs at padded steps: Keras' unrolled RNN zeroes a
+    `go_backwards` layer's outputs with the mask in forward order while the outputs are in
+    reverse order (keras-team/keras#17596), and `Bidirectional` turns that zeroing on. Every
+    utterance shorter than `max_words` then got zeros from the backward direction at every
+    word. Without the zeroing both directions are exact, unrolled or not; the padded steps carry
+    a real step's output, which the caller replaces with zeros."""
+    bilstm = keras.layers.Bidirectional(
+        keras.layers.LSTM(units, return_sequences=True, unroll=unroll), name=name)
+    for direction in (bilstm.forward_layer, bilstm.backward_layer):
+        direction.zero_output_for_mask = False
+    return bilstm
 
 
 def _char_windows(chars, kernel_size: int):

@@ -86,6 +86,28 @@ def test_per_example_gradients_vectorise_without_fallback(data):
             np.testing.assert_allclose(got[i].numpy(), want.numpy(), atol=1e-5 * (1 + np.abs(want).max()))
 
 
+@pytest.mark.parametrize("unroll", [True, False])
+def test_the_backward_direction_reads_the_later_words_of_a_padded_utterance(data, unroll):
+    """Each word's backward LSTM features depend on the words after it, also in utterances
+    shorter than max_words (Keras' unrolled go_backwards zeroing made them all zero), and the
+    padded positions are zero in both directions."""
+    pre, x, _ = data
+    backbone = CLCJoint.from_preprocessor(  # one layer: its forward half sees earlier words only
+        pre, unroll=unroll, num_lstm_layers=1, **testing.TINY_CLC).backbone
+    row = 0  # "call mum at 0123": 4 of 6 words
+    changed = {k: np.array(v) for k, v in x.items()}
+    changed["word_ids"][row, 3] = changed["word_ids"][1, 0]
+    changed["char_ids"][row, 3] = changed["char_ids"][1, 0]
+    units = testing.TINY_CLC["lstm_units"]
+    before = backbone(x)["sequence_output"].numpy()[row]
+    after = backbone(changed)["sequence_output"].numpy()[row]
+    # every word before the changed one: some backward feature is non-zero and changes
+    assert np.abs(before[:3, units:] - after[:3, units:]).max(axis=1).min() > 0
+    assert np.abs(before[:4, units:]).max(axis=1).min() > 0
+    np.testing.assert_array_equal(before[:3, :units], after[:3, :units])
+    np.testing.assert_array_equal(before[4:], 0.0)
+
+
 def test_config_round_trip(data):
     pre, x, _ = data
     model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
