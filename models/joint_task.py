@@ -12,6 +12,8 @@ Training:
 
 from __future__ import annotations
 
+import contextlib
+
 import keras
 import tensorflow as tf
 
@@ -80,6 +82,14 @@ class JointTagger(keras.Model):
             "tag_mask": tf.cast(encoded["word_mask"], tf.bool),
         }
 
+    def infer(self, inputs) -> dict:
+        """`call` in inference mode with unrolled recurrent layers run as loops: the same weights
+        and outputs, but a trace of one cell instead of one per position (the unrolling is for
+        the per-example training step, which cannot vectorise a loop's gradient). For
+        evaluation and serving only: never differentiate it per example."""
+        with _rolled_recurrences(self):
+            return self(inputs, training=False)
+
     def per_example_loss(self, y_true: dict, y_pred: dict) -> tf.Tensor:
         """Joint loss per example, shape [batch]; uses this model's CRF transitions."""
         return joint_per_example_loss(
@@ -107,7 +117,7 @@ class JointTagger(keras.Model):
         utterance; `decoding` ("bio" / "viterbi") overrides the model's own."""
         decoding = decoding or self.decoding
         _check_decoding(decoding, self.tag_labels)
-        outputs = self(inputs, training=False)
+        outputs = self.infer(inputs)
         probabilities = tf.nn.softmax(tf.cast(outputs["intent_logits"], tf.float32), axis=-1)
         intent_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         intent_probability = tf.gather(probabilities, intent_ids, batch_dims=1)
@@ -130,6 +140,20 @@ class JointTagger(keras.Model):
 
 
 DECODINGS = ("bio", "viterbi")
+
+
+@contextlib.contextmanager
+def _rolled_recurrences(model: keras.Model):
+    """Runs `model`'s unrolled recurrent layers as loops while the block lasts (a trace)."""
+    unrolled = [layer for layer in model._flatten_layers()
+                if isinstance(layer, keras.layers.RNN) and layer.unroll]
+    for layer in unrolled:
+        layer.unroll = False
+    try:
+        yield
+    finally:
+        for layer in unrolled:
+            layer.unroll = True
 
 
 def _check_decoding(decoding: str, tag_labels) -> None:

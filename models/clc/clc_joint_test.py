@@ -108,6 +108,32 @@ def test_the_backward_direction_reads_the_later_words_of_a_padded_utterance(data
     np.testing.assert_array_equal(before[4:], 0.0)
 
 
+def _op_types(function, *args) -> set:
+    return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
+
+
+def test_inference_runs_the_unrolled_lstms_as_loops_with_the_same_outputs(data):
+    """`infer` (prediction, serving, the membership losses) traces the LSTMs as loops: the
+    outputs equal the unrolled call's, and training keeps its unrolled layers."""
+    pre, x, _ = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    unrolled = tf.function(lambda inputs: model(inputs, training=False))
+    rolled = tf.function(model.infer)
+    assert not {"While", "StatelessWhile"} & _op_types(unrolled, x)
+    assert {"While", "StatelessWhile"} & _op_types(rolled, x)
+    want, got = unrolled(x), rolled(x)
+    for key in ("intent_logits", "tag_potentials"):
+        # the same float32 operations in the same order per position: rounding only
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(
+        model.predict_labels(x)["tag_ids"].numpy(),
+        model.crf.decode(want["tag_potentials"], want["tag_mask"], constrained=True)[0].numpy())
+    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.RNN)]
+    assert layers and all(layer.unroll for layer in layers)
+    assert not {"While", "StatelessWhile"} & _op_types(
+        tf.function(lambda inputs: model(inputs, training=True)), x)
+
+
 def test_config_round_trip(data):
     pre, x, _ = data
     model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)

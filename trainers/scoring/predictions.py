@@ -71,7 +71,7 @@ def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None
 
 def loss_step(model):
     """The per-example joint loss in inference mode, as one tf.function."""
-    return tf.function(lambda bx, by: model.per_example_loss(by, model(bx, training=False)))
+    return tf.function(lambda bx, by: model.per_example_loss(by, model.infer(bx)))
 
 
 def membership_attack(model, preprocessor, train_enc, nonmembers, name: str = "test") -> dict:
