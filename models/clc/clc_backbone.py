@@ -100,7 +100,8 @@ class CLCBackbone(keras.Model):
         chars = ops.where(has_chars, chars, 0.0)
         x = self.input_dropout(ops.concatenate([words, chars], axis=-1))
         for lstm, drop in zip(self.lstm_layers, self.lstm_dropouts):
-            x = drop(ops.where(ops.expand_dims(word_mask, -1), lstm(x, mask=word_mask), 0.0))
+            x = ops.where(ops.expand_dims(word_mask, -1), lstm(x, mask=word_mask), 0.0)
+            x = drop(x)
         pooled = ops.max(ops.where(ops.expand_dims(word_mask, -1), x, -1e9), axis=1)
         pooled = ops.where(ops.any(word_mask, axis=1, keepdims=True), pooled, 0.0)
         super().__init__(
