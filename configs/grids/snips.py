@@ -110,8 +110,18 @@ def get_config():
                           "per-example, public pretraining", "configs/snips_bert.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=8.0",
                           "init_from=runs/experiments/atis/bert_sgd")
+    # snips_clc's SGD and private default once the backward LSTM reads every word: the other CLC
+    # rows ran a backward direction that gave zeros at most words (keras-team/keras#17596)
+    clc_both = [
+        cell("clc_sgd_both_directions", "SGD (not private), backward LSTM fixed", "sgd",
+             "configs/snips_clc.py", DIAG, "mechanism=sgd"),
+        cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
+             "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
+             "target_epsilon=8.0"),
+    ]
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
-                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old,
+                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
+                + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Cells run in the order listed; BERT first (the issue's headline goal). "
                        "bert_dpsgd_eps8 is the run of results/pilot_snips_bert (lora_matrix, its "
