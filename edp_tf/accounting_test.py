@@ -204,6 +204,23 @@ def test_calibration_round_trip(kw):
     assert eps(z0 / (1 + 2 * tol)) > target  # ... and is the smallest that does (to tolerance)
 
 
+@pytest.mark.parametrize("name, eps, root, most", [
+    ("1/z, as epsilon nearly is", lambda z: 4.0 / z, 2.0, 3),
+    ("a step, where interpolation misleads", lambda z: 10.0 if z < 1.2345 else 1.0, 1.2345, 30),
+])
+def test_the_bracket_search_meets_the_target_within_tolerance(name, eps, root, most):
+    calls = []
+
+    def counted(z):
+        calls.append(z)
+        return eps(z)
+
+    tol = 1e-3
+    z = acc._smallest_meeting(counted, 2.0, 1.0, eps(1.0), 4.0, eps(4.0), tol)
+    assert eps(z) <= 2.0 and root <= z <= root * (1 + tol), (name, z)
+    assert len(calls) <= most, (name, len(calls))  # bisection alone takes 11 here
+
+
 def test_calibration_charges_extra_events():
     args = (3.0, 1e-5, 0.02, 4, 25)
     plain = acc.calibrate_noise(*args, accountant="rdp")
