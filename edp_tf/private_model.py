@@ -336,12 +336,13 @@ class PrivateModel(keras.Model):
             raise ValueError(
                 f"layer(s) {', '.join(layers)} need per-example clipping one micro-batch at a "
                 "time (per_example_method='loop'), which DPConfig.sparse_embeddings does not "
-                "support: build them with unroll=True (fixed sequence length)")
+                "support: build them with unroll=True (fixed sequence length)" + _UNROLLED_NOTE)
         if not self._loop_reported:
             _log.info("per-example clipping: layer(s) %s run a while_loop that cannot be "
                       "vectorised, so micro-batches are clipped one at a time "
                       "(per_example_method='loop': exact, slower); build them with "
-                      "unroll=True for the vectorised %r method", ", ".join(layers), method)
+                      "unroll=True for the vectorised %r method%s", ", ".join(layers), method,
+                      _UNROLLED_NOTE)
             self._loop_reported = True
         return "loop"
 
@@ -559,6 +560,14 @@ def _sum_over_replicas(updates: list) -> list:
 def _already_summed(grads_and_vars):
     """Replaces a Keras optimizer's own cross-replica SUM when PrivateModel has done it."""
     return list(grads_and_vars)
+
+
+# Keras' unrolled RNN zeroes a go_backwards layer's outputs with the mask in forward order while
+# they run backwards (keras-team/keras#17596): over padded inputs, an unrolled Bidirectional
+# layer's backward half is zero at the first (length - real length) positions
+_UNROLLED_NOTE = (". Over padded (masked) inputs, an unrolled Bidirectional layer needs "
+                  "zero_output_for_mask = False on its forward_layer and backward_layer "
+                  "(keras-team/keras#17596: else its backward half is zero at most positions)")
 
 
 def _unvectorisable_layers(model) -> list:
