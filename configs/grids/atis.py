@@ -199,11 +199,21 @@ def get_config():
     # ratio on ATIS
     sgd2 = cell("bert_sgd_run2", "SGD (not private), summed slot loss (second run)", "sgd", ATIS,
                 "diagnostics=True", "mechanism=sgd", "slot_loss=sum")
+    # atis_clc's SGD and private default once the backward LSTM reads every word: the other CLC
+    # rows ran a backward direction that gave zeros at most words (keras-team/keras#17596)
+    clc_both = [
+        cell("clc_sgd_both_directions", "SGD (not private), backward LSTM fixed", "sgd",
+             "configs/atis_clc.py", "diagnostics=True", "mechanism=sgd"),
+        cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
+             "per-example", "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
+             "target_epsilon=8.0"),
+    ]
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
                                 meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
                                 probe, run2, sgd2]
-                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2],
+                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2]
+                + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes="BERT cells other than rows() are pinned (configs/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
