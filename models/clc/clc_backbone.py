@@ -155,10 +155,10 @@ def _bidirectional_lstm(units: int, unroll: bool, name: str) -> keras.layers.Bid
 
     Why the directions keep their outputs at padded steps: Keras' unrolled RNN zeroes a
     `go_backwards` layer's outputs with the mask in forward order while the outputs are in
-    reverse order (keras-team/keras#17596), and `Bidirectional` turns that zeroing on. Every
-    utterance shorter than `max_words` then got zeros from the backward direction at every
-    word. Without the zeroing both directions are exact, unrolled or not; the padded steps carry
-    a real step's output, which the caller replaces with zeros."""
+    reverse order (keras-team/keras#17596), and `Bidirectional` turns that zeroing on: the
+    backward direction then gave zeros at the first (max_words - length) words of each
+    utterance. Without the zeroing both directions are exact, unrolled or not; the padded steps
+    carry a real step's output, which the caller replaces with zeros."""
     bilstm = keras.layers.Bidirectional(
         keras.layers.LSTM(units, return_sequences=True, unroll=unroll), name=name)
     for direction in (bilstm.forward_layer, bilstm.backward_layer):
