@@ -215,7 +215,10 @@ def get_config():
                 + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2]
                 + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
-                notes="BERT cells other than rows() are pinned (configs/grids/common.py "
+                notes="Every CLC cell but the *_both_directions ones ran with a backward LSTM "
+                      "that a Keras bug zeroed at most words (docs/results.md, the backward LSTM "
+                      "of CLC). "
+                      "BERT cells other than rows() are pinned (configs/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
                       "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix (its "
                       "command: the same config as atis_bert's default since its LoRA layout "
