@@ -118,6 +118,13 @@ def get_config():
         cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
              "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
              "target_epsilon=8.0"),
+        cell("clc_dpsgd_eps8_both_directions_run2", "per-example DP-SGD, eps 8, backward LSTM "
+             "fixed (second run)", "per-example", "configs/snips_clc.py", DIAG,
+             "mechanism=dpsgd", "target_epsilon=8.0"),
+        cell("clc_dpsgd_sigma0_both_directions", "per-example, sigma = 0 (clipping only), Adam "
+             "1e-2, backward LSTM fixed", "diagnostic", "configs/snips_clc.py", DIAG,
+             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
+             "learning_rate=0.01"),
     ]
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
                 + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
