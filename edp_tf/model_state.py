@@ -51,7 +51,17 @@ def state_assigned_in_training(model: keras.layers.Layer, inputs) -> List[str]:
         assigned.extend(v for v in watched if scope.get_current_value(v) is not None)
         return tf.constant(0)
 
-    tf.function(forward).get_concrete_function(specs)
+    # Unrolled recurrent layers are traced as loops here: the same assignments, in a trace of
+    # one cell instead of one per position (seconds for an unrolled BiLSTM).
+    unrolled = [layer for layer in _layers(model)
+                if isinstance(layer, keras.layers.RNN) and layer.unroll]
+    for layer in unrolled:
+        layer.unroll = False
+    try:
+        tf.function(forward).get_concrete_function(specs)
+    finally:
+        for layer in unrolled:
+            layer.unroll = True
     return sorted({_owner(model, v) for v in assigned})
 
 

@@ -84,3 +84,33 @@ def test_the_check_reads_no_values_and_changes_nothing():
     assert model_state.state_assigned_in_training(model, x) == ["'bn' (BatchNormalization)"]
     for old, v in zip(before, model.variables):
         np.testing.assert_array_equal(old, v.numpy())
+
+
+def test_a_recurrent_cell_with_running_statistics_is_refused_and_stays_unrolled():
+    """The check traces unrolled recurrent layers as loops (cheaper): a cell that assigns state
+    inside the loop is still found, and the layers are unrolled again afterwards."""
+    class RunningCell(keras.layers.Layer):
+        state_size = 4
+
+        def build(self, shape):
+            self.kernel = self.add_weight(shape=(shape[-1], 4))
+            self.mean = self.add_weight(shape=(4,), initializer="zeros", trainable=False)
+
+        def call(self, x, states, training=False):
+            h = keras.ops.tanh(x @ self.kernel + states[0])
+            if training:
+                self.mean.assign(0.9 * self.mean + 0.1 * keras.ops.mean(h, axis=0))
+            return h, [h]
+
+    def model(cell):
+        inputs = keras.Input((3, 5))
+        rnn = keras.layers.RNN(cell, unroll=True, name="rnn")
+        return keras.Model(inputs, keras.layers.Dense(2)(rnn(inputs))), rnn
+
+    x = np.zeros((2, 3, 5), np.float32)
+    running, rnn = model(RunningCell(name="running_cell"))
+    assert model_state.state_assigned_in_training(running, x)
+    assert rnn.unroll
+    plain, rnn = model(keras.layers.SimpleRNNCell(4))
+    assert model_state.state_assigned_in_training(plain, x) == []
+    assert rnn.unroll
