@@ -125,7 +125,9 @@ def get_config():
              "1e-2, backward LSTM fixed", "diagnostic", "configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
              "learning_rate=0.01"),
-    ]
+    ] + [cell(f"clc_dpsgd_eps{eps}_both_directions", f"per-example DP-SGD, eps {eps}, backward "
+              "LSTM fixed", "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
+              f"target_epsilon={eps}.0") for eps in (3, 1)]
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
                 + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
                 + clc_both,
