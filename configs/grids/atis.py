@@ -207,6 +207,16 @@ def get_config():
         cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
              "per-example", "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
              "target_epsilon=8.0"),
+        # augmentation multiplicity (configs/grids/augmentation.py): ATIS's city, date, day and
+        # time slots have public fillers, so its copies vary slots as well as masked words
+        cell("clc_dpsgd_eps8_k4", "per-example DP-SGD, eps 8, K = 4 augmented copies in one "
+             "clip, backward LSTM fixed", "per-example", "configs/atis_clc.py",
+             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
+             "physical_batch_size=512", "augment_copies=4"),
+        cell("clc_dpsgd_eps8_k8", "per-example DP-SGD, eps 8, K = 8 augmented copies in one "
+             "clip, backward LSTM fixed", "per-example", "configs/atis_clc.py",
+             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
+             "physical_batch_size=512", "augment_copies=8"),
     ]
     return grid("atis", bert + [steps150, steps300, slotmean, meanpool, lora, lora_matrix,
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
