@@ -13,6 +13,8 @@ import keras
 import keras_hub
 from keras import ops
 
+from models.bert.choices import POOLING
+
 COMPACT_BERT = dict(num_layers=4, num_heads=12, hidden_dim=312, intermediate_dim=1200)
 
 
@@ -46,9 +48,6 @@ def build_bert_backbone(
         dropout=dropout,
         **config,
     )
-
-
-POOLING = ("cls", "mean")
 
 
 @keras.saving.register_keras_serializable(package="edp_models")

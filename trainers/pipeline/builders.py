@@ -100,7 +100,7 @@ def check_config(config) -> None:
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
-    from models.bert.bert_backbone import POOLING
+    from models.bert.choices import POOLING
     from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
     from models.joint_loss import TAG_REDUCTIONS
     from models.joint_task import DECODINGS
