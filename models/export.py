@@ -62,7 +62,9 @@ def export_serving_model(task: JointTagger, preprocessor, path: str) -> str:
     """Writes the serving SavedModel of `task` + `preprocessor` to `path`; returns `path`."""
     serve = serving_function(task, preprocessor)
     archive = keras.export.ExportArchive()
-    archive.track(task)
+    # `task` itself is not tracked: that would trace the model's own calls while looking for
+    # resources and write every variable a second time, with the dropout layers' seed states.
+    # The endpoint's variables are written once; the preprocessor holds its lookup tables.
     archive.track(preprocessor)
     archive.add_endpoint("serve", serve)
     archive.write_out(path, verbose=False)
