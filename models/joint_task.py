@@ -13,6 +13,7 @@ Training:
 from __future__ import annotations
 
 import contextlib
+from typing import Sequence
 
 import keras
 import tensorflow as tf
@@ -116,19 +117,32 @@ class JointTagger(keras.Model):
         """Inference: intent id and its probability, Viterbi tag ids (0 where no word), per
         utterance; `decoding` ("bio" / "viterbi") overrides the model's own."""
         decoding = decoding or self.decoding
-        _check_decoding(decoding, self.tag_labels)
+        return self.predict_labels_by_decoding(inputs, (decoding,))[decoding]
+
+    def decodings(self) -> tuple:
+        """The decodings this model can run: "bio" needs its tag labels."""
+        return tuple(d for d in DECODINGS if d != "bio" or self.tag_labels is not None)
+
+    def predict_labels_by_decoding(self, inputs, decodings: Sequence[str]) -> dict:
+        """{decoding: `predict_labels` with it} from one forward pass: evaluation compares the
+        decodings of one model, and one trace serves them all."""
+        for decoding in decodings:
+            _check_decoding(decoding, self.tag_labels)
         outputs = self.infer(inputs)
         probabilities = tf.nn.softmax(tf.cast(outputs["intent_logits"], tf.float32), axis=-1)
         intent_ids = tf.argmax(probabilities, axis=-1, output_type=tf.int32)
         intent_probability = tf.gather(probabilities, intent_ids, batch_dims=1)
-        tag_ids, _ = self.crf.decode(outputs["tag_potentials"], outputs["tag_mask"],
-                                     constrained=decoding == "bio")
-        return {
-            "intent_ids": intent_ids,
-            "intent_probability": intent_probability,
-            "tag_ids": tag_ids,
-            "tag_mask": outputs["tag_mask"],
-        }
+        labels = {}
+        for decoding in decodings:
+            tag_ids, _ = self.crf.decode(outputs["tag_potentials"], outputs["tag_mask"],
+                                         constrained=decoding == "bio")
+            labels[decoding] = {
+                "intent_ids": intent_ids,
+                "intent_probability": intent_probability,
+                "tag_ids": tag_ids,
+                "tag_mask": outputs["tag_mask"],
+            }
+        return labels
 
     def head_config(self) -> dict:
         """The constructor arguments of the heads (subclasses add their encoder's)."""

@@ -171,6 +171,13 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
 
     assert model.decoding == "bio" and ill_formed(model.predict_labels(x)) == 0
     assert ill_formed(model.predict_labels(x, decoding="viterbi")) > 0
+    # one forward pass, both decodings: the same as two calls (evaluation traces it once)
+    both = model.predict_labels_by_decoding(x, model.decodings())
+    assert set(both) == {"bio", "viterbi"} == set(model.decodings())
+    for decoding, out in both.items():
+        alone = model.predict_labels(x, decoding=decoding)
+        for key in alone:
+            np.testing.assert_array_equal(out[key].numpy(), alone[key].numpy(), err_msg=key)
     clone = CLCJoint.from_config(model.get_config())
     assert clone.tag_labels == labels and clone.decoding == "bio" and clone.crf.constrained
     plain = CLCJoint.from_preprocessor(pre, decoding="viterbi", **testing.TINY_CLC)
@@ -179,6 +186,7 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
     older = {k: v for k, v in model.get_config().items() if k not in ("tag_labels", "decoding")}
     older = CLCJoint.from_config(older)
     assert older.decoding == "viterbi" and not older.crf.constrained
+    assert older.decodings() == ("viterbi",)
     with pytest.raises(ValueError, match="needs the tag labels"):
         older.predict_labels(x, decoding="bio")
     with pytest.raises(ValueError, match="decoding must be one of"):

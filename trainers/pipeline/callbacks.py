@@ -8,7 +8,6 @@ import threading
 import time
 
 import keras
-import tensorflow as tf
 
 from trainers.pipeline import checkpoints, timing
 from trainers.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
@@ -79,7 +78,7 @@ class EpochEnd(keras.callbacks.Callback):
         self.dev, self.dev_x = dev, dev_x
         self.checkpoint, self.state, self.private = checkpoint, state, private
         self._start = time.time()
-        self.predict_step = tf.function(model.predict_labels, reduce_retracing=True)
+        self.predict_step = predictions.decoding_step(model)  # the test metrics' trace too
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.time()
@@ -90,8 +89,9 @@ class EpochEnd(keras.callbacks.Callback):
         logs = logs or {}
         seconds = time.time() - self._start
         with self.phases.phase("dev evaluation"):
-            dev = (predictions.score(self.dev, *predictions.predict(
-                self.joint, self.preprocessor, self.dev_x, step=self.predict_step))
+            dev = (predictions.score(self.dev, *predictions.predict_by_decoding(
+                self.joint, self.preprocessor, self.dev_x, step=self.predict_step,
+                decodings=(self.joint.decoding,))[self.joint.decoding])
                 if self.dev else {})
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})

@@ -301,7 +301,7 @@ def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q:
 def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
     """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
     splits, diagnostics = data.splits, bool(config.diagnostics)
-    # the dev predictions' trace serves the test split too (same batch shapes)
+    # the dev predictions' trace serves the test split too, both decodings (same batch shapes)
     by_decoding = (predictions.scores_by_decoding(model, data.preprocessor, splits.test,
                                                   data.test_x, step=predict_step)
                    if splits.test else {})

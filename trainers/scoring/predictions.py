@@ -24,17 +24,31 @@ def padded_batches(batch_size: int, *arrays: dict):
                [{k: tf.constant(v[index]) for k, v in a.items()} for a in arrays])
 
 
-def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
-    """(intent labels, tag label lists cut to each utterance's kept words) for encoded inputs.
+def decoding_step(model):
+    """One tf.function giving every decoding the model can run from one forward pass (see
+    `predict_by_decoding`): evaluating after each epoch and at the end shares its trace."""
+    return tf.function(functools.partial(model.predict_labels_by_decoding,
+                                         decodings=model.decodings()), reduce_retracing=True)
 
-    Pass the same `step` (a tf.function of model.predict_labels) across calls to trace it once.
-    """
-    step = step or tf.function(model.predict_labels, reduce_retracing=True)
+
+def predict_by_decoding(model, preprocessor, x: dict, step=None, decodings=None,
+                        batch_size: int = 256) -> dict:
+    """{decoding: (intent labels, tag label lists cut to each utterance's kept words)} for
+    `decodings` (default: every one `step` gives); `step` is a `decoding_step`, so that one
+    trace serves every call."""
+    step = step or decoding_step(model)
+    outputs = [(real, step(batch)) for real, (batch,) in padded_batches(batch_size, x)]
+    decodings = decodings or (tuple(outputs[0][1]) if outputs else model.decodings())
+    return {d: _labels(preprocessor, [(real, out[d]) for real, out in outputs])
+            for d in decodings}
+
+
+def _labels(preprocessor, outputs):
+    """(intent labels, tag label lists) from `predict_labels` outputs of padded batches."""
     intents, tags = [], []
     intent_names = preprocessor.intent_vocabulary.labels
     tag_names = preprocessor.tag_vocabulary.labels
-    for real, (batch,) in padded_batches(batch_size, x):
-        out = step(batch)
+    for real, out in outputs:
         ids = out["tag_ids"].numpy()[:real]
         kept = out["tag_mask"].numpy()[:real].sum(axis=1)
         intents.extend(intent_names[i] for i in out["intent_ids"].numpy()[:real])
@@ -45,18 +59,9 @@ def predict(model, preprocessor, x: dict, batch_size: int = 256, step=None):
 def scores_by_decoding(model, preprocessor, references, x: dict, step=None) -> dict:
     """{"viterbi": metrics, "bio": metrics (when the model knows its tag labels)}: both decodings
     of the same model, so the constrained one's effect is measured on every run, not assumed.
-    `step` (a traced `model.predict_labels`) serves the model's own decoding."""
-    from models.joint_task import DECODINGS
-
-    out = {}
-    for decoding in DECODINGS:
-        if decoding == "bio" and model.tag_labels is None:
-            continue
-        own = step if step is not None and decoding == model.decoding else None
-        own = own or tf.function(functools.partial(model.predict_labels, decoding=decoding),
-                                 reduce_retracing=True)
-        out[decoding] = score(references, *predict(model, preprocessor, x, step=own))
-    return out
+    `step` (a `decoding_step`) serves them all from one forward pass."""
+    return {decoding: score(references, *labels) for decoding, labels in
+            predict_by_decoding(model, preprocessor, x, step=step).items()}
 
 
 def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None) -> np.ndarray:
