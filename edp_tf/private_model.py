@@ -272,6 +272,9 @@ class PrivateModel(keras.Model):
     def _ensure_built(self, x):
         if not self.wrapped_model.built or not self.wrapped_model.trainable_variables:
             self.wrapped_model(_take(x, 1), training=False)
+        # The wrapper has no weights of its own: built with its model. Otherwise Keras' fit
+        # traces the whole model symbolically to build it (about half a second for CLC).
+        self.built = True
 
     def _prepare(self, first) -> None:
         """Decides the step's constants (the mechanism, alpha) before tracing it."""
