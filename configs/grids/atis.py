@@ -207,6 +207,13 @@ def get_config():
         cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
              "per-example", "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
              "target_epsilon=8.0"),
+        cell("clc_dpsgd_eps8_both_directions_run2", "per-example DP-SGD, eps 8, backward LSTM "
+             "fixed (second run)", "per-example", "configs/atis_clc.py", "diagnostics=True",
+             "mechanism=dpsgd", "target_epsilon=8.0"),
+        cell("clc_dpsgd_sigma0_both_directions", "per-example, sigma = 0 (clipping only), Adam "
+             "1e-2, backward LSTM fixed", "diagnostic", "configs/atis_clc.py", "diagnostics=True",
+             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
+             "learning_rate=0.01"),
         # augmentation multiplicity (configs/grids/augmentation.py): ATIS's city, date, day and
         # time slots have public fillers, so its copies vary slots as well as masked words
         cell("clc_dpsgd_eps8_k4", "per-example DP-SGD, eps 8, K = 4 augmented copies in one "
