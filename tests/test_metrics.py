@@ -31,6 +31,28 @@ def test_slot_spans_agree_with_seqeval_chunking():
         assert ours == get_entities(sequence), sequence
 
 
+def test_slot_precision_recall_f1_are_seqeval_s():
+    # 300 random corpora of up to 6 often ill-formed sequences (empty ones too: zero division)
+    from seqeval import metrics as seqeval_metrics
+
+    rng = random.Random(1)
+    tags = ["O", "B-a", "I-a", "B-b", "I-b"]
+
+    def corpus(size):
+        return [[rng.choice(tags) for _ in range(n)] for n in size]
+
+    for _ in range(300):
+        lengths = [rng.randrange(0, 7) for _ in range(rng.randrange(1, 7))]
+        ref, hyp = corpus(lengths), corpus(lengths)
+        expected = (seqeval_metrics.precision_score(ref, hyp, zero_division=0),
+                    seqeval_metrics.recall_score(ref, hyp, zero_division=0),
+                    seqeval_metrics.f1_score(ref, hyp, zero_division=0))
+        assert metrics.slot_prf(ref, hyp) == pytest.approx(expected, abs=1e-12), (ref, hyp)
+        ours = metrics.evaluate(["x"] * len(ref), ref, ["x"] * len(hyp), hyp)
+        assert (ours["slot_precision"], ours["slot_recall"], ours["slot_f1"]) == pytest.approx(
+            expected, abs=1e-12)
+
+
 @pytest.mark.parametrize("reference, hypothesis, expected", [
     ([("a", 0, 2)], [("a", 0, 2)], (0, 0, 0)),                  # exact match
     ([("a", 0, 2)], [("b", 0, 2)], (1, 0, 0)),                  # same span, other type

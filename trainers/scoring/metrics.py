@@ -19,14 +19,13 @@ Semantic error rate (SER), per utterance, with reference slots R and hypothesis 
   It can exceed 1 when a model inserts many slots.
 
 Sentence accuracy: the intent and every tag (token by token) are right.
-Slot F1/precision/recall: seqeval, default (CoNLL) mode, micro-averaged over slots.
+Slot F1/precision/recall: micro-averaged over slots, as seqeval's default (CoNLL) mode computes
+them, from the same slots as SER.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Sequence
-
-from seqeval import metrics as seqeval_metrics
 
 from models.labels import OUTSIDE_TAG as OUTSIDE
 
@@ -112,12 +111,26 @@ def intent_accuracy(ref_intents: Sequence[str], hyp_intents: Sequence[str]) -> f
 
 def slot_prf(ref_tags: Sequence[Sequence[str]],
              hyp_tags: Sequence[Sequence[str]]) -> tuple[float, float, float]:
-    """Micro (precision, recall, F1) over slots, by seqeval in its default CoNLL mode."""
-    ref = [list(tags) for tags in ref_tags]
-    hyp = [list(tags) for tags in hyp_tags]
-    return (float(seqeval_metrics.precision_score(ref, hyp, zero_division=0)),
-            float(seqeval_metrics.recall_score(ref, hyp, zero_division=0)),
-            float(seqeval_metrics.f1_score(ref, hyp, zero_division=0)))
+    """Micro (precision, recall, F1) over slots: seqeval's default (CoNLL) mode, computed from
+    `slot_spans` (the same slots; tests/test_metrics.py checks the numbers against seqeval)."""
+    return _prf(*_slot_counts(zip(map(slot_spans, ref_tags), map(slot_spans, hyp_tags))))
+
+
+def _slot_counts(span_pairs) -> tuple[int, int, int]:
+    """(slots right, predicted slots, reference slots) over (reference, hypothesis) spans."""
+    right = predicted = reference = 0
+    for ref, hyp in span_pairs:
+        right += len(set(ref) & set(hyp))
+        predicted += len(hyp)
+        reference += len(ref)
+    return right, predicted, reference
+
+
+def _prf(right: int, predicted: int, reference: int) -> tuple[float, float, float]:
+    precision = right / predicted if predicted else 0.0  # seqeval's zero_division=0
+    recall = right / reference if reference else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
 
 
 def evaluate(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
@@ -126,9 +139,11 @@ def evaluate(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
     _check_inputs(ref_intents, ref_tags, hyp_intents, hyp_tags)
     substitutions = deletions = insertions = reference_slots = sentences_right = 0
     intent_errors = 0
+    span_pairs = []
     for ref_intent, ref, hyp_intent, hyp in zip(ref_intents, ref_tags, hyp_intents, hyp_tags):
-        ref_spans = slot_spans(ref)
-        errors = slot_errors(ref_spans, slot_spans(hyp))
+        ref_spans, hyp_spans = slot_spans(ref), slot_spans(hyp)
+        span_pairs.append((ref_spans, hyp_spans))
+        errors = slot_errors(ref_spans, hyp_spans)
         substitutions += errors.substitutions
         deletions += errors.deletions
         insertions += errors.insertions
@@ -136,7 +151,7 @@ def evaluate(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
         intent_errors += ref_intent != hyp_intent
         sentences_right += ref_intent == hyp_intent and tuple(ref) == tuple(hyp)
     utterances = len(ref_intents)
-    precision, recall, f1 = slot_prf(ref_tags, hyp_tags)
+    precision, recall, f1 = _prf(*_slot_counts(span_pairs))
     total_errors = substitutions + deletions + insertions + intent_errors
     return {
         "ser": total_errors / (reference_slots + utterances),
