@@ -34,11 +34,11 @@ def decoding_step(model):
 def predict_by_decoding(model, preprocessor, x: dict, step=None, decodings=None,
                         batch_size: int = 256) -> dict:
     """{decoding: (intent labels, tag label lists cut to each utterance's kept words)} for
-    `decodings` (default: every one `step` gives); `step` is a `decoding_step`, so that one
-    trace serves every call."""
+    `decodings` (default: every one the model can run); `step` is a `decoding_step`, so that
+    one trace serves every call."""
     step = step or decoding_step(model)
     outputs = [(real, step(batch)) for real, (batch,) in padded_batches(batch_size, x)]
-    decodings = decodings or (tuple(outputs[0][1]) if outputs else model.decodings())
+    decodings = decodings or model.decodings()
     return {d: _labels(preprocessor, [(real, out[d]) for real, out in outputs])
             for d in decodings}
 
