@@ -106,5 +106,5 @@ def test_release_benchmark_times_both_pipelines(parsed_flags, tmp_path, capsys):
 def test_noise_draw_times_every_sampler(parsed_flags):
     result = benchmark.noise_draw_benchmark("tiny", steps=1)
     assert set(result["median_ms"]) == {"per_variable", "fused", "xla", "box_muller_ops",
-                                        "bits_only"}
+                                        "numpy_ziggurat", "bits_only"}
     assert all(ms > 0 for ms in result["median_ms"].values())

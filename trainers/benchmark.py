@@ -25,6 +25,7 @@ training iterator takes, trainers/release_benchmark.py).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import platform
@@ -72,7 +73,8 @@ _RECIPE_REPLICAS = flags.DEFINE_list("recipe_replicas", ["1", "4"], "Replicas fo
 _NOISE_DRAW = flags.DEFINE_bool(
     "noise_draw", False, "Instead of steps: the Gaussian noise of a --model's trainable "
     "variables drawn one op per variable (what edp_tf.noise does) against one fused draw split "
-    "into the variables, XLA's generator and the uniform bits alone, interleaved, --steps times.")
+    "into the variables, XLA's generator, numpy's ziggurat and the uniform bits alone, "
+    "interleaved, --steps times.")
 _RELEASE_AFTER = flags.DEFINE_float(
     "release_after", None, "Instead of steps: seconds a distributed sampler iterator lives "
     "before its release is timed, the library's pipeline against tf.data's defaults, "
@@ -508,9 +510,10 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     """Median ms of adding noise to every trainable variable: one `generator.normal` per
     variable against one draw of all the parameters split into them (the same numbers of
     normals); decides whether the step should draw its noise fused. Also XLA's generator,
-    Box-Muller written with TensorFlow's elementwise ops, and the uniform bits alone (what any
-    exact Gaussian sampler has to draw first)."""
+    Box-Muller written with TensorFlow's elementwise ops, numpy's ziggurat in two threads, and
+    the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
     import tensorflow as tf
+    from edp_tf import noise
 
     model, _ = build_model(model_name, model_sizes(model_name))
     variables = list(model.trainable_variables)
@@ -551,8 +554,30 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         parts = tf.split(normals[:sum(sizes)] * 0.1, sizes)
         return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
 
+    # numpy's ziggurat sampler (PCG64 from OS entropy), two threads with a generator each (the
+    # fill releases the GIL): the fastest exact sampler on this stack outside TensorFlow
+    rngs = [np.random.default_rng() for _ in range(2)]
+    owners = noise.noise_owners(sizes, 2)
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+
+    def fill(j):
+        return {i: rngs[j].standard_normal(v.shape, dtype=np.float32)
+                for i, v in enumerate(variables) if owners[i] == j}
+
+    def numpy_normals():
+        drawn = {}
+        for part in pool.map(fill, range(2)):
+            drawn.update(part)
+        return [drawn[i] for i in range(len(variables))]
+
+    @tf.function
+    def numpy_ziggurat():
+        normals = tf.numpy_function(numpy_normals, [], [tf.float32] * len(variables))
+        return [v + tf.ensure_shape(n, v.shape) * 0.1 for v, n in zip(variables, normals)]
+
     draws = {"per_variable": per_variable, "fused": fused, "xla": xla,
-             "box_muller_ops": box_muller_ops, "bits_only": bits_only}
+             "box_muller_ops": box_muller_ops, "numpy_ziggurat": numpy_ziggurat,
+             "bits_only": bits_only}
     times = {name: [] for name in draws}
     for f in draws.values():
         f()
