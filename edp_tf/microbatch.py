@@ -472,12 +472,32 @@ def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> M
         return grads
 
 
+def _loop_body(fn: Callable) -> Tuple[Callable, object]:
+    """(fn as a function of an int32 scalar, the specs of its outputs) for a `tf.while_loop` body.
+
+    Why: the loop's state needs the outputs' structure and shapes before the loop, and taking
+    them from a first call outside it traced the micro-batch's forward and backward pass (and
+    `tf.vectorized_map`'s conversion of it, most of a chunked or looped run's start-up) twice,
+    and gave Grappler two copies to optimise. The specs come from the one trace, and the loop
+    holds the only call.
+    """
+    traced = tf.function(fn, autograph=False, input_signature=[tf.TensorSpec([], tf.int32)])
+    return traced, traced.get_concrete_function().structured_outputs
+
+
+def _zeros(spec) -> tf.Tensor:
+    return tf.zeros(spec.shape, spec.dtype)
+
+
+def _array(spec, size, element=slice(None)) -> tf.TensorArray:
+    """An array of `size` elements shaped like `spec` (or like `spec.shape[element]`)."""
+    return tf.TensorArray(spec.dtype, size=size, element_shape=spec.shape[element])
+
+
 def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWent:
     """One micro-batch at a time in a `tf.while_loop`: exact for any layer, including those
     `tf.vectorized_map` cannot vectorise (a recurrent layer's own while_loop over masked inputs),
     and memory for one micro-batch; slower (no batching).
-
-    Micro-batch 0 runs before the loop: it fixes the structure of the predictions and the sums.
     """
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, plan.microbatch_size), (x, y, w))
     m = tf.shape(ws)[0]
@@ -496,14 +516,11 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
         return (g.clip(plan.l2_norm_clip, per_layer=plan.per_layer), g.losses[0],
                 tf.nest.flatten(g.y_pred), g.y_pred)
 
-    first, loss0, preds0, structure = one(0)
-
-    def arrays(dtype, value):
-        return tf.TensorArray(dtype, size=m, element_shape=value.shape).write(0, value)
-
-    state = (tf.constant(1), list(first.clipped_sum), arrays(tf.float32, first.norms[0]),
-             arrays(tf.bool, first.finite[0]), arrays(tf.float32, loss0),
-             [arrays(p.dtype, p) for p in preds0])
+    one, (first, loss0, preds0, structure) = _loop_body(one)
+    one_norm = slice(1, None)  # the norm and flag of the one micro-batch, [1] -> []
+    state = (tf.constant(0), [_zeros(t) for t in first.clipped_sum],
+             _array(first.norms, m, one_norm), _array(first.finite, m, one_norm),
+             _array(loss0, m), [_array(p, m) for p in preds0])
 
     def body(j, sums, norms, finite, losses, preds):
         result, loss, flat, _ = one(j)
@@ -545,11 +562,11 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         x, y = tf.nest.map_structure(lambda a: tf.gather(a, index), (x, y))
         w = tf.concat([w, tf.zeros([full * size - rows], w.dtype)], 0)
 
-    def one(start, length: int):
+    def one(start):
         """(summed gradient or clipped sum, norms, finite, counts ([] without sparse embedding
-        noise), losses, flat y_pred) of `length` rows from `start`, and y_pred's structure."""
+        noise), losses, flat y_pred) of `size` rows from `start`, and y_pred's structure."""
         xc, yc, wc = (tf.nest.map_structure(lambda a: tf.ensure_shape(
-            a[start:start + length], [length] + a.shape[1:]), t) for t in (x, y, w))
+            a[start:start + size], [size] + a.shape[1:]), t) for t in (x, y, w))
         part = unchunked_gradients(model, loss_fn, variables, xc, yc, wc, plan)
         if eager:  # summed before the one clip
             return (list(part.scaled), None, None, [], part.losses,
@@ -558,17 +575,13 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         return (list(clip.clipped_sum), clip.norms, clip.finite, list(clip.counts or []),
                 part.losses, tf.nest.flatten(part.y_pred)), part.y_pred
 
-    # chunk 0 before the loop: it fixes the structure and shapes of what the loop carries
-    (sums, norms0, finite0, counts, losses0, preds0), structure = one(0, size)
-
-    def arrays(value, count):
-        return tf.TensorArray(value.dtype, size=count, element_shape=value.shape).write(0, value)
-
-    parts = [arrays(t, full) for t in ([losses0] + list(preds0)
+    one, ((sums0, norms0, finite0, counts0, losses0, preds0), structure) = _loop_body(one)
+    sums, counts = [_zeros(t) for t in sums0], [_zeros(t) for t in counts0]
+    parts = [_array(t, full) for t in ([losses0] + list(preds0)
                                        + ([] if eager else [norms0, finite0]))]
 
     def body(i, sums, counts, parts):
-        (c_sum, c_norms, c_finite, c_counts, c_losses, c_preds), _ = one(i * size, size)
+        (c_sum, c_norms, c_finite, c_counts, c_losses, c_preds), _ = one(i * size)
         sums = [a + b for a, b in zip(sums, c_sum)]
         counts = [a + b for a, b in zip(counts, c_counts)]
         values = [c_losses] + list(c_preds) + ([] if eager else [c_norms, c_finite])
@@ -576,7 +589,7 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
 
     # one iteration at a time: overlapping iterations would hold several chunks at once
     _, sums, counts, parts = tf.while_loop(
-        lambda i, *_: i < full, body, (tf.constant(1), sums, counts, parts),
+        lambda i, *_: i < full, body, (tf.constant(0), sums, counts, parts),
         parallel_iterations=1)
     stacked = [ta.concat() for ta in parts]
     losses, preds = stacked[0], [p[:rows] for p in stacked[1:1 + len(preds0)]]

@@ -5,6 +5,7 @@ import math
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from edp_tf import DPConfig, PrivateModel
 from edp_tf.testing import mse, per_example_update, small_model, small_regression
@@ -147,21 +148,26 @@ def test_wrapped_model_is_free_of_privacy_machinery(strategy):
 
 
 def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
-    """The chunked path really runs: one unchunked_gradients per chunk and replica when traced."""
+    """The chunked path really runs: each replica traces the gradients of one chunk of 2 rows
+    (the loop body), once."""
     from edp_tf import microbatch
 
-    calls = []
+    rows = []
     original = microbatch.unchunked_gradients
-    monkeypatch.setattr(microbatch, "unchunked_gradients",
-                        lambda *a, **k: calls.append(1) or original(*a, **k))
+
+    def counted(model, loss_fn, variables, x, *args):
+        rows.append(int(tf.nest.flatten(x)[0].shape[0]))
+        return original(model, loss_fn, variables, x, *args)
+
+    monkeypatch.setattr(microbatch, "unchunked_gradients", counted)
     x, y = small_regression()
     with strategy.scope():
         private = PrivateModel(small_model(), DPConfig(noise_multiplier=0.0, microbatch_size=1,
                                                        physical_batch_size=2))
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
-    per_replica = 16 // strategy.num_replicas_in_sync
-    assert len(calls) == strategy.num_replicas_in_sync * per_replica // 2
+    assert 16 // strategy.num_replicas_in_sync > 2  # more rows than a chunk on each replica
+    assert rows == [2] * strategy.num_replicas_in_sync
 
 
 def _two_outputs(seed=0):
