@@ -125,6 +125,9 @@ def get_config():
              "1e-2, backward LSTM fixed", "diagnostic", "configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
              "learning_rate=0.01"),
+        cell("clc_edp_k2_eps8_both_directions", "eDP, micro-batches of 2, eps 8, backward LSTM "
+             "fixed", "eDP k=2", "configs/snips_clc.py", DIAG, "mechanism=edp",
+             "microbatch_size=2", "target_epsilon=8.0"),
     ] + [cell(f"clc_dpsgd_eps{eps}_both_directions", f"per-example DP-SGD, eps {eps}, backward "
               "LSTM fixed", "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
               f"target_epsilon={eps}.0") for eps in (3, 1)]
