@@ -265,6 +265,10 @@ class PrivateModel(keras.Model):
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
         callbacks = [_EpochSchedule(self)] + list(callbacks or [])
+        if isinstance(x, tf.data.Dataset):
+            # Keras ignores `shuffle` for a dataset (a sampler's batches are drawn already), but
+            # warns on every fit that its default True is ignored
+            kwargs.setdefault("shuffle", False)
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )

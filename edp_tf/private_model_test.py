@@ -222,3 +222,19 @@ def test_per_example_loss_of_several_outputs_is_their_weighted_sum():
                                0.5 * np.mean(np.abs(y_true[1] - y_pred[1]), axis=1), rtol=1e-6)
     with pytest.raises(ValueError, match="loss_weights name outputs without a loss"):
         microbatch.as_per_example_loss({"a": "mse"}, {"c": 1.0})
+
+
+def test_fit_on_a_dataset_does_not_warn_about_shuffling(strategy):
+    """A sampler's dataset is passed as is; Keras' default shuffle=True would warn that it is
+    ignored, on every fit."""
+    import warnings
+
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(noise_multiplier=0.0, microbatch_size=1))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        private.fit(dataset, epochs=1, verbose=0)
+    assert not [w for w in caught if "shuffle" in str(w.message)]
