@@ -277,7 +277,7 @@ class Mode:
                 self.model = edp_tf.PrivateModel(inner, config)
                 self.model.compile(optimizer=optimizer, loss=loss)
         start = time.perf_counter()
-        self.model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0)
+        self.model.fit(dataset, steps_per_epoch=1, epochs=1, verbose=0, shuffle=False)
         self.first_step_s = time.perf_counter() - start
         self.iterator = iter(strategy.experimental_distribute_dataset(dataset))
         self._tf = tf

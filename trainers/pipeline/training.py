@@ -107,7 +107,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if initial_epoch < config.epochs:
         try:
             trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
-                        steps_per_epoch=steps, verbose="auto", callbacks=callbacks_lib
+                        steps_per_epoch=steps, verbose="auto", shuffle=False,  # ds: drawn already
+                        callbacks=callbacks_lib
                         .in_resume_order(ledger, epoch_end, tensorboard,
                                          (timing.StepTimes(phases), *callbacks),
                                          bool(config.diagnostics)))
