@@ -586,6 +586,7 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
             start = time.perf_counter()
             float(f()[-1].numpy().ravel()[0])
             times[name].append(time.perf_counter() - start)
+    pool.shutdown()
     return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
             "load_average": list(os.getloadavg()),
             "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
