@@ -7,7 +7,9 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -c requirements.txt setuptools
+# seqeval (test extra) exists only as an sdist that reads its version through setuptools-scm:
+# built without build isolation and without setuptools-scm it installs as 0.0.0 and pip refuses it.
+.venv/bin/python -m pip install -q -c requirements.txt setuptools setuptools-scm
 # Editable: `python -m trainers.train` in this checkout and the edp-* commands run the same code.
 # No build isolation: the venv's own setuptools builds it, so the build needs no download.
 PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c requirements.txt --no-build-isolation \
