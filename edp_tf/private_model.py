@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from edp_tf import (bias_corrected_adam, clipping, iterators, local_training, microbatch,
-                    model_state, multi_worker, noise, scaling, selection)
+                    model_state, multi_worker, noise, projection, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
@@ -83,6 +83,7 @@ class PrivateModel(keras.Model):
         self._freeze: Optional[tuple] = None  # (epoch, the frozen variables)
         self._frozen_now = False
         self._first_batch_seen = None  # fit's first batch: _prepare again when frozen ones join
+        self._subspace: Optional[projection.PublicSubspace] = None
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
             for name in ("noise_multiplier", "clipped_fraction", "preclip_norm")
@@ -148,6 +149,11 @@ class PrivateModel(keras.Model):
                 "Per-layer scales were measured on the first private batch (the paper's choice): "
                 "that information is not covered by epsilon."
             )
+        if self._subspace is not None:
+            not_covered.append(
+                f"Each update was projected onto {self._subspace.rank} directions of the "
+                f"gradients of {self._subspace.examples} examples declared public "
+                "(post-processing): epsilon treats those examples as public.")
         if cfg.seed_fixed:
             not_covered.append(
                 f"The noise seed was fixed (seed={cfg.seed}): the noise is predictable, so the run "
@@ -165,6 +171,7 @@ class PrivateModel(keras.Model):
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
             # freeze_until: until this epoch some variables got no signal and no noise
             "frozen_until_epoch": self._freeze[0] if self._freeze else 0,
+            "public_subspace": self._subspace.facts() if self._subspace is not None else None,
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
@@ -178,6 +185,16 @@ class PrivateModel(keras.Model):
         grads = self._eager_gradients(x, y, sample_weight)
         self._layer_scales = scaling.normalize(scaling.per_variable_norms(grads))
         return self._layer_scales
+
+    def project_onto_public_gradients(self, x, y, rank: int, every_steps: int = 1,
+                                      sample_weight=None) -> None:
+        """Each step's noisy update is projected onto the top `rank` directions of these
+        *public* examples' gradients, recomputed every `every_steps` steps
+        (edp_tf/projection.py): post-processing, so epsilon is unchanged; the noise keeps rank / d
+        of its energy, the signal what lies in the subspace. Call before `fit`."""
+        if self._freeze is not None:
+            raise ValueError("project_onto_public_gradients cannot be combined with freeze_until")
+        self._subspace = projection.PublicSubspace(x, y, rank, every_steps, sample_weight)
 
     def freeze_until(self, epoch: int, variables: Sequence) -> None:
         """The first `epoch` epochs train only the other trainable variables; then all train.
@@ -195,6 +212,8 @@ class PrivateModel(keras.Model):
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"freeze_until: epoch must be an integer >= 0, got {epoch!r}")
         cfg = self._dp_config
+        if epoch and self._subspace is not None:
+            raise ValueError("freeze_until cannot be combined with project_onto_public_gradients")
         if epoch and (cfg.sparse_embeddings or cfg.local_epochs):
             # both select variables of their own (the tables; the model's own variables)
             raise ValueError("freeze_until cannot be combined with DPConfig.sparse_embeddings "
@@ -265,6 +284,8 @@ class PrivateModel(keras.Model):
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
         callbacks = [_EpochSchedule(self)] + list(callbacks or [])
+        if self._subspace is not None:
+            callbacks.insert(1, projection.RefreshCallback(self._subspace, self.optimizer))
         if isinstance(x, tf.data.Dataset):
             # Keras ignores `shuffle` for a dataset (a sampler's batches are drawn already), but
             # warns on every fit that its default True is ignored
@@ -319,15 +340,32 @@ class PrivateModel(keras.Model):
             self._row_selection(), cfg.clipping == "per_layer")
         # Several replicas with sparse tables: the step all-reduces the updates itself (the
         # selected rows as a small dense block, _sum_over_replicas), so Keras must not again.
-        self._sums_over_replicas = self._clip_plan.selection is not None and n > 1
+        # So does a projection: it must act on the replicas' sum, the mechanism's release.
+        self._sums_over_replicas = (self._clip_plan.selection is not None
+                                    or self._subspace is not None) and n > 1
+        self._build_subspace()
         if self._sums_over_replicas:
             if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):  # else: summed twice
                 raise NotImplementedError(
-                    "sparse_embeddings on several replicas needs Keras' TensorFlow optimizer "
-                    "(its _all_reduce_sum_gradients); this Keras has none")
+                    "sparse_embeddings or a projection on several replicas needs Keras' "
+                    "TensorFlow optimizer (its _all_reduce_sum_gradients); this Keras has none")
             self.optimizer._all_reduce_sum_gradients = _already_summed
         self._attach_noise_to_optimizer()
         self.train_function = None  # constants changed: retrace
+
+    def _build_subspace(self) -> None:
+        if self._subspace is None:
+            return
+        if self._clip_plan.selection is not None:
+            raise ValueError("project_onto_public_gradients cannot be combined with "
+                             "DPConfig.sparse_embeddings (the tables' updates are sparse rows)")
+        if multi_worker.is_multi_worker(self.distribute_strategy):
+            raise ValueError("project_onto_public_gradients runs on one worker: each worker "
+                             "would compute its own basis, and the projection must be one")
+        strategy = self.distribute_strategy
+        device = strategy.extended.worker_devices[0] if hasattr(strategy, "extended") else None
+        self._subspace.build(self.wrapped_model, self._require_loss(), self._trained_variables(),
+                             self._dp_config.l2_norm_clip, strategy, device)
 
     def _per_example_method(self, k: Optional[int]) -> str:
         """DPConfig's method, or the loop where a layer runs a while_loop of its own (a GRU /
@@ -375,6 +413,10 @@ class PrivateModel(keras.Model):
         clipped-denominator estimator too: its noise is fixed on the average)."""
         if not isinstance(self.optimizer, bias_corrected_adam.BiasCorrectedAdam):
             return
+        if self._subspace is not None:
+            raise ValueError("BiasCorrectedAdam with project_onto_public_gradients: the "
+                             "projected noise's variance per weight is not one known constant; "
+                             "use Adam")
         if self._clip_plan.selection is not None:
             raise ValueError("BiasCorrectedAdam with DPConfig.sparse_embeddings=True: the "
                              "tables' rows get noise only when selected, so their noise "
@@ -480,6 +522,8 @@ class PrivateModel(keras.Model):
         # 5. the replicas' updates are SUMmed (all-reduce), then applied by the optimizer
         if self._sums_over_replicas:  # several replicas and sparse tables: the step sums
             updates = _sum_over_replicas(updates)
+        if self._subspace is not None:  # post-processing of the (summed) release
+            updates = self._subspace.project(updates)
         self.optimizer.apply_gradients(zip(updates, variables))
 
         self._record_metrics(grads.losses, clip, z_t, w)
