@@ -48,6 +48,13 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    encoder frozen: no gradient, no noise), then everything trainable (DP linear
                    probing then fine-tuning, Ke et al. 2024; the same epsilon: each step is the
                    same Gaussian mechanism over what trains); 0 = off
+  public_subspace  "" (off), "synthetic" or a public joint-format corpus (e.g. ../shared/data/atis):
+                   private runs project each noisy update onto the top public_subspace_rank
+                   directions of the gradients of public_subspace_examples of its utterances,
+                   with labels drawn from this run's, refreshed every public_subspace_every steps
+                   (PDP-SGD; post-processing, epsilon unchanged; trainers/pipeline/
+                   public_subspace.py). The noise keeps rank / d of its energy, the signal what
+                   lies in those directions
   decoding         how the CRF picks the tags: "bio" (the best well-formed BIO path: `I-X` only
                    after `B-X` / `I-X`; rules from the tag names, so free in epsilon) or
                    "viterbi" (the unconstrained best path, the results tables' SER).
@@ -145,6 +152,10 @@ def base_config() -> ml_collections.ConfigDict:
     # the run's steps); post-processing, so free in epsilon (trainers/pipeline/optimizers.py)
     c.ema_fraction = 0.0
     c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
+    c.public_subspace = ""  # private runs: project updates on public gradients (list above)
+    c.public_subspace_rank = 128
+    c.public_subspace_examples = 512
+    c.public_subspace_every = 5
     c.slot_loss = "sum"
     # the BIO-constrained best path; it lowers private test SER (docs/results.md)
     c.decoding = "bio"

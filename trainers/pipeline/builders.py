@@ -137,6 +137,7 @@ def check_config(config) -> None:
         bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
             "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
             "training has no such phase)")
+    _check_public_subspace(config, bad)
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/pipeline/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
@@ -182,6 +183,28 @@ def check_config(config) -> None:
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
         if not config[field] >= 0:
             bad(field, config[field], ">= 0")
+
+
+def _check_public_subspace(config, bad) -> None:
+    source = config.get("public_subspace", "")
+    if not source:
+        return
+    if config.mechanism == "sgd":
+        bad("public_subspace", source, "'' with mechanism='sgd' (it projects the noisy update)")
+    if source == config.data_dir or (source != "synthetic" and not loading.is_joint_dir(source)):
+        bad("public_subspace", source, "'synthetic' or a public joint-format directory other "
+            "than data_dir")
+    rank, examples = config.public_subspace_rank, config.public_subspace_examples
+    for field, value in (("public_subspace_rank", rank), ("public_subspace_examples", examples),
+                         ("public_subspace_every", config.public_subspace_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            bad(field, value, "an integer >= 1")
+    if rank > examples:
+        bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
+    if config.get("probe_epochs", 0) or config.get("sparse_embeddings", False) or (
+            config.get("optimizer") == "adam_bc"):
+        bad("public_subspace", source, "'' with probe_epochs, sparse_embeddings or "
+            "optimizer='adam_bc'")
 
 
 def microbatch_size(config) -> Optional[int]:

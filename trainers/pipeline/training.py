@@ -22,7 +22,8 @@ import edp_tf
 from edp_tf import accounting
 from trainers.data import loading
 from trainers.data import schema as schema_lib
-from trainers.pipeline import builders, checkpoints, recipes, run_files, timing, warm_start
+from trainers.pipeline import (builders, checkpoints, public_subspace, recipes, run_files, timing,
+                               warm_start)
 from trainers.pipeline import callbacks as callbacks_lib
 from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
@@ -230,6 +231,7 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
             trainer = edp_tf.PrivateModel(model, dp, plan=plan)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
             _probe_first(config, model, trainer)
+            public_subspace.attach(config, trainer, data.preprocessor, data.splits.train)
         else:
             trainer = model
             trainer.compile(optimizer=optimizer)
