@@ -51,7 +51,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   public_subspace  "" (off), "synthetic" or a public joint-format corpus (e.g. ../shared/data/atis):
                    private runs project each noisy update onto the top public_subspace_rank
                    directions of the gradients of public_subspace_examples of its utterances,
-                   with labels drawn from this run's, refreshed every public_subspace_every steps
+                   with labels drawn from this run's (public_subspace_labels="random") or its
+                   own ("own": same label schema), refreshed every public_subspace_every steps
                    (PDP-SGD; post-processing, epsilon unchanged; trainers/pipeline/
                    public_subspace.py). The noise keeps rank / d of its energy, the signal what
                    lies in those directions
@@ -156,6 +157,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.public_subspace_rank = 128
     c.public_subspace_examples = 512
     c.public_subspace_every = 5
+    c.public_subspace_labels = "random"  # or "own": the public corpus's labels, in this schema
     c.slot_loss = "sum"
     # the BIO-constrained best path; it lowers private test SER (docs/results.md)
     c.decoding = "bio"

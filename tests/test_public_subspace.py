@@ -25,8 +25,8 @@ def test_a_corpus_holding_training_utterances_is_refused(tmp_path):
     config = _config()
     splits = tiny_runs.corpus(config)
     config.public_subspace = tiny_runs.write_joint_dir(tmp_path / "copy", splits)
-    with pytest.raises(ValueError, match=r"public_subspace=.*of its utterances are in this "
-                                         r"run's training set"):
+    with pytest.raises(ValueError, match=r"public_subspace=.*utterances are in this run's "
+                                         r"training set: that is not a public corpus"):
         public_subspace.public_examples(config, None, splits.train)
 
 

@@ -141,6 +141,15 @@ def get_config():
         "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
         "public_subspace=../shared/data/atis", "public_subspace_rank=128",
         "public_subspace_examples=512", "public_subspace_every=5"))
+    # The same with an in-domain public set labelled in SNIPS's schema (its dev split, a stand-in
+    # for a few hundred utterances a developer writes): 72-88% of the clipped sum's energy in
+    # 128 directions at epochs 1-3, against 44-56% for ATIS with drawn labels
+    clc_both.append(cell(
+        "clc_dpsgd_eps8_public_subspace_dev", "per-example DP-SGD, eps 8, update projected on "
+        "128 directions of SNIPS dev gradients (own labels)", "per-example, public subspace",
+        "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+        "public_subspace=../shared/data/snips/dev", "public_subspace_labels=own",
+        "public_subspace_rank=128", "public_subspace_examples=512", "public_subspace_every=5"))
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
                 + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
                 + clc_both,

@@ -191,14 +191,19 @@ def _check_public_subspace(config, bad) -> None:
         return
     if config.mechanism == "sgd":
         bad("public_subspace", source, "'' with mechanism='sgd' (it projects the noisy update)")
-    if source == config.data_dir or (source != "synthetic" and not loading.is_joint_dir(source)):
-        bad("public_subspace", source, "'synthetic' or a public joint-format directory other "
-            "than data_dir")
+    from trainers.pipeline.public_subspace import is_split_dir
+
+    if source == config.data_dir or (source != "synthetic" and not loading.is_joint_dir(source)
+                                     and not is_split_dir(source)):
+        bad("public_subspace", source, "'synthetic' or a public joint-format directory (or one "
+            "split of one) other than data_dir")
     rank, examples = config.public_subspace_rank, config.public_subspace_examples
     for field, value in (("public_subspace_rank", rank), ("public_subspace_examples", examples),
                          ("public_subspace_every", config.public_subspace_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             bad(field, value, "an integer >= 1")
+    if config.get("public_subspace_labels", "random") not in ("random", "own"):
+        bad("public_subspace_labels", config.public_subspace_labels, ("random", "own"))
     if rank > examples:
         bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
     if config.get("probe_epochs", 0) or config.get("sparse_embeddings", False) or (
