@@ -124,6 +124,11 @@ def is_joint_dir(path: str | os.PathLike) -> bool:
     return os.path.isfile(os.path.join(os.fspath(path), "train", "seq.in"))
 
 
+def is_split_dir(path: str | os.PathLike) -> bool:
+    """One split of a joint-format corpus: seq.in (with seq.out and label) directly inside."""
+    return os.path.isfile(os.path.join(path, "seq.in"))
+
+
 def load_data(data_dir: str | os.PathLike | None, seed: int = 0, synthetic_size: int = 3000,
               synthetic_canaries: int = 0, synthetic_canary_repeats: int = 10) -> Splits:
     """Loads a corpus, detecting its format (the one entry point for every corpus).

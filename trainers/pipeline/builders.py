@@ -191,10 +191,8 @@ def _check_public_subspace(config, bad) -> None:
         return
     if config.mechanism == "sgd":
         bad("public_subspace", source, "'' with mechanism='sgd' (it projects the noisy update)")
-    from trainers.pipeline.public_subspace import is_split_dir
-
     if source == config.data_dir or (source != "synthetic" and not loading.is_joint_dir(source)
-                                     and not is_split_dir(source)):
+                                     and not loading.is_split_dir(source)):
         bad("public_subspace", source, "'synthetic' or a public joint-format directory (or one "
             "split of one) other than data_dir")
     rank, examples = config.public_subspace_rank, config.public_subspace_examples

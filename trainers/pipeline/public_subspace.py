@@ -15,7 +15,6 @@ training utterances is refused: it is not public, and epsilon would not count th
 from __future__ import annotations
 
 import logging
-import os
 
 import numpy as np
 
@@ -26,17 +25,13 @@ SYNTHETIC = "synthetic"
 _SYNTHETIC_SEED = 7919  # a corpus of its own: not the default job's (seed 0)
 
 
-def is_split_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "seq.in"))
-
-
 def _public_utterances(config) -> list:
     source = config.public_subspace
     if source == SYNTHETIC:
         size = max(int(config.public_subspace_examples) * 2, 1000)
         return list(loading.load_data(None, seed=_SYNTHETIC_SEED, synthetic_size=size).train)
     try:
-        if is_split_dir(source):
+        if loading.is_split_dir(source):
             return list(loading.load_joint_split(source))
         return list(loading.load_data(source).train)
     except (ValueError, OSError) as error:
