@@ -20,7 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import checks, microbatch
+from edp_tf import checks, clipping, microbatch
 
 
 def top_directions(gradients: tf.Tensor, rank: int) -> tf.Tensor:
@@ -106,8 +106,8 @@ class PublicSubspace:
             grads, _, _ = microbatch.stacked_microbatch_gradients(
                 model, loss_fn, variables, x, y, w, 1, 1.0)
             flat = flatten_stacked(grads)
-            norms = tf.norm(flat, axis=1, keepdims=True)
-            return flat * tf.minimum(1.0, clip / tf.maximum(norms, 1e-30))
+            factors, _ = clipping.clip_factors(tf.norm(flat, axis=1), clip)  # NaN/Inf rows -> 0
+            return flat * factors[:, None]
 
         self._gradients = tf.function(clipped_gradients)
         self._device = device
@@ -143,12 +143,18 @@ class PublicSubspace:
 
 
 class RefreshCallback(keras.callbacks.Callback):
-    """Refreshes `subspace` before the steps it is due at (by the optimizer's step count, so a
-    resumed run refreshes on the same schedule)."""
+    """Refreshes `subspace` before the steps it is due at, counted from the optimizer's step
+    count when `fit` starts (so a resumed run refreshes on the same schedule) without reading
+    the device's counter at every step."""
 
     def __init__(self, subspace: PublicSubspace, optimizer):
         super().__init__()
         self._subspace, self._optimizer = subspace, optimizer
+        self._step = 0
+
+    def on_train_begin(self, logs=None):
+        self._step = int(self._optimizer.iterations.numpy())
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._subspace.refresh_if_due(int(self._optimizer.iterations.numpy()))
+        self._subspace.refresh_if_due(self._step)
+        self._step += 1
