@@ -26,7 +26,7 @@ def test_clipping_and_layer_scales_match_plain_loop(strategy, microbatch_size, p
         inner.set_weights(init)
         cfg = DPConfig(l2_norm_clip=C, noise_multiplier=0.0, microbatch_size=microbatch_size,
                        scaling="public", layer_scales=alpha_raw, physical_batch_size=physical)
-        private = PrivateModel(inner, cfg)
+        private = PrivateModel(inner, cfg, training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(lr), loss=mse)
     history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     alpha = private.layer_scales

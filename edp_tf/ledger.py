@@ -39,8 +39,13 @@ SHUFFLE_SENTENCE = (
     "bound does not hold; the number of steps depends on n). The run is not private.")
 UNVERIFIED_POISSON_SENTENCE = (
     "The ledger was not given the PoissonSampler that produced the batches "
-    "(PrivacyLedger.for_sampler): epsilon assumes Poisson sampling that it cannot verify, so "
-    "the run is not reported as private.")
+    "(PrivacyLedger.for_sampler), and fit trained on {source}: epsilon assumes Poisson sampling "
+    "that it cannot verify, so the run is not reported as private.")
+VALIDATION_SENTENCE = (
+    "fit evaluated validation_data after every epoch without noise (the val_* logs, History, "
+    "and callbacks that read them, such as EarlyStopping or ModelCheckpoint): epsilon covers the "
+    "training examples, assuming no validation example is one of them; the validation examples "
+    "themselves are not protected.")
 PUBLIC_SIZE_SENTENCE = (
     "The dataset size n is treated as public (as in the usual DP-SGD accounting): the sampling "
     "rate q, the normaliser of every update (the expected batch q n), the number of steps and "
@@ -101,6 +106,12 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
     return a == b
+
+
+def _row_maps_sentence(names: Iterable[str]) -> str:
+    return (f"The sampler's batches were mapped by {', '.join(names)} "
+            "(edp_tf.batch_source.map_batches), assumed to act on each row on its own, so that "
+            "one example still changes one micro-batch.")
 
 
 def _merge_sentences(*lists: Iterable[str]) -> list:
@@ -213,6 +224,34 @@ class PrivacyLedger(keras.callbacks.Callback):
                                           led["sampling_rate"], led["delta"],
                                           led["extra_events"], accountant)
 
+    def check_batch_source(self, source) -> None:
+        """Refuses, before the first step, batches this ledger's sampler did not draw.
+
+        A ledger made for a sampler (`for_sampler`) states a Poisson epsilon; batches cut by
+        Keras from arrays, or a tf.data pipeline the library did not sample, are another
+        sampling for which that number bounds nothing (edp_tf.batch_source).
+        `PrivateModel.fit` calls this with what it was given; `begin_fit` again.
+        """
+        if self.sampling != "poisson" or self.sampler is None:
+            return
+        if source is None or source.kind != "sampler":
+            what = source.description if source is not None else "batches of unknown origin"
+            raise ValueError(
+                f"PrivacyLedger for a {type(self.sampler).__name__}: fit was given {what}, "
+                "and the ledger's epsilon holds only for the sampler's Poisson batches. Train on "
+                "fit(sampler.dataset(x, y), ...) (repeat=True for an infinite stream; "
+                "edp_tf.batch_source.map_batches to parse its batches row by row), or keep "
+                "these batches with PrivacyLedger(..., sampling='shuffle'), which reports the "
+                "run as not private.")
+        if source.sampler != self.sampler:
+            theirs = source.sampler
+            raise ValueError(
+                f"fit's batches come from another sampler ({type(theirs).__name__}, n="
+                f"{theirs.dataset_size}, q={theirs.sampling_rate}) than the ledger's "
+                f"({type(self.sampler).__name__}, n={self.sampler.dataset_size}, "
+                f"q={self.sampler.sampling_rate}): pass the ledger the sampler whose dataset "
+                "fit trains on")
+
     # ------------------------------------------------------------------ callbacks
     def on_train_begin(self, logs=None):
         self.begin_fit()
@@ -237,6 +276,9 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self._ledger is not None and self._fit_params is self.params:
             return
         facts = self._facts()
+        source = getattr(self.model, "batch_source", None)
+        self.check_batch_source(source)  # fit checked it before anything ran; this is the root
+        self._adopt_sampler_of(source)
         mechanism = self._mechanism(facts)
         if os.path.exists(self.path):
             led = read_ledger(self.path)
@@ -261,13 +303,19 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self.sampling == "shuffle":
             not_covered.append(SHUFFLE_SENTENCE)
         if unverified:
-            not_covered.append(UNVERIFIED_POISSON_SENTENCE)
+            not_covered.append(UNVERIFIED_POISSON_SENTENCE.format(
+                source=source.description if source is not None else "batches of unknown origin"))
         if self.sampling_seed_fixed:
             not_covered.append(SAMPLING_SEED_SENTENCE)
         led["not_covered"] = _merge_sentences(led["not_covered"], not_covered)
         # what the epsilon statement takes as given, beside what it does not cover
-        led["assumes"] = [PUBLIC_SIZE_SENTENCE] + (
-            [PUBLIC_USERS_SENTENCE] if facts.get("privacy_unit") == "user" else [])
+        led["assumes"] = _merge_sentences(
+            [PUBLIC_SIZE_SENTENCE]
+            + ([PUBLIC_USERS_SENTENCE] if facts.get("privacy_unit") == "user" else []),
+            led.get("assumes", []),
+            [VALIDATION_SENTENCE] if facts.get("validation_data") else [],
+            [_row_maps_sentence(source.row_maps)] if source is not None and source.row_maps
+            else [])
         void = (facts.get("seed_fixed") or self.sampling_seed_fixed
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
                 or unverified or (self.artifacts or {}).get("release_covered") is False)
@@ -373,6 +421,18 @@ class PrivacyLedger(keras.callbacks.Callback):
             raise ValueError("PrivacyLedger needs an edp_tf.PrivateModel (privacy_facts, "
                              f"dp_config, mechanism), got {type(model).__name__}")
         return model.privacy_facts()
+
+    def _adopt_sampler_of(self, source) -> None:
+        """A Poisson ledger made without its sampler verifies the batches after all when fit
+        trained on a sampler's dataset of the ledger's n and q."""
+        if self.sampling != "poisson" or self.sampler is not None or source is None:
+            return
+        theirs = source.sampler
+        if source.kind == "sampler" and theirs.dataset_size == self.dataset_size and (
+                self.sampling_rate is None or _same(theirs.sampling_rate, self.sampling_rate)):
+            self.sampler = theirs
+            self.sampling_rate = theirs.sampling_rate
+            self.sampling_seed_fixed = self.sampling_seed_fixed or theirs.seed_fixed
 
     def _check_unit(self, mechanism) -> None:
         """The sampler's unit and micro-batch must be the step's: a user-level step fed

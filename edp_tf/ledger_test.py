@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import edp_tf
-from edp_tf import DPConfig, PrivateModel, accounting, ledger, sampling
+from edp_tf import DPConfig, PrivateModel, accounting, batch_source, ledger, sampling
 
 N = 2  # replicas (2 of the 4 logical CPUs: half the tracing cost of 4)
 N_EX, Q = 64, 0.25  # expected batch 16, 4 steps per epoch
@@ -202,7 +202,8 @@ def test_poisson_claim_without_the_sampler_is_not_private(strategy, data, tmp_pa
     led = ledger.PrivacyLedger(tmp_path, N_EX, DELTA)  # "poisson", but no sampler to check
     model.fit(*data, batch_size=16, epochs=1, verbose=0, callbacks=[led])
     content = load(tmp_path)
-    assert content["not_covered"] == [ledger.UNVERIFIED_POISSON_SENTENCE]
+    assert content["not_covered"] == [ledger.UNVERIFIED_POISSON_SENTENCE.format(
+        source=batch_source.BatchSource("arrays").description)]
     assert content["private"] is False
     with pytest.raises(ValueError, match="PoissonSampler"):
         ledger.PrivacyLedger(tmp_path, N_EX, DELTA, sampler=object())

@@ -20,7 +20,7 @@ def _model(middle=None):
 def _fit(model, **private_kwargs):
     x, y = small_regression()
     private = PrivateModel(model, DPConfig(noise_multiplier=1.0, microbatch_size=1),
-                           **private_kwargs)
+                           training_statistics=True, **private_kwargs)
     private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     return private.fit(x, y, batch_size=16, epochs=1, verbose=0)
 

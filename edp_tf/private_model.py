@@ -20,13 +20,19 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import (bias_corrected_adam, clipping, iterators, local_training, microbatch,
-                    model_state, multi_worker, noise, projection, scaling, selection)
+from edp_tf import (batch_source, bias_corrected_adam, clipping, iterators, local_training,
+                    microbatch, model_state, multi_worker, noise, projection, scaling, selection)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 
 _log = logging.getLogger(__name__)
+
+TRAINING_STATISTICS_SENTENCE = (
+    "fit showed the training loss, compiled metrics and clipping statistics (clipped_fraction, "
+    "preclip_norm, nonfinite_microbatches) of every step (PrivateModel(training_statistics="
+    "True)): they are computed on the private batches without noise and are not covered by "
+    "epsilon (progress bar, History, TensorBoard, callbacks).")
 
 
 class _EpochSchedule(keras.callbacks.Callback):
@@ -52,10 +58,19 @@ class PrivateModel(keras.Model):
     and any other adaptable layer is refused (edp_tf/model_state.py). `plan`, the run's
     `PrivacyPlan` when one was made (a trainer calibrating z0): the step runs its mechanism,
     refuses batches it was not made for, and reports its sentences to the ledger.
+
+    `training_statistics`: the step's training loss, compiled metrics and clipping statistics
+    are computed on the private batches without noise, so by default `fit` logs only the noise
+    multiplier (the progress bar, History, TensorBoard and every callback see nothing else);
+    True shows them, and the ledger then lists them as not covered by epsilon.
     """
 
+    # what the step logs when training statistics are hidden: public, a function of the schedule
+    PUBLIC_LOGS = ("noise_multiplier",)
+
     def __init__(self, model: keras.Model, config: DPConfig, public_layers: Sequence[str] = (),
-                 plan: Optional[PrivacyPlan] = None, **kwargs):
+                 plan: Optional[PrivacyPlan] = None, training_statistics: bool = False,
+                 **kwargs):
         super().__init__(**kwargs)
         if not isinstance(config, DPConfig):
             raise ValueError(f"PrivateModel needs an edp_tf.DPConfig, got {type(config).__name__}")
@@ -68,6 +83,12 @@ class PrivateModel(keras.Model):
             raise ValueError(f"PrivateModel's plan must be an edp_tf.PrivacyPlan, "
                              f"got {type(plan).__name__}")
         self._plan = plan
+        if not isinstance(training_statistics, bool):
+            raise ValueError(f"training_statistics must be True or False, "
+                             f"got {training_statistics!r}")
+        self._training_statistics = training_statistics
+        self._batch_source: Optional[batch_source.BatchSource] = None  # set by each fit
+        self._validation = False  # the last fit evaluated validation_data
         self._state_checked = False  # model_state's refusal runs once, before the first step
         self._loop_reported = False  # the automatic per-example loop is said once
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
@@ -106,6 +127,11 @@ class PrivateModel(keras.Model):
         if self._mechanism is None:
             raise RuntimeError("the mechanism is known once fit() has seen the first batch")
         return self._mechanism
+
+    @property
+    def batch_source(self) -> Optional[batch_source.BatchSource]:
+        """Where the last `fit`'s batches came from (edp_tf.batch_source)."""
+        return self._batch_source
 
     @property
     def layer_scales(self) -> Optional[tuple]:
@@ -154,6 +180,8 @@ class PrivateModel(keras.Model):
                 f"Each update was projected onto {self._subspace.rank} directions of the "
                 f"gradients of {self._subspace.examples} examples declared public "
                 "(post-processing): epsilon treats those examples as public.")
+        if self._training_statistics:
+            not_covered.append(TRAINING_STATISTICS_SENTENCE)
         if cfg.seed_fixed:
             not_covered.append(
                 f"The noise seed was fixed (seed={cfg.seed}): the noise is predictable, so the run "
@@ -177,6 +205,11 @@ class PrivateModel(keras.Model):
             "seed_fixed": cfg.seed_fixed,
             "not_covered": not_covered,
             "extra_events": [dict(e) for e in self._extra_events],
+            # where the last fit's batches came from: the ledger checks it against its sampler
+            "batch_source": (self._batch_source.to_dict() if self._batch_source is not None
+                             else None),
+            "validation_data": self._validation,
+            "training_statistics": self._training_statistics,
         }
 
     def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
@@ -264,7 +297,26 @@ class PrivateModel(keras.Model):
 
     # ----------------------------------------------------------------- fit
     def fit(self, x=None, y=None, batch_size=None, epochs=1, callbacks=None, **kwargs):
+        """Keras' `fit`, running the private step on every batch.
+
+        Epsilon (the `PrivacyLedger` among `callbacks`) holds for Poisson batches: pass a
+        sampler's dataset, `sampler.dataset(x, y)` (edp_tf.sampling), as `x`. Arrays (which
+        Keras shuffles and cuts into fixed batches) and tf.data pipelines the library did not
+        sample train, but a ledger for a sampler refuses them before the first step and a ledger
+        without one reports the run as not private. `validation_data` is evaluated without
+        noise: epsilon covers the training examples, and the statement assumes the validation
+        examples are not among them. The training loss, metrics and clipping statistics are
+        hidden unless `PrivateModel(..., training_statistics=True)`.
+        """
         iterators.release_device_iterators_promptly()  # under a strategy the user built, too
+        callbacks = list(callbacks or [])
+        self._batch_source = batch_source.describe(x)
+        self._validation = kwargs.get("validation_data") is not None or bool(
+            kwargs.get("validation_split"))
+        for callback in callbacks:  # a ledger refuses batches its epsilon does not cover
+            check = getattr(callback, "check_batch_source", None)
+            if check is not None:
+                check(self._batch_source)
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
         cfg = self._dp_config
         # a user's weight, or an augmented example's, scales its clipped vector: arrays are
@@ -283,7 +335,7 @@ class PrivateModel(keras.Model):
             with self.distribute_strategy.scope():  # every variable: the frozen ones join later
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
-        callbacks = [_EpochSchedule(self)] + list(callbacks or [])
+        callbacks = [_EpochSchedule(self)] + callbacks
         if self._subspace is not None:
             callbacks.insert(1, projection.RefreshCallback(self._subspace, self.optimizer))
         if isinstance(x, tf.data.Dataset):
@@ -575,6 +627,8 @@ class PrivateModel(keras.Model):
 
     def _step_logs(self) -> dict:
         logs = self.get_metrics_result()
+        if not self._training_statistics:  # unnoised statistics of the private batches
+            return {k: v for k, v in logs.items() if k in self.PUBLIC_LOGS}
         # Keras averages per-replica results; a count must be summed, hence the factor N.
         logs["nonfinite_microbatches"] = self._nonfinite_tracker.result() * float(self.num_replicas)
         return logs

@@ -26,7 +26,8 @@ def test_no_noise_huge_clip_equals_ordinary_training(strategy, microbatch_size, 
         inner.set_weights(init)
         private = PrivateModel(
             inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0,
-                            microbatch_size=microbatch_size, physical_batch_size=physical))
+                            microbatch_size=microbatch_size, physical_batch_size=physical),
+            training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())
     history = private.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
     for got, want in zip(inner.get_weights(), reference.get_weights()):
@@ -49,7 +50,8 @@ def test_clipping_statistics_ignore_padding_rows(strategy, microbatch_size):
             inner = small_model()
             inner.set_weights(init)
             private = PrivateModel(inner, DPConfig(l2_norm_clip=1e-6, noise_multiplier=0.0,
-                                                   microbatch_size=microbatch_size))
+                                                   microbatch_size=microbatch_size),
+                                   training_statistics=True)
             private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
         h = private.fit(xs, ys, sample_weight=ws, batch_size=batch, epochs=1, shuffle=False,
                         verbose=0).history
@@ -74,7 +76,7 @@ def test_nonfinite_microbatch_contributes_zero_and_is_counted(strategy):
         inner = small_model()
         inner.set_weights(init)
         private = PrivateModel(inner, DPConfig(l2_norm_clip=C, noise_multiplier=0.0,
-                                               microbatch_size=1))
+                                               microbatch_size=1), training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(lr), loss=mse)
     history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     assert history.history["nonfinite_microbatches"] == [1.0]
@@ -93,7 +95,7 @@ def test_edp_nonfinite_replica_batch_is_dropped(strategy):
     x[0, 0] = np.inf  # replica 0's whole micro-batch becomes non-finite
     with strategy.scope():
         inner = small_model()
-        private = PrivateModel(inner, DPConfig(noise_multiplier=0.5))
+        private = PrivateModel(inner, DPConfig(noise_multiplier=0.5), training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     assert history.history["nonfinite_microbatches"] == [1.0]
@@ -197,7 +199,7 @@ def test_keras_compile_with_a_loss_per_output_trains_as_keras_does(strategy):
         inner = _two_outputs()
         inner.set_weights(init)
         private = PrivateModel(inner, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0,
-                                               microbatch_size=1))
+                                               microbatch_size=1), training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=losses, loss_weights=weights,
                         metrics={"cls": ["accuracy"]})
     history = private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)

@@ -32,7 +32,7 @@ from typing import Any, Optional
 import tensorflow as tf
 from scipy import stats
 
-from edp_tf import iterators
+from edp_tf import batch_source, iterators
 from edp_tf.accounting import check_sampling_rate
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
@@ -76,6 +76,10 @@ class PoissonSampler:
         sampler = PoissonSampler(dataset_size=n, sampling_rate=q, replicas=4)
         cfg = DPConfig(..., expected_batch_size=sampler.expected_batch_size)
         model.fit(sampler.dataset(x, y), epochs=E)   # steps_per_epoch steps, fresh each epoch
+
+    The dataset is marked as this sampler's (edp_tf.batch_source): a ledger for this sampler
+    accepts it as it is, or with `repeat=True`; transformed afterwards (.map, .shuffle, ...) it
+    is no longer known to be a Poisson sample and the ledger refuses it.
     """
 
     dataset_size: int
@@ -122,18 +126,21 @@ class PoissonSampler:
     def seed_fixed(self) -> bool:
         return self.seed is not None
 
-    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None,
+                repeat: bool = False) -> tf.data.Dataset:
         """`steps` (default steps_per_epoch) batches of (x, y, mask), fresh at each iteration.
 
         x and y are nests (arrays, dicts, tuples) of arrays with `dataset_size` rows. Padding rows
-        are zeros (empty strings) with mask 0. Infinite stream: `.repeat()` the result.
+        are zeros (empty strings) with mask 0. `repeat=True`: an infinite stream (fresh batches
+        at every pass), for `fit(..., steps_per_epoch=...)`.
         """
         n, size, q = self.dataset_size, self.max_batch_size, self.sampling_rate
         return self._stream(x, y, n, steps, 2, lambda seeds: _placed(
-            n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}"))
+            n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}"),
+            repeat=repeat)
 
     def _stream(self, x, y, rows: int, steps: Optional[int], num_seeds: int,
-                rows_of, row_weights=None) -> tf.data.Dataset:
+                rows_of, row_weights=None, repeat: bool = False) -> tf.data.Dataset:
         """`steps` batches of (x, y, mask) whose rows `rows_of(step seeds)` picks (index `rows`:
         the zero padding row); the mask is 1 per real row, or `row_weights[row]`."""
         steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
@@ -152,8 +159,11 @@ class PoissonSampler:
 
         seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
         batches = seeds.take(steps).map(sample, num_parallel_calls=iterators.PARALLEL_CALLS,
-                                        deterministic=True).prefetch(iterators.PREFETCHED)
-        return iterators.without_autotune(batches)
+                                        deterministic=True)
+        if repeat:
+            batches = batches.repeat()
+        batches = batches.prefetch(iterators.PREFETCHED)
+        return batch_source.mark(iterators.without_autotune(batches), self)
 
 
 def _placed(units: int, q: float, size: int, seeds, what: str) -> tf.Tensor:
@@ -259,9 +269,10 @@ class UserPoissonSampler(PoissonSampler):
         """Users per batch at most (the binomial quantile over users)."""
         return self.max_batch_size // self.microbatch_size
 
-    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None,
+                repeat: bool = False) -> tf.data.Dataset:
         """`steps` (default steps_per_epoch) batches of (x, y, mask): slot j holds rows
-        [j k, (j + 1) k), one sampled user's or none."""
+        [j k, (j + 1) k), one sampled user's or none (`repeat` as PoissonSampler's)."""
         users, k, slots, q = self.dataset_size, self.microbatch_size, self.slots, self.sampling_rate
         n = len(self.user_of_row)
         table = _rows_by_user(self.user_of_row, users, n, k)  # [users + 1, width], padded with n
@@ -269,7 +280,7 @@ class UserPoissonSampler(PoissonSampler):
                        else None)
         return self._stream(x, y, n, steps, 3, lambda seeds: _grouped_rows(
             table, users, q, slots, k, n, seeds, f"Poisson sample of more than {slots} users"),
-            row_weights)
+            row_weights, repeat)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,10 +329,12 @@ class AugmentedPoissonSampler(PoissonSampler):
         """Examples per batch at most (the binomial quantile over examples)."""
         return self.max_batch_size // self.copies
 
-    def dataset(self, x: Any, y: Any, steps: Optional[int] = None) -> tf.data.Dataset:
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None,
+                repeat: bool = False) -> tf.data.Dataset:
         """`steps` (default steps_per_epoch) batches of (x, y, mask): slot j holds rows
         [j K, (j + 1) K), K variants of one sampled example, or padding. x and y hold
-        dataset_size x variants rows, each example's consecutive."""
+        dataset_size x variants rows, each example's consecutive (`repeat` as
+        PoissonSampler's)."""
         n, k, v, slots = self.dataset_size, self.copies, self.variants, self.slots
         rows = n * v
         for array in tf.nest.flatten((x, y)):
@@ -333,7 +346,7 @@ class AugmentedPoissonSampler(PoissonSampler):
                            tf.fill([1, v], rows)], 0)  # [n + 1, V]: the last is the empty slot
         return self._stream(x, y, rows, steps, 3, lambda seeds: _grouped_rows(
             table, n, self.sampling_rate, slots, k, rows, seeds,
-            f"Poisson sample larger than {slots} examples"))
+            f"Poisson sample larger than {slots} examples"), repeat=repeat)
 
 
 def _grouped_rows(table: tf.Tensor, units: int, q: float, slots: int, k: int, rows: int, seeds,

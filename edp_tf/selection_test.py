@@ -131,7 +131,8 @@ def _fit(strategy, microbatch_size, method, threshold, z=1.0, epochs=1, physical
         private = PrivateModel(inner, DPConfig(
             l2_norm_clip=1.0, noise_multiplier=z, microbatch_size=microbatch_size,
             per_example_method=method, sparse_embeddings=sparse, selection_noise_multiplier=Z_C,
-            selection_clip=C1, selection_threshold=threshold, physical_batch_size=physical))
+            selection_clip=C1, selection_threshold=threshold, physical_batch_size=physical),
+            training_statistics=True)
         private.compile(optimizer=optimizer() if optimizer else keras.optimizers.SGD(0.5),
                         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     history = private.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0)
@@ -193,7 +194,8 @@ def test_adam_and_momentum_leave_unselected_rows_unchanged(optimizer, replicas):
         before = inner.get_layer("table").get_weights()[0].copy()
         private = PrivateModel(inner, DPConfig(
             noise_multiplier=1.0, microbatch_size=1, sparse_embeddings=True,
-            selection_noise_multiplier=Z_C, selection_clip=C1, selection_threshold=6.0))
+            selection_noise_multiplier=Z_C, selection_clip=C1, selection_threshold=6.0),
+            training_statistics=True)
         opt = (keras.optimizers.Adam(0.01) if optimizer == "adam"
                else keras.optimizers.SGD(0.1, momentum=0.9))
         private.compile(optimizer=opt,

@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 import numpy as np
 
-from edp_tf import iterators
+from edp_tf import batch_source, iterators
 from edp_tf.sampling import PoissonSampler, _positive_int
 
 Records = Callable[[], Iterable[bytes]]  # a fresh pass over the corpus on each call
@@ -48,7 +48,9 @@ class StreamingPoissonSampler(PoissonSampler):
     Usage:
         sampler = StreamingPoissonSampler(dataset_size=n, sampling_rate=q, replicas=2)
         batches = sampler.record_dataset(lambda: read_lines(shards))   # (records [M], mask [M])
-        model.fit(batches.map(parse), epochs=E)   # parse: strings -> features, keep the mask
+        model.fit(edp_tf.batch_source.map_batches(batches, parse), epochs=E)
+        # parse: strings -> features per row, the mask kept; a plain .map() loses the mark
+        # that tells the ledger these are Poisson batches (edp_tf.batch_source)
     """
 
     work_dir: Optional[str] = None  # spill files go to a private temporary directory in here
@@ -104,8 +106,8 @@ class StreamingPoissonSampler(PoissonSampler):
             tf.TensorSpec([size], tf.string), tf.TensorSpec([size], tf.float32)))
         # Keras then knows an epoch's length and re-iterates (a fresh epoch) without warning.
         count = self.steps_per_epoch if steps is None else steps
-        return iterators.without_autotune(
-            dataset.apply(tf.data.experimental.assert_cardinality(count)))
+        return batch_source.mark(iterators.without_autotune(
+            dataset.apply(tf.data.experimental.assert_cardinality(count))), self)
 
     # ------------------------------------------------------------------ the two passes
     def _spill(self, records: Records, steps: int, rng: np.random.Generator,

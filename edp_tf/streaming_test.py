@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import ledger
+from edp_tf import batch_source, ledger
 from edp_tf.streaming import StreamingPoissonSampler, _bernoulli_arrivals, text_lines
 
 N, Q = 40, 0.2  # 5 steps per epoch, expected batch 8
@@ -139,10 +139,11 @@ def test_private_fit_on_streamed_records_with_its_ledger(tmp_path):
                             expected_batch_size=sampler.expected_batch_size))
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     led = ledger.PrivacyLedger.for_sampler(str(tmp_path), sampler, 1 / 64)
-    history = model.fit(sampler.record_dataset(lambda: iter(lines)).map(parse), epochs=3,
-                        verbose=0, callbacks=[led])
+    batches = batch_source.map_batches(sampler.record_dataset(lambda: iter(lines)), parse)
+    history = model.fit(batches, epochs=3, verbose=0, callbacks=[led])
     content = ledger.read_ledger(str(tmp_path))
-    assert len(history.history["loss"]) == 3 and content["private"] is True
+    assert len(history.history["noise_multiplier"]) == 3 and content["private"] is True
+    assert any("mapped by parse" in s for s in content["assumes"])
     assert content["sampling"] == "poisson" and content["sampling_rate"] == 0.25
     assert [e["steps"] for e in content["epochs"]] == [4, 4, 4]
 

@@ -152,7 +152,8 @@ def test_loop_method_trains_a_recurrent_layer_that_is_not_unrolled():
     with strategy.scope():
         model = MODELS["gru_not_unrolled"]()
         private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0,
-                                               per_example_method="loop"))
+                                               per_example_method="loop"),
+                               training_statistics=True)
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     before = [v.numpy().copy() for v in model.trainable_variables]
     history = private.fit(x, y, batch_size=8, epochs=2, verbose=0)

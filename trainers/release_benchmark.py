@@ -37,7 +37,7 @@ def one_run(variant: str, seconds: float, replicas: int) -> dict:
             [d.name for d in tf.config.list_logical_devices("CPU")])
     n = 2000
     sampler = edp_tf.PoissonSampler(dataset_size=n, sampling_rate=0.05, replicas=replicas)
-    dataset = sampler.dataset(np.zeros((n, 20), np.float32), np.zeros(n, np.int32)).repeat()
+    dataset = sampler.dataset(np.zeros((n, 20), np.float32), np.zeros(n, np.int32), repeat=True)
     if variant == "tf_default":
         options = tf.data.Options()
         options.autotune.enabled = True

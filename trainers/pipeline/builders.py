@@ -447,7 +447,7 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     q = batch / n
     if users is not None or (config.mechanism != "sgd" and config.sampling == "poisson"):
         sampler = poisson_sampler(config, n, q, private_cfg_k, replicas, users, fixed_seed, key)
-        return (sampler.dataset(x, y).repeat(), sampler.steps_per_epoch, q,
+        return (sampler.dataset(x, y, repeat=True), sampler.steps_per_epoch, q,
                 sampler.expected_batch_size, sampler)
     multiple = replicas * (private_cfg_k or 1)
     if batch % multiple:

@@ -228,7 +228,8 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
             _log.info("backbone: %d variables from %s", copied, source.run_dir)
         optimizer = builders.optimizer(config, steps)
         if dp is not None:
-            trainer = edp_tf.PrivateModel(model, dp, plan=plan)
+            trainer = edp_tf.PrivateModel(model, dp, plan=plan,
+                                          training_statistics=bool(config.diagnostics))
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
             _probe_first(config, model, trainer)
             public_subspace.attach(config, trainer, data.preprocessor, data.splits.train)
