@@ -1,5 +1,12 @@
-"""edp-tf: efficient DP-SGD for Keras models, with honest privacy accounting."""
-from edp_tf import accounting, iterators, ledger, multi_worker, plan, sampling
+"""edp-tf: efficient DP-SGD for Keras models, with honest privacy accounting.
+
+One call: `edp_tf.make_private(model, target_epsilon=..., epochs=..., batch_size=...)`, then
+`compile` and `fit` as usual. The lower layer (`PoissonSampler`, `DPConfig`, `PrivateModel`,
+`PrivacyLedger`, `calibrate_noise`) stays for what the one call does not cover.
+"""
+from importlib import metadata as _metadata
+
+from edp_tf import accounting, batch_source, iterators, ledger, multi_worker, plan, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
@@ -7,12 +14,19 @@ from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
+from edp_tf.private_training import AutoPrivateModel, make_private
 from edp_tf.sampling import AugmentedPoissonSampler, PoissonSampler, UserPoissonSampler
 from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 
+try:
+    __version__ = _metadata.version("edp-tf")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
 __all__ = [
+    "make_private", "AutoPrivateModel", "__version__", "batch_source",
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
     "PoissonSampler", "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",

@@ -127,6 +127,11 @@ def test_training_statistics_shown_are_listed_as_not_covered(strategy, data, tmp
     assert {"loss", "clipped_fraction", "preclip_norm"} <= set(history.history)
     content = _load(tmp_path)
     assert edp_tf.private_model.TRAINING_STATISTICS_SENTENCE in content["not_covered"]
+    # the library's run writes its ledger alone, and its artifact list names what fit showed
+    assert os.listdir(tmp_path) == ["privacy.json"]
+    assert "privacy.json" in content["artifacts"]["covered"]
+    assert any("loss, metrics and clipping statistics" in a
+               for a in content["artifacts"]["not_covered"])
     with pytest.raises(ValueError, match="training_statistics"):
         PrivateModel(keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)]),
                      DPConfig(), training_statistics="yes")

@@ -108,6 +108,23 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def library_artifacts(facts: dict) -> dict:
+    """What a run of the library alone releases, when no application said more: the ledger's
+    own file, the weights it trained, and what fit's logs (History, progress bar, callbacks)
+    show; the trainers list their run directory instead (`PrivacyLedger.artifacts`)."""
+    not_covered = []
+    if facts.get("training_statistics"):
+        not_covered.append("fit's logs (History, progress bar, callbacks): loss, metrics and "
+                           "clipping statistics of the training batches, without noise")
+    if facts.get("validation_data"):
+        not_covered.append("fit's logs (History, progress bar, callbacks): val_* of "
+                           "validation_data, without noise (assumed not training data)")
+    return {"covered": [FILENAME, "the wrapped model's weights and the optimizer's state, "
+                        "however the caller saves or exports them",
+                        "fit's logs: noise_multiplier (a function of the schedule)"],
+            "not_covered": not_covered}
+
+
 def _row_maps_sentence(names: Iterable[str]) -> str:
     return (f"The sampler's batches were mapped by {', '.join(names)} "
             "(edp_tf.batch_source.map_batches), assumed to act on each row on its own, so that "
@@ -125,7 +142,8 @@ class PrivacyLedger(keras.callbacks.Callback):
     """Keeps `run_dir/privacy.json` for a `PrivateModel.fit`, one entry per epoch actually run.
 
     Args:
-      run_dir: where privacy.json lives (a resumed run passes the same directory).
+      run_dir: where privacy.json lives (a resumed run passes the same directory); None keeps
+        the ledger in memory (`ledger`), continued by later fits with the same callback.
       dataset_size: n, the number of training examples (users, for user-level privacy).
       delta: the delta of the reported (epsilon, delta).
       sampling: "poisson" (edp_tf.sampling; the step must be given DPConfig(expected_batch_size))
@@ -151,8 +169,9 @@ class PrivacyLedger(keras.callbacks.Callback):
             raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-        self.run_dir = str(run_dir)
-        self.path = os.path.join(self.run_dir, FILENAME)
+        # None: the ledger lives in memory only (edp_tf.make_private without a run_dir)
+        self.run_dir = None if run_dir is None else str(run_dir)
+        self.path = None if run_dir is None else os.path.join(self.run_dir, FILENAME)
         self.dataset_size = dataset_size
         self.delta = accounting.check_delta(delta)
         self.sampling = sampling
@@ -280,13 +299,15 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.check_batch_source(source)  # fit checked it before anything ran; this is the root
         self._adopt_sampler_of(source)
         mechanism = self._mechanism(facts)
-        if os.path.exists(self.path):
-            led = read_ledger(self.path)
+        previous = (read_ledger(self.path) if self.path is not None and os.path.exists(self.path)
+                    else self._ledger if self.path is None else None)
+        if previous is not None:
+            led = previous
             diff = [k for k in MECHANISM_FIELDS
                     if not _same(led.get(k, FIELD_DEFAULTS.get(k)), mechanism[k])]
             if diff:
                 raise ValueError(
-                    f"{self.path} was written for another mechanism: "
+                    f"{self.path or 'the ledger'} was written for another mechanism: "
                     + ", ".join(f"{k} {led.get(k, FIELD_DEFAULTS.get(k))!r} there vs "
                                 f"{mechanism[k]!r} now" for k in diff)
                     + ". Continue it with the same mechanism, or use a new run_dir.")
@@ -320,8 +341,8 @@ class PrivacyLedger(keras.callbacks.Callback):
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
                 or unverified or (self.artifacts or {}).get("release_covered") is False)
         led["private"] = bool(led.get("private", True)) and not void
-        if self.artifacts is not None:
-            led["artifacts"] = dict(self.artifacts)
+        led["artifacts"] = (dict(self.artifacts) if self.artifacts is not None
+                            else library_artifacts(facts))
         led["global_batch_size"] = facts["global_batch_size"]
         led["schedule"] = self._schedule()
         self._ledger, self._fit_params = led, self.params
@@ -344,14 +365,14 @@ class PrivacyLedger(keras.callbacks.Callback):
         planned = self.record_for(epoch, self._planned_steps() or 0).to_dict()
         planned["steps"] = self._planned_steps()
         self.ledger["in_progress"] = planned
-        write_json_atomically(self.path, self.ledger)
+        self._write()
 
     def cancel_epoch(self, epoch: int) -> None:
         """Withdraws an epoch that has not run a single step (the budget refused it)."""
         if self._open_epoch == epoch and self._steps == 0:
             self._open_epoch = None
             self.ledger["in_progress"] = None
-            write_json_atomically(self.path, self.ledger)
+            self._write()
 
     def close_epoch(self, epoch: int, logs: Optional[dict] = None) -> None:
         """Charges the finished epoch and rewrites privacy.json (idempotent)."""
@@ -369,7 +390,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         led["in_progress"] = None
         self._open_epoch = None
         self._refresh_epsilon()
-        write_json_atomically(self.path, led)
+        self._write()
         logging.info("privacy ledger: epoch %d (%d steps, z=%.4g, z_eff=%.4g): epsilon %.4g "
                      "(RDP %.4g) at delta %.3g", epoch, record.steps, record.noise_multiplier,
                      record.effective_noise_multiplier, led["epsilon"], led["epsilon_rdp"],
@@ -415,6 +436,10 @@ class PrivacyLedger(keras.callbacks.Callback):
         return self.epsilon_with((), self.budget_accountant)
 
     # ------------------------------------------------------------------ helpers
+    def _write(self) -> None:
+        if self.path is not None:
+            write_json_atomically(self.path, self._ledger)
+
     def _facts(self) -> dict:
         model = self.model
         if not all(hasattr(model, a) for a in ("privacy_facts", "dp_config", "mechanism")):
@@ -525,7 +550,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         if interrupted:
             if interrupted.get("steps") is None:
                 raise ValueError(
-                    f"{self.path}: epoch {interrupted['epoch']} was interrupted and its step "
+                    f"{self.path or 'the ledger'}: epoch {interrupted['epoch']} was interrupted and its step "
                     "count was unknown (a dataset of unknown length): its cost cannot be bounded")
             led["epochs"] = list(led["epochs"]) + [
                 EpochRecord.from_dict(interrupted).to_dict()]
@@ -536,7 +561,8 @@ class PrivacyLedger(keras.callbacks.Callback):
         following = max(done) + 1 if done else 0
         if epoch > following:
             raise ValueError(
-                f"{self.path} records epochs up to {following - 1} but fit starts at epoch "
+                f"{self.path or 'the ledger'} records epochs up to {following - 1} but fit "
+                f"starts at epoch "
                 f"{epoch}: epochs {following}..{epoch - 1} are missing from the ledger, so its "
                 "epsilon would be too small. Resume with the run_dir whose ledger has them.")
         if epoch < following and done:

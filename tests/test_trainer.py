@@ -94,7 +94,9 @@ def resumed_run(tmp_path_factory):
     """BERT eDP-SGD calibrated to TARGET_EPSILON over 3 epochs, killed after 2, then resumed.
     One replica (its micro-batch is the batch): tracing, most of the run, doubles with each
     replica, and the trainer's 2-replica runs are the user-level and BERT SGD ones."""
-    config = tiny_config("bert", "edp", replicas=1, epochs=3, target_epsilon=TARGET_EPSILON)
+    # diagnostics on: the artifact test sees every file a private run with them writes
+    config = tiny_config("bert", "edp", replicas=1, epochs=3, target_epsilon=TARGET_EPSILON,
+                         diagnostics=True)
     run_dir = str(tmp_path_factory.mktemp("bert-edp") / "run")
     interrupt = InterruptAfterEpoch(1)
     with pytest.raises(Interrupted):
@@ -242,6 +244,43 @@ def test_edp_bert_run_directory(resumed_run):
     assert privacy["microbatch_size"] > 1 and privacy["sensitivity"] == 2
     assert privacy["noise_mode"] == "calibrated"
     assert any("vocabulary" in s for s in privacy["not_covered"])  # bert.vocabulary = "train"
+
+
+def _run_dir_entries(run_dir) -> list:
+    """The run directory's entries as the artifact list names them: files, and folders with
+    a trailing slash; metrics.json also by each of its top-level fields."""
+    entries = [name + ("/" if os.path.isdir(os.path.join(run_dir, name)) else "")
+               for name in sorted(os.listdir(run_dir))]
+    metrics = os.path.join(run_dir, "metrics.json")
+    fields = sorted(read(run_dir, "metrics.json")) if os.path.exists(metrics) else []
+    return entries + [f"metrics.json: {field}" for field in fields]
+
+
+def _named_in(entry, artifacts) -> bool:
+    listed = artifacts["covered"] + artifacts["not_covered"]
+    if entry.startswith("metrics.json: "):  # a field: named in a metrics.json sentence
+        field = entry.split(": ", 1)[1].replace("test_by_decoding", "test").replace(
+            "decoding", "test").replace("unseen_labels", "test")
+        return any(a.startswith("metrics.json") and re.search(rf"\b{field}\b", a)
+                   for a in listed)
+    return any(a == entry or a.startswith(entry.rstrip("/") + ("/" if entry.endswith("/")
+                                                                 else "")) for a in listed)
+
+
+@pytest.mark.parametrize("which", ["cli", "application", "diagnostics"])
+def test_every_file_a_private_run_writes_is_named_covered_or_not(which, cli_run, finished_run,
+                                                                   resumed_run):
+    """No artifact outside privacy.json's list: the command line's run, the application's
+    (training.train) and a run with diagnostics, each file and each field of metrics.json."""
+    run_dir = {"cli": lambda: cli_run["run_dir"],
+               "application": lambda: finished_run("clc-dpsgd")[1],
+               "diagnostics": lambda: resumed_run["run_dir"]}[which]()
+    artifacts = read(run_dir, "privacy.json")["artifacts"]
+    entries = _run_dir_entries(run_dir)
+    assert "privacy.json" in entries and "checkpoints/" in entries  # not vacuous
+    assert ("tensorboard/" in entries) is (which == "diagnostics")
+    unnamed = [e for e in entries if not _named_in(e, artifacts)]
+    assert unnamed == [], f"{which}: written but not in privacy.json's artifacts: {unnamed}"
 
 
 # --------------------------------------------------------------------------- 2. resume
@@ -559,6 +598,10 @@ def test_user_level_run_accounts_users(tmp_path):
         8 / len(users))
     assert led["sensitivity"] == 1 and led["microbatch_size"] == 4
     assert led["epsilon"] <= TARGET_EPSILON
+    # the test split lost the training users' utterances: its metrics depend on who trains
+    assert any(a.startswith("metrics.json: test metrics (user level")
+               for a in led["artifacts"]["not_covered"])
+    assert not any(a.startswith("metrics.json: test") for a in led["artifacts"]["covered"])
     from trainers.privacy import statement_from_ledger
 
     statement = statement_from_ledger(led)

@@ -149,17 +149,24 @@ def finished_summary(run_dir: str) -> dict | None:
             "private": bool(ledger.get("private", False))}
 
 
-def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False) -> dict:
+def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
+              user_level: bool = False) -> dict:
     """Which run-directory files epsilon covers, and which are diagnostics of the private data.
 
     A label set or vocabulary derived from the training split is written verbatim into
     preprocessor.json and the SavedModel: those releases are outside the proof, so
-    `release_covered` is False and the ledger reports the run as not private."""
+    `release_covered` is False and the ledger reports the run as not private. At user level the
+    test split loses every training user's utterances, so its metrics depend on who trains."""
     covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
                "metrics.json: test metrics (computed on data that is not training data)",
                "config.json", "state.json", "privacy.json", "label_schema.json",
                "preprocessor.json"]
     not_covered = []
+    if user_level:
+        covered.remove("metrics.json: test metrics (computed on data that is not training data)")
+        not_covered.append("metrics.json: test metrics (user level: the test split is filtered "
+                           "by who trains, so they depend on the training users; not a "
+                           "differentially private release)")
     from_training = []
     if labels.from_training_data:
         from_training.append("the label sets")

@@ -298,7 +298,8 @@ def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q:
                             sampling_rate=q, target_epsilon=budget))
     ledger.artifacts = run_files.artifacts(
         bool(config.diagnostics), data.labels,
-        bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)))
+        bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)),
+        user_level=data.users is not None)
     return ledger
 
 

@@ -1,0 +1,243 @@
+"""`make_private`: one call from any Keras model to private training with an honest epsilon.
+
+Why one call: the lower layer (`PoissonSampler`, `calibrate_noise`, `DPConfig`, `PrivateModel`,
+`PrivacyLedger`) needs n, q, delta and the epochs restated three times, and a user who hands
+`fit` arrays with a Poisson ledger gets batches the proof does not cover. `make_private` states
+the budget once; its first `fit` on arrays reads n, samples Poisson batches itself at
+q = batch_size / n with the library's sampler, calibrates the noise for the budget, and keeps the
+ledger, so every batch it trains on is one the accounting covers.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+from edp_tf import accounting, batch_source, checks, multi_worker, sampling
+from edp_tf.config import DPConfig
+from edp_tf.ledger import PrivacyLedger
+from edp_tf.mechanism import Mechanism
+from edp_tf.plan import PrivacyPlan
+from edp_tf.private_model import PrivateModel
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What `make_private` was asked for: epsilon after `epochs` epochs of Poisson batches of
+    `batch_size` examples in expectation; delta None is 0.1 / n."""
+
+    target_epsilon: float
+    epochs: int
+    batch_size: int
+    delta: Optional[float] = None
+    run_dir: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        checks.number("target_epsilon", self.target_epsilon, 0.0, True)
+        checks.count("epochs", self.epochs, 1)
+        checks.count("batch_size", self.batch_size, 1)
+        if self.delta is not None:
+            accounting.check_delta(self.delta)
+
+
+class AutoPrivateModel(PrivateModel):
+    """A `PrivateModel` that samples, calibrates and accounts by itself (`make_private`).
+
+    Its first `fit` on arrays (or a dict of arrays) fixes n, the sampler, the noise and the
+    ledger; later fits continue the same ledger (their epochs follow the earlier ones) and stop
+    before an epoch that would pass the budget.
+    """
+
+    def __init__(self, model: keras.Model, config: DPConfig, budget: Budget, **kwargs):
+        super().__init__(model, config, **kwargs)
+        self._budget = budget
+        self._sampler: Optional[sampling.PoissonSampler] = None
+        self._ledger: Optional[PrivacyLedger] = None
+        self._epochs_done = 0
+
+    @property
+    def sampler(self) -> Optional[sampling.PoissonSampler]:
+        """The Poisson sampler of the run (known once `fit` has seen the data)."""
+        return self._sampler
+
+    @property
+    def privacy_ledger(self) -> Optional[PrivacyLedger]:
+        return self._ledger
+
+    @property
+    def epsilon(self) -> float:
+        """Epsilon spent so far (0 before the first epoch)."""
+        if self._ledger is None or not self._ledger.records:
+            return 0.0
+        return float(self._ledger.ledger["epsilon"])
+
+    def privacy_statement(self) -> dict:
+        """The ledger: epsilon, delta, the mechanism, what it assumes and does not cover, and
+        whether the run is private (what `privacy.json` holds when `run_dir` was given)."""
+        if self._ledger is None:
+            raise RuntimeError("the privacy statement is known once fit() has started")
+        return dict(self._ledger.ledger)
+
+    def compile(self, *args, **kwargs):
+        with self.distribute_strategy.scope():  # the optimizer's variables, per replica
+            super().compile(*args, **kwargs)
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=None, callbacks=None, **kwargs):
+        """Trains on Poisson batches of `x, y` drawn by the library's sampler.
+
+        x: arrays or a dict of arrays with n rows (y likewise): each epoch is ceil(n / B)
+          steps, every example in each batch independently with probability q = B / n
+          (B = make_private's batch_size). Or a sampler's dataset (`sampler.dataset(x, y)`),
+          accounted at that sampler's q. Other tf.data pipelines and generators are refused:
+          their batches are not Poisson samples.
+        epochs: more epochs to train (default: what is left of make_private's `epochs`); they
+          follow the earlier fits' in the ledger and its noise schedule.
+        batch_size, shuffle, sample_weight: not taken (the sampler decides the batches and
+          their mask).
+        Everything else is Keras' (validation_data, callbacks, verbose, steps_per_epoch, ...);
+        validation data must not be training data (privacy.json says so).
+        """
+        for name in ("sample_weight", "validation_split", "class_weight"):
+            if kwargs.get(name) is not None:
+                raise ValueError(f"make_private's fit does not take {name}: the sampler's mask "
+                                 "weighs the rows (give validation_data explicitly)")
+        if batch_size not in (None, self._budget.batch_size):
+            raise ValueError(f"fit(batch_size={batch_size}) differs from make_private's "
+                             f"batch_size={self._budget.batch_size}, which the noise was "
+                             "calibrated for")
+        kwargs.pop("shuffle", None)  # the sampler draws every batch
+        if self._ledger is None:
+            self._start(x, y)
+        dataset = self._batches(x, y)
+        initial = self._epochs_done
+        if kwargs.get("initial_epoch") not in (None, initial):
+            raise ValueError(f"make_private's fit continues at epoch {initial} (the ledger's "
+                             f"next): initial_epoch={kwargs['initial_epoch']} is not taken")
+        kwargs["initial_epoch"] = initial
+        more = self._budget.epochs - initial if epochs is None else checks.count("epochs", epochs, 1)
+        if more < 1:
+            raise ValueError(f"the {self._budget.epochs} planned epochs have run (epsilon "
+                             f"{self.epsilon:.3g}): pass epochs= to train more, which the "
+                             "budget then decides")
+        with self.distribute_strategy.scope():
+            history = super().fit(dataset, epochs=initial + more,
+                                  callbacks=[self._ledger] + list(callbacks or []), **kwargs)
+        self._epochs_done = initial + len(history.epoch)
+        return history
+
+    # ------------------------------------------------------------------ the first fit
+    def _start(self, x, y) -> None:
+        """Fixes the sampler, the calibrated noise and the ledger from the data's size."""
+        source = batch_source.describe(x)
+        replicas = self.num_replicas
+        cfg = self.dp_config
+        if source.kind == "sampler":
+            sampler = source.sampler
+        elif source.kind == "arrays":
+            n = _rows(x, y)
+            if self._budget.batch_size > n:
+                raise ValueError(f"make_private: batch_size={self._budget.batch_size} exceeds "
+                                 f"the {n} training examples")
+            key = (multi_worker.shared_key(self.distribute_strategy)
+                   if multi_worker.is_multi_worker(self.distribute_strategy) else None)
+            sampler = sampling.PoissonSampler(
+                dataset_size=n, sampling_rate=self._budget.batch_size / n, replicas=replicas,
+                microbatch_size=cfg.microbatch_size, key=key)
+        else:
+            raise ValueError(
+                f"make_private's fit takes arrays or a dict of arrays (it samples Poisson batches "
+                f"itself), or a sampler's dataset; it was given {source.description}")
+        n = sampler.dataset_size
+        delta = (self._budget.delta if self._budget.delta is not None
+                 else accounting.default_delta(n))
+        cfg = cfg.replace(expected_batch_size=sampler.expected_batch_size)
+        extras = ([accounting.ExtraEvent("private_layer_scales", cfg.scaling_noise_multiplier)]
+                  if cfg.scaling == "private" else ())
+        plan = PrivacyPlan(Mechanism.from_config(cfg, replicas, sampler.max_batch_size), n,
+                           sampler.sampling_rate, delta, self._budget.epochs,
+                           sampler.steps_per_epoch, extras).calibrated(self._budget.target_epsilon)
+        self._dp_config = cfg.replace(noise_multiplier=plan.mechanism.noise_multiplier)
+        self.dp_noise_multiplier.assign(plan.mechanism.noise_multiplier)
+        self._plan = plan
+        self._sampler = sampler
+        self._ledger = PrivacyLedger.for_sampler(self._budget.run_dir, sampler, delta,
+                                                 target_epsilon=self._budget.target_epsilon)
+
+    def _batches(self, x, y) -> tf.data.Dataset:
+        source = batch_source.describe(x)
+        if source.kind == "sampler":
+            return x  # the ledger checks that it is the run's sampler
+        if source.kind != "arrays":
+            raise ValueError(f"make_private's fit takes arrays or a sampler's dataset; it was "
+                             f"given {source.description}")
+        if _rows(x, y) != self._sampler.dataset_size:
+            raise ValueError(f"this fit's data has {_rows(x, y)} rows but the run's first had "
+                             f"{self._sampler.dataset_size}: n is fixed by the first fit (its "
+                             "ledger and noise assume it)")
+        return self._sampler.dataset(x, y)
+
+
+def _rows(x, y) -> int:
+    if y is None:
+        raise ValueError("make_private's fit needs labels: fit(x, y)")
+    counts = {len(a) for a in tf.nest.flatten((x, y))}
+    if len(counts) != 1:
+        raise ValueError(f"x and y must have the same number of rows, got {sorted(counts)}")
+    return counts.pop()
+
+
+def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batch_size: int,
+                 l2_norm_clip: float = 1.0, delta: Optional[float] = None,
+                 microbatch_size: Optional[int] = 1, run_dir: Optional[str] = None,
+                 strategy: Optional[tf.distribute.Strategy] = None,
+                 public_layers=(), training_statistics: bool = False,
+                 **dp_options) -> AutoPrivateModel:
+    """`model`, trained by `fit` with DP-SGD at (target_epsilon, delta) after `epochs` epochs.
+
+    Then `private.compile(optimizer, loss)` and `private.fit(x, y)` as with any Keras model.
+    What happens at the first `fit(x, y)` on arrays (or a dict of arrays) with n rows:
+      * batches are Poisson samples drawn by the library: each example independently with
+        probability q = batch_size / n at every step, ceil(n / batch_size) steps per epoch,
+        padded to a fixed size with a 0/1 mask (the sampling the accounting assumes);
+      * the noise multiplier is calibrated so that `epochs` epochs spend exactly the budget
+        (PLD accountant, delta = 0.1 / n unless given);
+      * a privacy ledger charges every epoch that runs and stops before one that would pass
+        the budget; `private.epsilon` and `private.privacy_statement()` read it, and with
+        `run_dir` it is written to `run_dir/privacy.json` after each epoch.
+    Epsilon covers the trained weights and anything computed from them (export `model`, the
+    object given here: it holds no privacy machinery). It assumes n is public and that
+    validation data is not training data; the training loss and metrics are hidden unless
+    `training_statistics=True` (then listed as not covered).
+
+    Args:
+      model: any Keras model, built inside `strategy.scope()` when a strategy is given.
+      microbatch_size: 1 is per-example DP-SGD (the default); k > 1 micro-batches of k
+        examples (sensitivity 2C); None one micro-batch per replica (the paper's eDP-SGD).
+      strategy: a `tf.distribute` strategy (e.g. `edp_tf.make_strategy(replicas=2)`); default
+        the current one.
+      dp_options: further `edp_tf.DPConfig` fields (noise_mode, decay, clipping, ...).
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    for variable in getattr(model, "variables", []):
+        # a Keras variable's `value` is the backend's tf.Variable (mirrored under a strategy)
+        if not strategy.extended.variable_created_in_scope(getattr(variable, "value", variable)):
+            raise ValueError(
+                f"make_private: the model's variable {getattr(variable, 'path', variable.name)} "
+                "was not created under the given strategy: build the model inside "
+                "strategy.scope() (it is trained where its variables live)")
+    for name in ("noise_multiplier", "expected_batch_size", "seed"):
+        if name in dp_options:
+            raise ValueError(f"make_private decides {name} itself (the noise from the budget, "
+                             "the expected batch from batch_size, seeds from OS entropy); use "
+                             "edp_tf.PrivateModel to set it")
+    budget = Budget(target_epsilon, epochs, batch_size, delta, run_dir)
+    config = DPConfig(l2_norm_clip=l2_norm_clip, microbatch_size=microbatch_size,
+                      noise_multiplier=1.0, **dp_options)
+    with strategy.scope():
+        return AutoPrivateModel(model, config, budget, public_layers=public_layers,
+                                training_statistics=training_statistics)
+
+
+__all__ = ["make_private", "AutoPrivateModel", "Budget"]

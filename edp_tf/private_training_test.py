@@ -1,0 +1,91 @@
+"""make_private: one call, Poisson batches drawn by the library, the budget kept across fits."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import ledger, sampling
+
+N_EX, BATCH, EPOCHS, TARGET = 128, 32, 2, 3.0
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N_EX, 4)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int32")
+
+
+def _private(run_dir=None, strategy=None, **kwargs):
+    with (strategy or tf.distribute.get_strategy()).scope():
+        model = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
+    private = edp_tf.make_private(model, target_epsilon=TARGET, epochs=EPOCHS,
+                                  batch_size=BATCH, run_dir=run_dir, strategy=strategy, **kwargs)
+    private.compile(optimizer=keras.optimizers.SGD(0.1),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model, private
+
+
+def test_arrays_train_on_poisson_batches_to_the_budget_and_no_further(tmp_path):
+    x, y = _data()
+    model, private = _private(str(tmp_path), strategy=edp_tf.make_strategy(2))
+    before = model.get_weights()
+    history = private.fit(x, y, epochs=1, verbose=0)  # one of the two planned epochs
+    assert set(history.history) == {"noise_multiplier"}  # no unnoised training statistic
+    sampler = private.sampler
+    assert (sampler.dataset_size, sampler.sampling_rate) == (N_EX, BATCH / N_EX)
+    assert private.batch_source.kind == "sampler"  # the library drew the batches itself
+    first = private.epsilon
+    assert 0 < first < TARGET
+    private.fit(x, y, verbose=0)  # the rest of the plan, continuing the ledger
+    statement = private.privacy_statement()
+    assert [e["epoch"] for e in statement["epochs"]] == [0, 1]
+    assert statement["private"] is True and statement["sampling"] == "poisson"
+    assert statement["delta"] == pytest.approx(0.1 / N_EX)
+    # calibrated: the two epochs spend the budget (the bisection's tolerance is 1e-3 in z)
+    assert TARGET * 0.97 <= private.epsilon <= TARGET
+    with open(tmp_path / "privacy.json") as f:
+        assert json.load(f)["epsilon"] == private.epsilon
+    assert any(not np.allclose(a, b) for a, b in zip(before, model.get_weights()))
+    with pytest.raises(ledger.BudgetExhaustedError, match="would bring epsilon"):
+        private.fit(x, y, epochs=1, verbose=0)  # a third epoch would pass the budget
+    assert private.privacy_statement()["epochs"] == statement["epochs"]
+
+
+def test_dicts_of_arrays_and_the_samplers_dataset_are_taken_others_refused():
+    x, y = _data()
+    _, private = _private()
+    private.fit({"features": x}, y, epochs=1, verbose=0)
+    assert private.privacy_ledger.path is None  # in memory without run_dir
+    assert private.privacy_statement()["private"] is True
+    with pytest.raises(ValueError, match="rows but the run's first had"):
+        private.fit(x[:64], y[:64], epochs=1, verbose=0)
+    # the run's own sampler's dataset is accepted; a pipeline of the user's is not
+    private.fit(private.sampler.dataset({"features": x}, y), epochs=1, verbose=0)
+    own = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
+    _, fresh = _private()
+    with pytest.raises(ValueError, match="did not sample"):
+        fresh.fit(own, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="batch_size=16"):
+        fresh.fit(x, y, batch_size=16, verbose=0)
+    with pytest.raises(ValueError, match="sample_weight"):
+        fresh.fit(x, y, sample_weight=np.ones(N_EX), verbose=0)
+    other = sampling.PoissonSampler(N_EX, 0.5)
+    _, third = _private()
+    third.fit(other.dataset(x, y), epochs=1, verbose=0)  # a sampler's own q is accounted
+    assert third.privacy_statement()["sampling_rate"] == 0.5
+
+
+def test_make_private_refuses_what_it_decides_itself_and_foreign_variables():
+    with pytest.raises(ValueError, match="decides noise_multiplier itself"):
+        _private(noise_multiplier=1.0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])  # default strategy
+    with pytest.raises(ValueError, match="strategy.scope"):
+        edp_tf.make_private(model, target_epsilon=1.0, epochs=1, batch_size=8,
+                            strategy=edp_tf.make_strategy(2))
+    with pytest.raises(ValueError, match="target_epsilon"):
+        edp_tf.make_private(model, target_epsilon=0.0, epochs=1, batch_size=8)
+    assert edp_tf.__version__ and "sampl" in edp_tf.make_private.__doc__
