@@ -28,6 +28,12 @@ from edp_tf.plan import PrivacyPlan
 
 _log = logging.getLogger(__name__)
 
+_SAVE_WRAPPED = (
+    "a PrivateModel is not saved: save or export the model it trains, "
+    "private.wrapped_model.save('model.keras') or .export('saved_model') (the same weights, "
+    "no privacy machinery inside); resume training from a tf.train.Checkpoint of "
+    "wrapped_model and the optimizer")
+
 TRAINING_STATISTICS_SENTENCE = (
     "fit showed the training loss, compiled metrics and clipping statistics (clipped_fraction, "
     "preclip_norm, nonfinite_microbatches) of every step (PrivateModel(training_statistics="
@@ -140,6 +146,15 @@ class PrivateModel(keras.Model):
 
     def call(self, inputs, training=None):
         return self.wrapped_model(inputs, training=training)
+
+    def save(self, filepath, *args, **kwargs):
+        """Refused before any file is created: the wrapper is training machinery (a noise
+        generator, the mechanism, a ledger's view), and what a user ships is the model itself,
+        which epsilon covers."""
+        raise ValueError(_SAVE_WRAPPED)
+
+    def get_config(self):
+        raise ValueError(_SAVE_WRAPPED)
 
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
                 **kwargs):

@@ -89,3 +89,12 @@ def test_make_private_refuses_what_it_decides_itself_and_foreign_variables():
     with pytest.raises(ValueError, match="target_epsilon"):
         edp_tf.make_private(model, target_epsilon=0.0, epochs=1, batch_size=8)
     assert edp_tf.__version__ and "sampl" in edp_tf.make_private.__doc__
+
+
+def test_saving_the_wrapper_names_the_way_and_leaves_no_file(tmp_path):
+    model, private = _private()
+    with pytest.raises(ValueError, match=r"private\.wrapped_model\.save"):
+        private.save(str(tmp_path / "p.keras"))
+    assert not os.path.exists(tmp_path / "p.keras")
+    private.wrapped_model.save(str(tmp_path / "m.keras"))  # the way it names works
+    assert keras.models.load_model(str(tmp_path / "m.keras")).count_params() == model.count_params()
