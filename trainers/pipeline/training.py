@@ -231,7 +231,7 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
             trainer = edp_tf.PrivateModel(model, dp, plan=plan)
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
             _probe_first(config, model, trainer)
-            public_subspace.attach(config, trainer, data.preprocessor, data.splits.train)
+            public_subspace.attach(config, trainer, data.preprocessor)
         else:
             trainer = model
             trainer.compile(optimizer=optimizer)
