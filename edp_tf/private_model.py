@@ -191,10 +191,12 @@ class PrivateModel(keras.Model):
                 "that information is not covered by epsilon."
             )
         if self._subspace is not None:
+            source = self._subspace.source
             not_covered.append(
                 f"Each update was projected onto {self._subspace.rank} directions of the "
                 f"gradients of {self._subspace.examples} examples declared public "
-                "(post-processing): epsilon treats those examples as public.")
+                "(post-processing)" + (f", from {source}" if source else "")
+                + ": epsilon treats those examples as public.")
         if self._training_statistics:
             not_covered.append(TRAINING_STATISTICS_SENTENCE)
         if cfg.seed_fixed:
@@ -235,14 +237,17 @@ class PrivateModel(keras.Model):
         return self._layer_scales
 
     def project_onto_public_gradients(self, x, y, rank: int, every_steps: int = 1,
-                                      sample_weight=None) -> None:
+                                      sample_weight=None, source: Optional[str] = None) -> None:
         """Each step's noisy update is projected onto the top `rank` directions of these
         *public* examples' gradients, recomputed every `every_steps` steps
         (edp_tf/projection.py): post-processing, so epsilon is unchanged; the noise keeps rank / d
-        of its energy, the signal what lies in the subspace. Call before `fit`."""
+        of its energy, the signal what lies in the subspace. `source` names the examples' corpus
+        in the privacy statement. The examples must not be chosen by looking at the training
+        data (that choice would be a release epsilon does not count). Call before `fit`."""
         if self._freeze is not None:
             raise ValueError("project_onto_public_gradients cannot be combined with freeze_until")
-        self._subspace = projection.PublicSubspace(x, y, rank, every_steps, sample_weight)
+        self._subspace = projection.PublicSubspace(x, y, rank, every_steps, sample_weight,
+                                                   source=source)
 
     def freeze_until(self, epoch: int, variables: Sequence) -> None:
         """The first `epoch` epochs train only the other trainable variables; then all train.

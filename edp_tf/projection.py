@@ -72,10 +72,14 @@ class PublicSubspace:
     Each public example's gradient at the current weights is clipped to `l2_norm_clip` like a
     private one, so no single public example dominates the directions. Memory: the [m, d]
     public gradients while refreshing and the [d, rank] basis (d trained weights).
+
+    `source` names where the examples come from (a corpus, its split, how many), so that the
+    privacy statement says what it treats as public; free text, not checked.
     """
 
     def __init__(self, x, y, rank: int, every_steps: int = 1, sample_weight=None,
-                 chunk: int = 64):
+                 chunk: int = 64, source: Optional[str] = None):
+        self.source = None if source is None else str(source)
         self.rank = checks.count("rank", rank, 1)
         self.every_steps = checks.count("every_steps", every_steps, 1)
         self.chunk = checks.count("chunk", chunk, 1)
@@ -139,7 +143,7 @@ class PublicSubspace:
 
     def facts(self) -> dict:
         return {"rank": self.rank, "every_steps": self.every_steps,
-                "public_examples": self.examples}
+                "public_examples": self.examples, "source": self.source}
 
 
 class RefreshCallback(keras.callbacks.Callback):

@@ -51,7 +51,7 @@ def _one_step(strategy, project: bool, seed=3):
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     if project:
         private.project_onto_public_gradients(public_x[:8], public_y[:8], rank=4,
-                                              every_steps=100)
+                                              every_steps=100, source="a public corpus P")
     private._ensure_built(x[:1])
     before = np.concatenate([w.numpy().ravel() for w in inner.trainable_variables])
     private.fit(x[:16], y[:16], batch_size=16, epochs=1, shuffle=False, verbose=0)
@@ -73,8 +73,10 @@ def test_the_noisy_update_lies_in_the_public_subspace_after_the_replicas_sum(str
     # post-processing: the mechanism epsilon is computed from is the same
     assert private.mechanism == unprojected.mechanism
     facts = private.privacy_facts()
-    assert facts["public_subspace"] == {"rank": 4, "every_steps": 100, "public_examples": 8}
-    assert any("declared public" in s for s in facts["not_covered"])
+    assert facts["public_subspace"] == {"rank": 4, "every_steps": 100, "public_examples": 8,
+                                        "source": "a public corpus P"}
+    assert any("declared public (post-processing), from a public corpus P" in s
+               for s in facts["not_covered"])
 
 
 def test_the_basis_is_refreshed_on_the_optimizer_step_schedule():

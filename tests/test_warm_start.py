@@ -1,20 +1,23 @@
 """`--config.init_from`: a run's backbone starts from another run's
 (trainers/pipeline/warm_start.py).
 
-A tiny CLC source run trains on the synthetic corpus (seed 0); targets train on joint-format
-directories: seed 1's corpus without any of the source's training utterances (a different
-corpus), or seed 0's at another path (the same one, which must be refused). Both use one public
-word-vector file, so that their vocabularies agree as the feature requires.
+A tiny CLC source run trains without DP on the synthetic corpus (seed 0); targets train on
+joint-format directories: seed 1's corpus without any of the source's training utterances (a
+different corpus), or seed 0's at another path (the same one: the run is then not private). A
+third corpus (seed 2, sharing no utterance with the other two) lets a chain of private runs use
+seed 1's corpus only as a public subspace. All use one public word-vector file, so that their
+vocabularies agree as the feature requires.
 """
 import dataclasses
 import os
+import re
 
 import keras
 import numpy as np
 import pytest
 
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
-from trainers.pipeline import training, warm_start
+from trainers.pipeline import run_files, training, warm_start
 
 
 def config_with(vectors, **overrides):
@@ -27,10 +30,12 @@ def config_with(vectors, **overrides):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """Paths: the word vectors, the source run (synthetic, seed 0), the other corpus (seed 1
-    without the source's training utterances) and the source's own corpus at another path."""
+    without the source's training utterances), the source's own corpus at another path and a
+    third corpus (seed 2 without the training utterances of the other two)."""
     root = tmp_path_factory.mktemp("warm")
     ours, other = corpus(tiny_config()), corpus(tiny_config(data_seed=1))
-    words = sorted({w.lower() for s in (ours, other) for part in (s.train, s.dev, s.test)
+    third = corpus(tiny_config(data_seed=2))
+    words = sorted({w.lower() for s in (ours, other, third) for part in (s.train, s.dev, s.test)
                     for u in part for w in u.tokens})
     rng = np.random.default_rng(0)
     vectors = root / "public.vec"
@@ -40,9 +45,14 @@ def setup(tmp_path_factory):
     other = dataclasses.replace(other, train=[u for u in other.train
                                               if tuple(u.tokens) not in seen])
     assert len(other.train) > 50  # the synthetic corpora differ enough for a real run
+    seen |= {tuple(u.tokens) for u in other.train}
+    third = dataclasses.replace(third, train=[u for u in third.train
+                                              if tuple(u.tokens) not in seen])
+    assert len(third.train) > 50
     paths = dict(vectors=str(vectors),  # the generator's public labels: a private run stays so
                  other=write_joint_dir(root / "other", other, schema=True),
                  same=write_joint_dir(root / "same", ours, schema=True),
+                 third=write_joint_dir(root / "third", third, schema=True),
                  source=str(root / "source"))
     training.train(config_with(paths["vectors"], mechanism="sgd", replicas=1), paths["source"],
                    strategy=strategy(1), export=False)
@@ -94,8 +104,11 @@ def test_private_run_starts_from_the_source_backbone_and_says_so(setup, target_r
                for ours, theirs in zip(start.heads, heads))
     privacy = read(run_dir, "privacy.json")
     assert privacy["private"] is True
-    assert any(setup["source"] in s and "built-in synthetic corpus" in s
-               and "treats those corpora as public" in s for s in privacy["not_covered"])
+    assert privacy["artifacts"]["release_covered"] is True
+    assert any(f"{setup['source']} trained on the train split of the built-in synthetic corpus "
+               "(seed 0, 240 utterances) without differential privacy (mechanism 'sgd')" in s
+               and "treats those corpora as public" in s and "shares utterances" not in s
+               for s in privacy["not_covered"]), privacy["not_covered"]
 
 
 def test_resume_neither_reads_nor_needs_the_source(setup, target_run):
@@ -112,25 +125,128 @@ def test_resume_neither_reads_nor_needs_the_source(setup, target_run):
                for s in read(run_dir, "privacy.json")["not_covered"])
 
 
-def test_a_source_trained_on_this_runs_utterances_is_refused(setup, tmp_path):
-    """The same corpus at another path: its weights are a function of the private data."""
-    for data_dir in (setup["same"], ""):  # a copy of the source's corpus; the corpus itself
-        config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1,
-                             init_from=setup["source"], data_dir=data_dir)
-        with pytest.raises(ValueError, match=r"init_from=.*that run trained on \d+ of this run's "
-                                             "training utterances"):
-            training.train(config, str(tmp_path / f"run{len(data_dir)}"), strategy=strategy(1),
-                           export=False)
+def _warm_start_sentence(privacy):
+    found = [s for s in privacy["not_covered"] if s.startswith("The backbone's starting weights")]
+    assert len(found) == 1, privacy["not_covered"]
+    return found[0]
 
 
-def test_a_chain_of_sources_is_checked_to_its_end(setup, target_run, tmp_path):
-    """The target run started from the source: a run on the source's corpus may not start from
-    it, since its weights depend on that corpus too."""
+def _assert_not_private(run_dir, summary):
+    """The run is reported as not private, and no file computed from its weights is covered."""
+    privacy = read(run_dir, "privacy.json")
+    assert summary["private"] is False and privacy["private"] is False
+    assert privacy["artifacts"]["release_covered"] is False
+    assert not any(f.startswith(("checkpoints/", "saved_model/", "metrics.json: test"))
+                   for f in privacy["artifacts"]["covered"]), privacy["artifacts"]["covered"]
+    sentence = _warm_start_sentence(privacy)
+    assert "The starting weights depend on this run's private data outside its epsilon, so the " \
+           "run is not private." in sentence
+    return sentence
+
+
+def test_a_source_trained_without_dp_on_this_runs_data_makes_the_run_not_private(setup,
+                                                                                  tmp_path):
+    """The same corpus at another path: the source's weights are a function of the private data,
+    used without noise, so the proof does not cover this run's weights; a resumed run (without
+    the source) still says so."""
+    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1,
+                         init_from=setup["source"], data_dir=setup["same"])
+    run_dir = str(tmp_path / "run")
+    sentence = _assert_not_private(
+        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    assert (f"shares utterances with corpora of that chain: {setup['source']} trained on the "
+            "train split of the built-in synthetic corpus (seed 0, 240 utterances) without "
+            "differential privacy (mechanism 'sgd')") in sentence, sentence
+    moved = setup["source"] + ".away"
+    os.rename(setup["source"], moved)
+    try:
+        resumed = run_files.load_run_config(run_dir)
+        resumed.epochs = 2  # an extended run: the ledger writes its statement again
+        summary = training.train(resumed, run_dir, resume=True, strategy=strategy(1),
+                                 export=False)
+    finally:
+        os.rename(moved, setup["source"])
+    assert len(read(run_dir, "privacy.json")["epochs"]) == 2
+    assert _assert_not_private(run_dir, summary) == sentence
+
+
+def _epsilon_stated_for(sentence, run_dir):
+    match = re.search(re.escape(run_dir) + r" trained on .*? with differential privacy "
+                      r"\(epsilon ([0-9.e+-]+) at delta", sentence)
+    assert match, sentence
+    return float(match.group(1))
+
+
+def test_a_chain_of_sources_is_followed_to_its_end(setup, target_run, tmp_path):
+    """The target run (DP) started from the source (SGD on seed 0's corpus): a run on that corpus
+    starting from the target depends on its private data through the source, two links down.
+    The sentence states the DP link's own epsilon."""
     _, target_dir, _ = target_run
     config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=target_dir,
                          data_dir=setup["same"])
-    with pytest.raises(ValueError, match=r"its source .* trained on \d+ of this run's"):
-        training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+    run_dir = str(tmp_path / "run")
+    sentence = _assert_not_private(
+        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    target_epsilon = read(target_dir, "privacy.json")["epsilon"]
+    assert 0 < target_epsilon < float("inf")
+    assert _epsilon_stated_for(sentence, target_dir) == pytest.approx(target_epsilon, rel=1e-3)
+    assert f"{setup['source']} trained on the train split of the built-in synthetic corpus" \
+           in sentence.split("But this run's training split")[1], sentence
+
+
+def test_a_dp_source_on_this_runs_data_is_a_release_this_epsilon_does_not_include(
+        setup, target_run, tmp_path):
+    """The target run trained with DP on the other corpus: a run on that corpus starting from it
+    has spent the target's epsilon on the same data too, which its own epsilon does not count."""
+    _, target_dir, _ = target_run
+    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=target_dir,
+                         data_dir=setup["other"])
+    run_dir = str(tmp_path / "run")
+    sentence = _assert_not_private(
+        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    shared = sentence.split("But this run's training split")[1]
+    assert f"{target_dir} trained on the train split of {setup['other']} with differential " \
+           "privacy (epsilon" in shared, sentence
+    assert "a release of this run's data that this run's epsilon does not include" in shared
+    assert setup["source"] not in shared  # its corpus shares nothing with this run's
+
+
+@pytest.fixture(scope="module")
+def subspace_chain(setup, tmp_path_factory):
+    """Run directories (A, B) of a private chain: A trains on seed 0's corpus with its updates
+    projected onto gradients of the other corpus; B trains on the third corpus from A."""
+    root = tmp_path_factory.mktemp("subspace_chain")
+    first, second = str(root / "a"), str(root / "b")
+    training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1,
+                               public_subspace=setup["other"], public_subspace_examples=48,
+                               public_subspace_rank=8, public_subspace_every=2),
+                   first, strategy=strategy(1), export=False)
+    summary = training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1,
+                                         init_from=first, data_dir=setup["third"]),
+                             second, strategy=strategy(1), export=False)
+    assert summary["private"]  # B's corpus is in no corpus of A's
+    return first, second
+
+
+def test_a_public_subspace_corpus_down_the_chain_is_followed(setup, subspace_chain, tmp_path):
+    """A run on the other corpus starting from B: B's weights depend on A's, and A projected its
+    updates onto gradients of this run's training split, used without noise."""
+    first, second = subspace_chain
+    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=second,
+                         data_dir=setup["other"])
+    run_dir = str(tmp_path / "run")
+    sentence = _assert_not_private(
+        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    head, shared = sentence.split("But this run's training split")
+    for corpus_name in (f"{second} trained on the train split of {setup['third']} with "
+                        "differential privacy",
+                        f"{first} trained on the train split of the built-in synthetic corpus",
+                        f"{first} projected its updates onto gradients of the train split"):
+        assert corpus_name in head, sentence
+    assert re.search(re.escape(first) + r" projected its updates onto gradients of the train "
+                     r"split \(\d+ utterances\) of " + re.escape(setup["other"]) + " without "
+                     "differential privacy", shared), sentence
+    assert second not in shared
 
 
 @pytest.mark.parametrize("change, message", [

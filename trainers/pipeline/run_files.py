@@ -150,13 +150,16 @@ def finished_summary(run_dir: str) -> dict | None:
 
 
 def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
-              user_level: bool = False) -> dict:
+              weights_outside_epsilon: str = "", user_level: bool = False) -> dict:
     """Which run-directory files epsilon covers, and which are diagnostics of the private data.
 
     A label set or vocabulary derived from the training split is written verbatim into
     preprocessor.json and the SavedModel: those releases are outside the proof, so
-    `release_covered` is False and the ledger reports the run as not private. At user level the
-    test split loses every training user's utterances, so its metrics depend on who trains."""
+    `release_covered` is False and the ledger reports the run as not private.
+    `weights_outside_epsilon` says why the weights themselves depend on the training data
+    outside epsilon (a warm-start source that used it): then no weight-derived file is covered.
+    At user level the test split loses every training user's utterances, so its metrics depend
+    on who trains."""
     covered = ["checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
                "metrics.json: test metrics (computed on data that is not training data)",
                "config.json", "state.json", "privacy.json", "label_schema.json",
@@ -181,6 +184,13 @@ def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
         not_covered += [f"preprocessor.json: {what}, from the training split",
                         f"saved_model/ (serving export): it holds {what}, from the training "
                         "split; the weights alone are covered (checkpoints/)"]
+    if weights_outside_epsilon:
+        for name in ("checkpoints/ (weights and optimizer state)", "saved_model/ (serving export)",
+                     "metrics.json: test metrics (computed on data that is not training data)"):
+            if name in covered:
+                covered.remove(name)
+        not_covered.append("checkpoints/, saved_model/ and metrics.json (every file computed from "
+                           f"the weights): {weights_outside_epsilon}")
     # dev metrics each epoch are exact functions of the dev split: no training row enters them,
     # but they are not noised, so they are released as they are
     not_covered.append("metrics.json: epochs[].dev (exact metrics of the dev split, which is "
@@ -192,4 +202,4 @@ def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
             "membership_inference_dev (training losses)",
             "tensorboard/ (the same training statistics)"]
     return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics,
-            "release_covered": not from_training}
+            "release_covered": not from_training and not weights_outside_epsilon}

@@ -30,6 +30,8 @@ from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, 
 from trainers.scoring import predictions
 
 _log = logging.getLogger(__name__)
+_WARM_START_OUTSIDE = ("the starting weights came from a run that used this run's training data "
+                       "outside its epsilon (privacy.json's not_covered names it)")
 
 
 @dataclasses.dataclass
@@ -74,6 +76,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     # read and checked once, on a new run: a resumed one restores its own checkpoint
     source = (warm_start.prepare(config, data.splits.train)
               if config.get("init_from") and restored is None else None)
+    if source is not None:  # kept in state.json: a resumed run states it without the source
+        state["warm_start"] = source.facts()
+    warm = state.get("warm_start")
     delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
@@ -88,14 +93,14 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                 // strategy.num_replicas_in_sync)
             dp, plan = builders.private_run(
                 config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
-                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, source))
+                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm))
         model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
                                             source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
         _write_run_files(run_dir, config, data, n, delta, state)
-    ledger = _ledger(config, data, run_dir, sampler, n, delta, q) if private else None
+    ledger = _ledger(config, data, run_dir, sampler, n, delta, q, warm) if private else None
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
@@ -232,7 +237,7 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
                                           training_statistics=bool(config.diagnostics))
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
             _probe_first(config, model, trainer)
-            public_subspace.attach(config, trainer, data.preprocessor, data.splits.train)
+            public_subspace.attach(config, trainer, data.preprocessor)
         else:
             trainer = model
             trainer.compile(optimizer=optimizer)
@@ -271,12 +276,12 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
         "delta": delta})
 
 
-def _not_covered(data: _Data, source: Optional[warm_start.Source]) -> list:
+def _not_covered(data: _Data, warm: Optional[dict]) -> list:
     """What the run's statement does not cover: a vocabulary or label names from the training
-    text, a pretraining source's corpora (they go into the PrivacyPlan)."""
+    text, a pretraining source's corpora (`warm`: Source.facts(); they go into the PrivacyPlan)."""
     return (builders.vocabulary_not_covered(data.preprocessor)
             + list(schema_lib.not_covered(data.labels))
-            + ([source.not_covered_sentence()] if source else []))
+            + ([warm["not_covered"]] if warm else []))
 
 
 def _statement(ledger, run_dir: str) -> dict:
@@ -287,9 +292,11 @@ def _statement(ledger, run_dir: str) -> dict:
     return read_json(os.path.join(run_dir, "privacy.json"), {})
 
 
-def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q: float):
+def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q: float,
+            warm: Optional[dict] = None):
     """The privacy ledger (with the budget when a target epsilon is set), with what the run
-    directory's files are, for the statement's scope."""
+    directory's files are, for the statement's scope; a warm start whose source used this run's
+    training data outside epsilon (`warm`) leaves the weights uncovered, so the run not private."""
     from edp_tf.ledger import PrivacyLedger
 
     budget = config.target_epsilon if config.target_epsilon > 0 else None
@@ -299,6 +306,7 @@ def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q:
     ledger.artifacts = run_files.artifacts(
         bool(config.diagnostics), data.labels,
         bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)),
+        _WARM_START_OUTSIDE if (warm or {}).get("private_data_use") else "",
         user_level=data.users is not None)
     return ledger
 
