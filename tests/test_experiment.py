@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -230,9 +231,10 @@ def test_select_plan_only_states_the_epsilon_with_and_without_selection(tmp_path
     assert not os.path.exists(g.runs_dir)  # nothing trained
 
 
-def _fake_training(finished, dev_ser: dict, tamper: str = ""):
+def _fake_training(finished, dev_ser: dict, tamper=()):
     """A _train_candidate that copies the finished clc_dpsgd run (a candidate of the same
-    schedule) instead of training, with the dev SER `dev_ser` gives each candidate index."""
+    schedule) instead of training, with the dev SER `dev_ser` gives the n-th candidate trained
+    (candidates train in their draw's order); the ledgers of those in `tamper` say not private."""
     import shutil
 
     g, _ = finished
@@ -242,15 +244,23 @@ def _fake_training(finished, dev_ser: dict, tamper: str = ""):
         run_dir = os.path.join(runs_dir, candidate.name)
         if os.path.isdir(run_dir):
             return
+        index = len(calls)
         calls.append(candidate.name)
         shutil.copytree(os.path.join(g.runs_dir, "clc_dpsgd"), run_dir)
         metrics = experiment._read(os.path.join(run_dir, "metrics.json"))
-        metrics["epochs"][-1]["dev"]["ser"] = dev_ser[int(candidate.name[:2])]
+        metrics["epochs"][-1]["dev"]["ser"] = dev_ser[index]
         experiment._write(os.path.join(run_dir, "metrics.json"), metrics)
-        if candidate.name.startswith(tamper or "-"):
+        if index in tamper:
             ledger = experiment._read(os.path.join(run_dir, "privacy.json"))
             experiment._write(os.path.join(run_dir, "privacy.json"), dict(ledger, private=False))
     return train, calls
+
+
+def _tiny_selection_grid(tmp_path, candidates):
+    tmp = grid("tiny", candidates)
+    tmp.results_dir, tmp.runs_dir, tmp.grid_file = (str(tmp_path / "results"),
+                                                     str(tmp_path / "runs"), "tiny.py")
+    return tmp
 
 
 def test_select_releases_the_best_kept_candidate_and_resumes_its_draw(finished, tmp_path,
@@ -260,16 +270,16 @@ def test_select_releases_the_best_kept_candidate_and_resumes_its_draw(finished, 
                 "mechanism=dpsgd", "target_epsilon=8.0", *TINY)
     candidates = [g.cells[1], twin]
     dev_ser = {i: 0.5 - 0.01 * i for i in range(40)}  # later candidates score better...
-    train, calls = _fake_training(finished, dev_ser, tamper="")
+    train, calls = _fake_training(finished, dev_ser)
     monkeypatch.setattr(experiment, "_train_candidate", train)
-    runs_dir = str(tmp_path / "runs")
-    tmp = grid("tiny", candidates)
-    tmp.results_dir, tmp.runs_dir, tmp.grid_file = str(tmp_path / "results"), runs_dir, "tiny.py"
+    tmp = _tiny_selection_grid(tmp_path, candidates)
     result = experiment.select(tmp, candidates, 6.0, "poisson", 3, "sel", log=lambda _: None)
-    draw = experiment._read(os.path.join(runs_dir, "select_sel", "draw.json"))
+    draw = experiment._read(os.path.join(tmp.runs_dir, "select_sel", "draw.json"))
     assert draw["k"] >= 2 and len(calls) == draw["k"] == len(result["seeded_draw"]["candidates"])
-    last = f"{draw['k'] - 1:02d}_{draw['drawn'][-1]}"
+    assert calls == draw["run_names"]
+    last = draw["run_names"][-1]
     assert result["selected"]["run_dir"].endswith(last)  # ...so the last one is released
+    assert result["selected"]["cell"] == draw["drawn"][-1]
     assert result["selected"]["dev"]["ser"] == pytest.approx(dev_ser[draw["k"] - 1])
     assert result["selected"]["epsilon_with_selection"] == result["plan"]["accounting"][
         "selection_epsilon"] > result["selected"]["epsilon_own"]
@@ -279,23 +289,93 @@ def test_select_releases_the_best_kept_candidate_and_resumes_its_draw(finished, 
     # again: the same draw, nothing retrained, the same release
     again = experiment.select(tmp, candidates, 6.0, "poisson", 3, "sel", log=lambda _: None)
     assert len(calls) == draw["k"] and again["selected"] == result["selected"]
-    with pytest.raises(RuntimeError, match="another selection"):
+    with pytest.raises(RuntimeError, match="another selection") as refused:
         experiment.select(tmp, candidates, 4.0, "poisson", 3, "sel", log=lambda _: None)
+    assert "'k'" not in str(refused.value)  # the message does not print the draw
 
 
 def test_select_discards_a_candidate_whose_ledger_is_not_its_plan(finished, tmp_path,
                                                                    monkeypatch):
     g, _ = finished
     # the first candidate scores best but its ledger says not private: discarded
-    train, calls = _fake_training(finished, {i: 0.1 + 0.01 * i for i in range(40)}, tamper="00_")
+    train, calls = _fake_training(finished, {i: 0.1 + 0.01 * i for i in range(40)}, tamper={0})
     monkeypatch.setattr(experiment, "_train_candidate", train)
-    tmp = grid("tiny", [g.cells[1]])
-    tmp.results_dir, tmp.runs_dir, tmp.grid_file = (str(tmp_path / "results"),
-                                                     str(tmp_path / "runs"), "tiny.py")
+    tmp = _tiny_selection_grid(tmp_path, [g.cells[1]])
     result = experiment.select(tmp, [g.cells[1]], 6.0, "poisson", 3, "d", log=lambda _: None)
     tried = result["seeded_draw"]["candidates"]
     assert "private: false" in tried[0]["discarded"]
-    assert result["selected"]["run_dir"].endswith("01_clc_dpsgd")
+    assert result["selected"]["run_dir"] == os.path.join(tmp.runs_dir, "select_d", calls[1])
+
+
+def test_accounted_tuning_releases_nothing_that_tells_k_or_the_other_candidates(
+        finished, tmp_path, monkeypatch, capsys):
+    """A private selection (no seed): Papernot & Steinke's bound needs K secret and only the
+    best candidate released. The released files and the console name the chosen run without an
+    index (no position, no count) and show no other candidate's score."""
+    from edp_tf import tuning
+
+    g, _ = finished
+    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "configs/default.py",
+                "mechanism=dpsgd", "target_epsilon=8.0", *TINY)
+    candidates = [g.cells[1], twin]
+    k = 5  # K is drawn as always, from OS entropy; here it is fixed to know what to look for
+    monkeypatch.setattr(tuning, "draw_number_of_runs", lambda rng, mean, shape: k)
+    dev_ser = {0: 0.4111, 1: 0.3222, 2: 0.2333, 3: 0.4444, 4: 0.3555}  # the third is best
+    train, calls = _fake_training(finished, dev_ser)
+    monkeypatch.setattr(experiment, "_train_candidate", train)
+    tmp = _tiny_selection_grid(tmp_path, candidates)
+    result = experiment.select(tmp, candidates, 6.0, "poisson", None, "private")  # prints
+    console = capsys.readouterr().out
+    assert len(calls) == k and result["private"] is True
+    released = os.path.basename(result["selected"]["run_dir"])
+    assert released == calls[2]
+    assert re.fullmatch(r"clc_dpsgd(_twin)?-[0-9a-f]{12}", released), released
+    assert console.count(released) == 1 and "0.2333" in console
+    files = {name: (tmp_path / "tuning" / name).read_text()
+             for name in ("private.json", "private.md")}
+    released_json = json.loads(files["private.json"])
+    assert released_json["selected"]["dev"]["ser"] == 0.2333
+    assert "seeded_draw" not in released_json and "k" not in released_json
+    for where, text in dict(files, console=console).items():
+        # no other candidate's score, run name or index
+        assert not [ser for i, ser in dev_ser.items()
+                    if i != 2 and re.search(rf"(?<![\d.]){ser:.4f}", text)], where
+        assert not [name for name in calls if name != released and name in text], where
+        assert not re.search(r"\b\d{2}_clc_dpsgd|\[\d+/\d+\]|K = |" + rf"\b{k} (candidates|runs)\b",
+                             text), where
+    # the run directories themselves carry no index either (the released one is among them)
+    names = [n for n in os.listdir(os.path.join(tmp.runs_dir, "select_private"))
+             if os.path.isdir(os.path.join(tmp.runs_dir, "select_private", n))]
+    assert sorted(names) == sorted(calls)
+    assert not [n for n in names if re.match(r"\d", n)]
+
+
+def test_a_draw_saved_with_index_names_continues_under_token_names(finished, tmp_path,
+                                                                   monkeypatch):
+    """A selection drawn when candidates were named by their index (`00_<cell>`) continues its
+    own draw: its finished runs are renamed, not retrained, and the release names no index."""
+    import shutil
+
+    g, _ = finished
+    train, calls = _fake_training(finished, {i: 0.3 - 0.01 * i for i in range(40)})
+    monkeypatch.setattr(experiment, "_train_candidate", train)
+    tmp = _tiny_selection_grid(tmp_path, [g.cells[1]])
+    runs_dir = os.path.join(tmp.runs_dir, "select_old")
+    os.makedirs(runs_dir)
+    draw = {"cells": ["clc_dpsgd"], "candidate_overrides": [], "mean_runs": 6.0,
+            "distribution": "poisson", "seed": None, "k": 2, "drawn": ["clc_dpsgd"] * 2,
+            "tie_keys": [0.5, 0.25]}
+    experiment._write(os.path.join(runs_dir, "draw.json"), draw)
+    shutil.copytree(os.path.join(g.runs_dir, "clc_dpsgd"), os.path.join(runs_dir, "00_clc_dpsgd"))
+    (tmp_path / "runs" / "select_old" / "00_clc_dpsgd.log").write_text("trained\n")
+    result = experiment.select(tmp, [g.cells[1]], 6.0, "poisson", None, "old",
+                               log=lambda _: None)
+    saved = experiment._read(os.path.join(runs_dir, "draw.json"))
+    first, second = saved["run_names"]
+    assert calls == [second]  # the first had finished: renamed, not retrained
+    assert sorted(os.listdir(runs_dir)) == sorted(
+        ["draw.json", "candidates.json", first, first + ".log", second])
+    assert not re.search(r"\d{2}_clc", json.dumps(result))
 
 
 def test_select_command_line(tmp_path):

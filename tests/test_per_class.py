@@ -246,7 +246,15 @@ def runs(tmp_path_factory):
     train_intents = [u.intent for u in splits.train]
     majority = max(sorted(set(train_intents)), key=train_intents.count)
     write_stub_run(prior, config, {t: majority for t in text})
-    return dict(config=config, splits=splits, oracle=oracle, prior=prior, majority=majority)
+    # the oracle again, as a private run on the same data (its ledger says so)
+    private = str(base / "private")
+    private_config = tiny_runs.tiny_config(mechanism="dpsgd", replicas=1)
+    write_stub_run(private, private_config, {t: u.intent for t, u in text.items()},
+                   {t: u.tags for t, u in text.items()})
+    with open(os.path.join(private, "privacy.json"), "w") as f:
+        json.dump({"private": True, "epsilon": 8.0}, f)
+    return dict(config=config, splits=splits, oracle=oracle, prior=prior, majority=majority,
+                private=private)
 
 
 def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
@@ -259,10 +267,11 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert out.startswith("diagnostic: not a DP release")
-    written = json.loads(open(os.path.join(runs["prior"], "per_class.json")).read())
+    written = json.loads(open(runs["prior"] + "-per_class.json").read())
     assert written["diagnostic"].startswith("diagnostic: not a DP release")
-    # nothing goes into the reference run, and no privacy statement is written
-    assert sorted(os.listdir(runs["oracle"])) == ["config.json", "saved_model"]
+    # nothing goes into either run directory, and no privacy statement is written
+    for run in ("prior", "oracle"):
+        assert sorted(os.listdir(runs[run])) == ["config.json", "saved_model"]
     assert not os.path.exists(os.path.join(runs["prior"], "privacy.json"))
 
     train, test = runs["splits"].train, runs["splits"].test
@@ -332,3 +341,56 @@ def test_a_comparison_on_other_data_is_refused(runs, tmp_path):
     (other / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="synthetic_size"):
         evaluate.per_class_run(runs["prior"], str(other))
+
+
+def evaluate_command(*args):
+    return subprocess.run([sys.executable, "-m", "trainers.evaluate", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_private_run_is_not_scored_on_its_training_split(runs):
+    """Exact scores of a private run on its training split, overall or per class, are unnoised
+    statistics of the data epsilon protects: refused with one line, exit code 2."""
+    from trainers import evaluate
+
+    private = runs["private"]
+    for args in (["--per_class"], []):
+        proc = evaluate_command(f"--run_dir={private}", "--split=train", *args)
+        assert proc.returncode == 2, (args, proc.stdout[-2000:], proc.stderr[-2000:])
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith("error: --split=train: ") and "private run" in line, line
+    for score in (lambda: evaluate.evaluate_run(private, split="train"),
+                  lambda: evaluate.per_class_run(private, split="train"),
+                  lambda: evaluate.per_class_run(runs["oracle"], private, split="train"),
+                  lambda: evaluate.scores_by_decoding(private, split="train")):
+        with pytest.raises(ValueError, match="private run"):
+            score()
+    assert evaluate.is_private_run(private) and not evaluate.is_private_run(runs["oracle"])
+    # a plain-training run's training split is no one's secret
+    assert evaluate.per_class_run(runs["oracle"], split="train")["split"] == "train"
+
+
+def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, tmp_path):
+    """per_class.json holds per-class training counts, unnoised: by default it goes beside the
+    run directory, and a private run's directory (which privacy.json lists file by file) is
+    refused as its place."""
+    from trainers import evaluate
+
+    private = runs["private"]
+    before = sorted(os.listdir(private))
+    proc = evaluate_command(f"--run_dir={private}", "--per_class")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(private)) == before  # nothing written into the run
+    written = json.loads(open(private + "-per_class.json").read())
+    assert written["diagnostic"] == pc.DIAGNOSTIC and written["split"] == "test"
+    assert f"wrote {private}-per_class.json" in proc.stdout
+    inside = os.path.join(private, "per_class.json")
+    refused = evaluate_command(f"--run_dir={private}", "--per_class", f"--output={inside}")
+    assert refused.returncode == 2 and not os.path.exists(inside)
+    (line,) = refused.stderr.strip().splitlines()
+    assert "inside the private run" in line, line
+    # the reference's directory too, when it is the private one
+    with pytest.raises(ValueError, match="inside the private run"):
+        evaluate.per_class_output(runs["oracle"], os.path.join(private, "x.json"), private)
+    assert evaluate.per_class_output(runs["oracle"], None, private) == (
+        runs["oracle"] + "-per_class.json")

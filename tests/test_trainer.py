@@ -535,6 +535,50 @@ def test_cli_output_holds_no_utterance_text(cli_run):
     assert not leaked, f"{len(leaked)} utterances printed"
 
 
+def long_training_utterances(config):
+    """How many training utterances the run truncates to its max_words (the checks below need
+    some, or they would hold vacuously)."""
+    return sum(len(u.tokens) > config.max_words for u in corpus(config).train)
+
+
+def test_cli_logs_no_training_count_without_diagnostics(cli_run):
+    """A private run without --config.diagnostics logs no count of its training split: how many
+    training utterances were truncated is an unnoised statistic of the data epsilon protects
+    (the whole output is checked, --verbose and TensorFlow's logs included)."""
+    proc = cli_run["proc"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert long_training_utterances(cli_run["config"]) > 0
+    output = proc.stdout + proc.stderr
+    assert "utterances truncated" not in output, [
+        line for line in output.splitlines() if "truncated" in line]
+
+
+@pytest.mark.parametrize("diagnostics", [False, True])
+def test_training_counts_reach_the_log_only_with_diagnostics(caplog, diagnostics):
+    """The data phase of a private user-level run (what `train` runs first, without training):
+    the training split's truncations and the dev/test rows of training users left out are
+    logged with --config.diagnostics only."""
+    import logging
+
+    config = tiny_config(privacy_unit="user", examples_per_user=4, batch_size=8,
+                         diagnostics=diagnostics)
+    splits = corpus(config)
+    a_training_user = splits.train[0].user
+    dev = (dataclasses.replace(splits.dev[0], user=a_training_user),) + tuple(splits.dev[1:])
+    splits = dataclasses.replace(splits, dev=dev)  # one dev row of a training user
+    truncated = long_training_utterances(config)
+    assert truncated > 0
+    with caplog.at_level(logging.INFO):
+        data = training._load_data(config, splits, resume=False)
+    assert len(data.splits.dev) == len(splits.dev) - 1  # the row is left out either way
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert (f"train: {truncated} utterances truncated" in logged) is diagnostics, logged
+    assert ("user level: 1 dev/test utterances of training users left out" in logged) is (
+        diagnostics), logged
+    if not diagnostics:
+        assert "truncated" not in logged and "left out" not in logged, logged
+
+
 def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
     """No schema shipped with the data and no word vectors: the labels and the vocabulary come
     from the training split and are exported with the model, so the ledger says epsilon does not

@@ -9,9 +9,13 @@ checkpoint and scores both CRF decodings (BIO-constrained and plain Viterbi). Pr
 JSON (no utterance text).
 
 With --per_class it prints a table per intent and slot type (accuracy / F1, training count, test
-support; trainers/scoring/per_class.py) and writes it as JSON to --output or the run's
-per_class.json. The training counts are unnoised statistics of the run's training split, so the
-report is a diagnostic, not a DP release, and says so; it never touches privacy.json.
+support; trainers/scoring/per_class.py) and writes it as JSON to --output or, by default,
+RUN_DIR-per_class.json beside the run directory. The training counts are unnoised statistics of
+the run's training split, so the report is a diagnostic, not a DP release, and says so; it stays
+out of the run directory, whose files privacy.json lists as covered or not.
+
+A private run (a DP mechanism, or privacy.json saying private) is not scored on its training
+split: exact metrics there are unnoised statistics of the data epsilon protects.
 """
 from __future__ import annotations
 
@@ -27,13 +31,17 @@ def define_flags() -> None:
     import several of them into one process."""
     flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True)
     flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
-    flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score.")
+    flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score. train "
+                      "is refused for a private run: exact scores on the training split are "
+                      "unnoised statistics of the training data.")
     flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
     flags.DEFINE_bool("decodings", False, "Score the latest checkpoint (not the export) with "
                       "both CRF decodings, BIO-constrained and unconstrained Viterbi.")
     flags.DEFINE_bool("per_class", False, "Score each intent and slot type against its count in "
-                      "the run's training split (a diagnostic, not a DP release); writes "
-                      "--output or RUN_DIR/per_class.json.")
+                      "the run's training split. The per-class training counts are unnoised "
+                      "statistics of the training data, not covered by epsilon: a diagnostic, "
+                      "not a DP release. Writes --output or RUN_DIR-per_class.json beside the "
+                      "run directory (never inside a private run's directory).")
     flags.DEFINE_string("compare_to", None, "With --per_class: a run on the same data (e.g. plain "
                         "training) to put beside --run_dir; gap = its score - the run's.")
     flags.DEFINE_string("per_class_results", None, "With --per_class and --compare_to: also "
@@ -70,6 +78,46 @@ def serve_predictions(run_dir: str, utterances, batch_size: int = 256):
     return intents, tags
 
 
+def is_private_run(run_dir: str) -> bool:
+    """True for a run trained with a DP mechanism, or whose privacy.json says private: its
+    training split is what epsilon protects."""
+    from trainers.pipeline import run_files
+
+    if run_files.load_run_config(run_dir).mechanism != "sgd":
+        return True
+    path = os.path.join(run_dir, "privacy.json")
+    return os.path.isfile(path) and run_files.read_json(path, {}).get("private") is True
+
+
+def check_split(run_dir: str, split: str) -> None:
+    """ValueError for the training split of a private run: its exact scores (overall or per
+    class) are unnoised statistics of the training data, which no epsilon covers."""
+    if split == "train" and is_private_run(run_dir):
+        raise ValueError(f"--split=train: {run_dir} is a private run, and its exact scores on "
+                         "the training split are unnoised statistics of the training data (not "
+                         "covered by epsilon); score --split=dev or test")
+
+
+def per_class_output(run_dir: str, output: Optional[str], compare_to: Optional[str] = None,
+                     flag: str = "--output") -> str:
+    """Where --per_class writes: `output`, or RUN_DIR-per_class.json beside the run. The report
+    holds unnoised training counts (of both runs: they share the training split), so neither
+    run's directory takes it when that run is private: privacy.json describes a private run's
+    directory file by file."""
+    path = output or os.path.normpath(run_dir) + "-per_class.json"
+    where = os.path.realpath(os.path.abspath(path))
+    for directory in (run_dir, compare_to):
+        if directory is None:
+            continue
+        top = os.path.realpath(directory)
+        if os.path.commonpath([top, where]) == top and is_private_run(directory):
+            raise ValueError(f"{flag}: {path} is inside the private run {directory}: the "
+                             "per-class training counts are unnoised statistics of the training "
+                             "data, which the run's privacy.json does not cover; write it "
+                             "elsewhere")
+    return path
+
+
 def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
     from trainers.pipeline import builders, run_files
 
@@ -87,6 +135,7 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
                  batch_size: int = 256) -> dict:
     from trainers.scoring import metrics as metrics_lib
 
+    check_split(run_dir, split)
     config, utterances = _config_and_split(run_dir, data_dir, split)
     intents, tags = serve_predictions(run_dir, utterances, batch_size)
     result = metrics_lib.evaluate_utterances(utterances, intents, tags)
@@ -126,6 +175,9 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     from trainers.pipeline import builders, run_files
     from trainers.scoring import per_class
 
+    check_split(run_dir, split)
+    if compare_to is not None:
+        check_split(compare_to, split)
     config = run_files.load_run_config(run_dir)
     if compare_to is not None:
         other = run_files.load_run_config(compare_to)
@@ -298,6 +350,7 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     from trainers.pipeline import builders, checkpoints, run_files, warm_start
     from trainers.scoring import predictions
 
+    check_split(run_dir, split)
     config = run_files.load_run_config(run_dir)
     if config.get("ema_fraction", 0.0) > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
@@ -326,9 +379,13 @@ def main(argv):
     if f.per_class:
         if f.decodings:
             raise app.UsageError("--per_class scores the export: drop --decodings")
+        # refused before anything is scored
+        path = per_class_output(f.run_dir, f.output, f.compare_to)
+        if f.per_class_results:
+            per_class_output(f.run_dir, f.per_class_results + ".md", f.compare_to,
+                             "--per_class_results")
         result = per_class_run(f.run_dir, f.compare_to, f.data_dir, f.split)
         print(per_class_text(result))
-        path = f.output or os.path.join(f.run_dir, "per_class.json")
         with open(path, "w") as out:
             out.write(json.dumps(result, indent=2, sort_keys=True) + "\n")
         print(f"wrote {path}")

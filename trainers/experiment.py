@@ -26,8 +26,11 @@ the best dev SER, and state its epsilon with the selection included (Papernot & 
     python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8           # train, select
     python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8 --plan_only  # epsilon only
 
-writes `results/tuning/<name>.json` and `.md`; the candidates train in
-`<runs_dir>/select_<name>/`, whose `draw.json` (K and the draws) must stay secret.
+writes `results/tuning/<name>.json` and `.md` (the chosen candidate alone: its cell, its run
+directory, its metrics); the candidates train in `<runs_dir>/select_<name>/<cell>-<random
+token>/`, named without an index so that the released one tells neither K nor its position, and
+nothing is printed per candidate. That directory's `draw.json` (K and the draws), the other runs
+and their logs must stay secret.
 """
 from __future__ import annotations
 
@@ -634,12 +637,40 @@ def tuning_text(plan: dict) -> list:
     return lines
 
 
-def _candidate(cell, index: int, extra_overrides):
+def _candidate(cell, run_name: str, extra_overrides):
     import ml_collections
 
     return ml_collections.ConfigDict(dict(
-        name=f"{index:02d}_{cell.name}", label=cell.label, family=cell.family,
+        name=run_name, label=cell.label, family=cell.family,
         config=cell.config, overrides=tuple(cell.overrides) + tuple(extra_overrides)))
+
+
+def _run_names(drawn) -> list:
+    """A run directory name per drawn candidate: its cell and a random token from OS entropy.
+    The released run's name must not tell K or the run's position in the draw (Papernot &
+    Steinke's bound needs K secret), so no index; the token keeps repeated cells apart."""
+    names: list = []
+    for cell_name in drawn:
+        name = f"{cell_name}-{secrets.token_hex(6)}"
+        while name in names:  # 48 random bits: a collision is all but impossible
+            name = f"{cell_name}-{secrets.token_hex(6)}"
+        names.append(name)
+    return names
+
+
+def _name_runs(draw: dict, runs_dir: str) -> dict:
+    """`draw` with its run names; a draw saved before runs were named by token had them named
+    by their index (`00_<cell>`): its directories and logs are renamed, so that an interrupted
+    selection continues the same draw and still releases no index."""
+    if "run_names" in draw:
+        return draw
+    names = _run_names(draw["drawn"])
+    for i, (cell_name, name) in enumerate(zip(draw["drawn"], names)):
+        for suffix in ("", ".log"):
+            old = os.path.join(runs_dir, f"{i:02d}_{cell_name}{suffix}")
+            if os.path.exists(old):
+                os.replace(old, os.path.join(runs_dir, name + suffix))
+    return dict(draw, run_names=names)
 
 
 def _train_candidate(grid, candidate, runs_dir: str, python: str) -> None:
@@ -672,9 +703,11 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     Before any training: every candidate's schedule is planned and the selection's epsilon
     computed (edp_tf.tuning). Then K is drawn (OS entropy unless `seed`), K cells uniformly with
     replacement and a tie-break key each, saved to <runs_dir>/select_<name>/draw.json (so an
-    interrupted selection continues the same draw, never a new one); each candidate trains,
-    its ledger must match its plan (else it is discarded: its schedule depends on its config
-    and the public n only, so discarding leaks nothing); the lowest dev SER is released."""
+    interrupted selection continues the same draw, never a new one); each candidate trains in
+    a directory named by its cell and a random token (`_run_names`), its ledger must match its
+    plan (else it is discarded: its schedule depends on its config and the public n only, so
+    discarding leaks nothing); the lowest dev SER is released. `log` gets the plan, then one
+    line for the released run: nothing that tells K or another candidate's score."""
     import numpy as np
 
     from edp_tf import checks, tuning
@@ -708,18 +741,22 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     if draw is None:
         rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
         k = tuning.draw_number_of_runs(rng, mu, shape)
-        draw = dict(asked, k=k, drawn=[cells[int(i)].name for i in rng.integers(len(cells),
-                                                                                 size=k)],
-                    tie_keys=[float(u) for u in rng.random(k)])
+        drawn = [cells[int(i)].name for i in rng.integers(len(cells), size=k)]
+        draw = dict(asked, k=k, drawn=drawn, tie_keys=[float(u) for u in rng.random(k)],
+                    run_names=_run_names(drawn))
         _write(draw_path, draw)
     elif {key: draw.get(key) for key in asked} != asked:
-        raise RuntimeError(f"{draw_path} was drawn for another selection ({draw}); a new draw "
-                           "for the same data is a new release: use another --select_name")
+        raise RuntimeError(f"{draw_path} was drawn for another selection; a new draw for the "
+                           "same data is a new release: use another --select_name")
+    elif "run_names" not in draw:
+        draw = _name_runs(draw, runs_dir)
+        _write(draw_path, draw)
     by_name = {c.name: c for c in cells}
     tried = []
+    # Nothing is printed per candidate: a line per run (its index, its score) would tell K and
+    # the other candidates' scores, which the selection's bound needs secret.
     for i, cell_name in enumerate(draw["drawn"]):
-        candidate = _candidate(by_name[cell_name], i, extra_overrides)
-        log(f"[{i + 1}/{draw['k']}] candidate {candidate.name}: training")
+        candidate = _candidate(by_name[cell_name], draw["run_names"][i], extra_overrides)
         run_dir = os.path.join(runs_dir, candidate.name)
         entry = {"candidate": candidate.name, "cell": cell_name, "run_dir": run_dir,
                  "tie_key": draw["tie_keys"][i]}
@@ -734,15 +771,14 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
         except (RuntimeError, ValueError, KeyError, IndexError) as error:
             entry["discarded"] = f"it failed: {error}"
         tried.append(entry)
-        log(f"[{i + 1}/{draw['k']}] candidate {candidate.name}: " + (
-            f"discarded: {entry['discarded']}" if entry["discarded"] else
-            f"dev SER {entry['dev']['ser']:.4f}"))
     kept = [e for e in tried if not e["discarded"]]
     best = min(kept, key=lambda e: (e["dev"]["ser"], e["tie_key"])) if kept else None
     _write(os.path.join(runs_dir, "candidates.json"), {"draw": draw, "candidates": tried})
     result["selected"] = None if best is None else {
-        "cell": best["cell"], "label": by_name[best["cell"]].label, "run_dir": best["run_dir"],
-        "dev": best["dev"], "test": best["test"], "epsilon_own": best["epsilon"],
+        "cell": best["cell"], "label": by_name[best["cell"]].label,
+        "overrides": list(by_name[best["cell"]].overrides) + list(extra_overrides),
+        "run_dir": best["run_dir"], "dev": best["dev"], "test": best["test"],
+        "epsilon_own": best["epsilon"],
         "epsilon_with_selection": plan["accounting"]["selection_epsilon"],
         "delta": plan["accounting"]["delta"]}
     result["private"] = seed is None
@@ -751,6 +787,12 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
             {k: e.get(k) for k in ("candidate", "discarded", "dev", "test", "epsilon")}
             for e in tried]}
     _write_tuning(out_dir, result)
+    selected = result["selected"]
+    log(f"released {selected['run_dir']} ({selected['cell']}): dev SER "
+        f"{selected['dev']['ser']:.4f}, epsilon {selected['epsilon_with_selection']:.3f} with the "
+        f"selection" if selected else "nothing released (no candidate ran or none was kept)")
+    if seed is not None:
+        log(f"--select_seed: NOT private; every candidate is listed in {out_dir}/{name}.md")
     return result
 
 

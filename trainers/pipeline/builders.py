@@ -351,9 +351,18 @@ class Encoded:
     report: dict
 
 
-def encode(preprocessor, utterances, split: str) -> Encoded:
-    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text. The
-    training split a preprocessor was built for with augmented copies is encoded with them."""
+def training_counts_in_logs(config) -> bool:
+    """Whether the logs may show counts of the training split (utterances truncated, rows left
+    out): unnoised statistics of the data a private run's epsilon protects, so only with
+    --config.diagnostics, which releases such statistics knowingly (or for plain training)."""
+    return bool(config.diagnostics) or config.mechanism == "sgd"
+
+
+def encode(preprocessor, utterances, split: str, log_counts: bool = True) -> Encoded:
+    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text, and
+    those only with `log_counts` (the training split of a private run: see
+    `training_counts_in_logs`). The training split a preprocessor was built for with augmented
+    copies is encoded with them."""
     copies = _TRAINING_COPIES.get(preprocessor)
     if copies is not None and utterances is copies.utterances:
         utterances = augment.with_copies(utterances, copies.variants, copies.augmenter,
@@ -365,7 +374,7 @@ def encode(preprocessor, utterances, split: str) -> Encoded:
         [u.tokens for u in utterances], [u.tags for u in utterances],
         [u.intent for u in utterances])
     report = report.as_dict()
-    if report.get("truncated_utterances"):
+    if log_counts and report.get("truncated_utterances"):
         _log.warning("%s: %d utterances truncated to the model's length (%d words dropped)",
                      split, report["truncated_utterances"], report["truncated_words"])
     return Encoded(x, y, report)

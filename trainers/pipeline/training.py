@@ -180,7 +180,7 @@ def _load_data(config, splits, resume: bool) -> _Data:
     units, users = builders.privacy_units(config, splits.train)
     if users is not None:  # user level: dev and test hold no training user's utterances
         splits, dropped = loading.without_training_users(splits)
-        if dropped:
+        if dropped and builders.training_counts_in_logs(config):  # which users train: private
             _log.info("user level: %d dev/test utterances of training users left out", dropped)
         if not splits.test:
             raise ValueError("--config.privacy_unit=user: every test utterance belongs to a "
@@ -200,7 +200,8 @@ def _load_data(config, splits, resume: bool) -> _Data:
         return preprocessor.encode([u.tokens for u in part])[0] if part else None
 
     return _Data(config, splits, units, users, labels, unseen, preprocessor, vectors,
-                 builders.encode(preprocessor, splits.train, "train"), encode(splits.dev),
+                 builders.encode(preprocessor, splits.train, "train",
+                                 builders.training_counts_in_logs(config)), encode(splits.dev),
                  encode(splits.test))
 
 
