@@ -176,7 +176,9 @@ class PrivateModel(keras.Model):
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
             "not_covered": not_covered,
-            "extra_events": [dict(e) for e in self._extra_events],
+            # the model's own queries, then the plan's releases made before the first step
+            "extra_events": [dict(e) for e in self._extra_events] + [
+                e.to_dict() for e in (self._plan.releases if self._plan is not None else ())],
         }
 
     def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
