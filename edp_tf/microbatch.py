@@ -6,7 +6,7 @@ for memory-bounded chunks) a sum clipped as it goes. Each gives `clip()`: sum_j 
 every term of norm <= C, the quantity whose sensitivity the mechanism states.
 
 The micro-batch loss is `sum_i w_i L_i / k_e`: w is the 0/1 mask of real rows (Poisson sampling
-pads), L_i the per-example loss and k_e the expected number of real examples in a micro-batch, so
+pads), L_i the per-example loss (its positions weighted by the output's Keras mask) and k_e the expected number of real examples in a micro-batch, so
 that padding never changes the normalisation (docs/design.md, sampling: normalise by the expected
 batch).
 """
@@ -38,6 +38,9 @@ def as_per_example_loss(loss, loss_weights=None, output_names=None) -> PerExampl
     what `keras.Model.fit` minimises), so clipping acts on the example's whole contribution.
     A `keras.losses.Loss` is called through `.call`: no reduction and, importantly, none of the
     division by the replica count that Keras applies to reduced losses under a strategy.
+    An output that carries a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
+    position's loss by it, as Keras does: L_i = sum_t m_it l_it / T over the padded length T,
+    so padding contributes nothing (`_masked`).
     `output_names`: a callable giving the model's output names (dict losses, list outputs).
     """
     if loss is None:
@@ -107,17 +110,64 @@ def _per_example(loss) -> PerExampleLoss:
         raise ValueError(f"PrivateModel.compile: loss {loss!r} is not callable")
 
     def per_example(y_true, y_pred):
-        values = tf.convert_to_tensor(fn(y_true, y_pred))
+        # read before anything converts y_pred: only the model's own output tensor carries it
+        mask = keras_mask(y_pred)
+        values = fn(y_true, y_pred)
+        mask = _both(mask, keras_mask(values))  # e.g. ignore_class masks the loss itself
+        values = tf.convert_to_tensor(values)
         if values.shape.rank == 0:
             raise ValueError(
                 "The loss returned a scalar; PrivateModel needs per-example values "
                 "(shape [batch]): pass a keras.losses.Loss or a function without reduction."
             )
+        if mask is not None:
+            values = _masked(values, mask)
         if values.shape.rank > 1:
             values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
         return tf.cast(values, tf.float32)
 
     return per_example
+
+
+def keras_mask(t) -> Optional[tf.Tensor]:
+    """The mask Keras attached to a layer's output (`Embedding(mask_zero=True)`, `Masking`, and
+    the layers that propagate it), or None."""
+    if not tf.is_tensor(t):
+        return None  # a dict or list of outputs: each output's loss reads its own
+    try:
+        from keras.src.backend import get_keras_mask
+    except ImportError:  # a Keras without the helper keeps the mask as an attribute
+        return getattr(t, "_keras_mask", None)
+    return get_keras_mask(t)
+
+
+def _both(a, b):
+    if a is None or b is None:
+        return a if b is None else b
+    return tf.logical_and(tf.cast(a, tf.bool), tf.cast(b, tf.bool))
+
+
+def _masked(values: tf.Tensor, mask) -> tf.Tensor:
+    """values * mask, the mask's axes aligned with the leading axes of the values.
+
+    Why: Keras weights each position's loss by the output mask (`keras.losses.Loss.__call__`),
+    so padding positions contribute nothing. Keras then divides by the batch's count of valid
+    positions, a data-dependent normaliser that per-example clipping cannot use; the mean over
+    the padded length T that follows keeps L_i = sum_t m_it l_it / T, whose sum over the batch
+    has exactly the gradient direction of Keras' masked objective (docs/design.md, section 2).
+    A loss that already returned fewer axes than the mask has reduced the positions itself:
+    its values are used as they are (Keras cannot broadcast that mask either)."""
+    mask = tf.cast(mask, values.dtype)
+    if mask.shape.rank == values.shape.rank + 1 and mask.shape[-1] == 1:
+        mask = tf.squeeze(mask, -1)
+    if mask.shape.rank > values.shape.rank:
+        _log.warning("the loss returned values of shape %s for an output masked with shape %s: "
+                     "used as they are (return one value per position for the mask to apply)",
+                     values.shape, mask.shape)
+        return values
+    mask = tf.reshape(mask, tf.concat(
+        [tf.shape(mask), tf.ones([values.shape.rank - mask.shape.rank], tf.int32)], 0))
+    return values * mask
 
 
 def _weighted_loss(model, loss_fn, x, y, w, k_e):

@@ -1,0 +1,150 @@
+"""Keras habits the private step keeps: output masks weight each position's loss, dropout masks
+are drawn as documented per method, and adapted preprocessing declared public (a
+TextVectorization inside the model) trains on one replica and on two.
+
+With noise 0 and a clip no gradient reaches, the private update of one SGD step is
+-lr * sum_i grad L_i / D (D = the batch's 16 examples): with L_i = sum_t m_it l_it / T it is
+Keras' masked update, -lr * grad(sum_it m_it l_it) / valid, times valid / (D T).
+"""
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edp_tf import DPConfig, PrivateModel, microbatch
+
+T, VOCAB, TAGS, ROWS = 6, 9, 3, 16
+SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+# An update is read as weights after - before, rounded to the weights' float32 spacing (6e-8
+# near 0.5): a large rate puts the updates (gradients ~1e-3) far above it.
+LR = 1000.0
+
+
+def _tagger(rnn: bool = False, seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
+    if rnn:  # Keras' default LSTM runs a while_loop: the step clips it with the loop method
+        h = keras.layers.LSTM(4, return_sequences=True)(h)
+    return keras.Model(ids, keras.layers.Dense(TAGS, name="tags")(h))
+
+
+def _tagged(seed: int = 0):
+    """Rows of 1..T real tokens then padding (id 0), tags drawn at every position: the padding
+    positions' tags are noise that a masked objective must ignore."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, T + 1, size=ROWS)
+    lengths[0] = T  # one full row, so that the table's row 0 is not only padding
+    ids = rng.integers(1, VOCAB, size=(ROWS, T)).astype("int32")
+    ids[np.arange(T)[None, :] >= lengths[:, None]] = 0
+    tags = rng.integers(0, TAGS, size=(ROWS, T)).astype("int32")
+    return ids, tags, float(lengths.sum())
+
+
+def _keras_update(build, x, y, loss=SCE, loss_weights=None):
+    """Weights before, and the update of one plain Keras SGD step on the whole batch."""
+    model = build()
+    before = model.get_weights()
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights)
+    model.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
+    return before, [a - b for a, b in zip(model.get_weights(), before)]
+
+
+def _private_update(build, before, x, y, strategy=None, loss=SCE, loss_weights=None,
+                    **config):
+    scope = strategy.scope() if strategy is not None else keras.utils.custom_object_scope({})
+    with scope:
+        model = build()
+        model.set_weights(before)
+        private = PrivateModel(model, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0, **config))
+        private.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights)
+    private.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
+    return [a - b for a, b in zip(model.get_weights(), before)]
+
+
+def _assert_same_update(got, want, scale):
+    for g, w in zip(got, want):
+        # float32 sums of at most 96 positions: relative errors ~1e-6, and an entry where terms
+        # cancel carries an error relative to the variable's largest entries; 1e-4 of those
+        # leaves margin, while the unmasked mean (padding tags included) moves these updates by
+        # tens of percent.
+        np.testing.assert_allclose(g * scale, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+@pytest.mark.parametrize("microbatch_size, rnn, replicas", [(1, False, 4), (None, False, 4),
+                                                             (1, True, 1)])
+def test_masked_tagger_trains_on_keras_masked_objective(strategy, microbatch_size, rnn,
+                                                        replicas):
+    """Embedding(mask_zero=True) tagger, per-example (ghost, the default) and eDP on 4 replicas,
+    and an LSTM tagger (the loop method, one replica: its trace is the slow one): the update
+    is Keras' masked update times valid / (D T)."""
+    x, y, valid = _tagged()
+    build = lambda: _tagger(rnn)  # noqa: E731
+    before, want = _keras_update(build, x, y)
+    got = _private_update(build, before, x, y, strategy if replicas == 4 else None,
+                          microbatch_size=microbatch_size)
+    _assert_same_update(got, want, ROWS * T / valid)
+
+
+def _reference_per_example_gradients(model, x, y):
+    """Each example's gradient of sum_t m_t l_t / T, the mask taken from the ids (x != 0)
+    rather than from Keras' mask machinery."""
+    grads = []
+    for i in range(len(x)):
+        with tf.GradientTape() as tape:
+            logits = model(x[i:i + 1], training=True)
+            per_position = keras.losses.sparse_categorical_crossentropy(
+                y[i:i + 1], logits, from_logits=True)
+            loss = tf.reduce_sum(per_position * tf.cast(x[i:i + 1] != 0, tf.float32)) / T
+        grads.append([tf.convert_to_tensor(g).numpy().astype(np.float64)
+                      for g in tape.gradient(loss, model.trainable_variables)])
+    return grads
+
+
+@pytest.mark.parametrize("method, chunk", [("ghost", None), ("vectorized", None),
+                                           ("loop", None), ("ghost", 4)])
+def test_every_method_clips_the_masked_per_example_gradient(method, chunk):
+    """The norms the clip sees and the clipped sum are those of the masked per-example losses,
+    for each per-example method and for chunks (C at the median norm: half are clipped)."""
+    model = _tagger()
+    x, y, _ = _tagged(seed=1)
+    variables = model.trainable_variables
+    reference = _reference_per_example_gradients(model, x, y)
+    norms = np.array([np.sqrt(sum(np.sum(g ** 2) for g in grads)) for grads in reference])
+    C = float(np.median(norms))
+    want = [sum(grads[k] * min(1.0, C / n) for grads, n in zip(reference, norms))
+            for k in range(len(variables))]
+    result, _, _ = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, microbatch.as_per_example_loss(SCE), variables, x, y, tf.ones([ROWS]), 1, 1.0,
+        (1.0,) * len(variables), C, method, chunk))()
+    # float32 against float64 sums of 16 examples: 1e-4 relative leaves margin
+    np.testing.assert_allclose(result.norms.numpy(), norms, rtol=1e-4)
+    for v, got, expected in zip(variables, result.clipped_sum, want):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-7, err_msg=v.path)
+
+
+def _joint(seed: int = 0) -> keras.Model:
+    """A masked tag output and an unmasked intent output on one trunk."""
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((T,), dtype="int32")
+    h = keras.layers.Embedding(VOCAB, 4, mask_zero=True)(ids)
+    tags = keras.layers.Dense(TAGS, name="tags")(h)
+    intent = keras.layers.Dense(2, name="intent")(keras.layers.GlobalAveragePooling1D()(h))
+    return keras.Model(ids, {"tags": tags, "intent": intent})
+
+
+def test_dict_losses_mask_only_the_masked_output():
+    """loss={name: ...}: the tag loss is masked, the intent loss is not. Keras divides the tag
+    loss by the valid positions and the intent loss by the rows; the private step divides both
+    by the rows (and the tags by T), so Keras' objective with the tag weight scaled by
+    valid / (rows T) has the private update."""
+    x, tags, valid = _tagged(seed=2)
+    y = {"tags": tags, "intent": (x[:, 0] % 2).astype("int32")}
+    loss = {"tags": SCE, "intent": SCE}
+    weights = {"tags": 1.0, "intent": 0.5}
+    before, _ = _keras_update(_joint, x, y, loss, weights)
+    _, want = _keras_update(_joint, x, y, loss,
+                            {"tags": valid / (ROWS * T), "intent": 0.5})
+    got = _private_update(_joint, before, x, y, loss=loss, loss_weights=weights,
+                          microbatch_size=1)
+    _assert_same_update(got, want, 1.0)
