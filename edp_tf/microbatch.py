@@ -141,6 +141,34 @@ def keras_mask(t) -> Optional[tf.Tensor]:
     return get_keras_mask(t)
 
 
+def _with_masks(y_pred) -> tuple:
+    """(y_pred, {flat index: that output's Keras mask}): the masks as values of their own.
+
+    Why: the attribute lives on the output tensor only, and what builds the batch's predictions
+    anew (tf.vectorized_map's stacking, a loop's TensorArray, the merge of micro-batches) drops
+    it; the compiled metrics read it, as Keras' do (`_masks_attached` puts it back)."""
+    masks = {}
+    for i, t in enumerate(tf.nest.flatten(y_pred)):
+        mask = keras_mask(t)
+        if mask is not None:
+            masks[i] = tf.convert_to_tensor(mask)
+    return y_pred, masks
+
+
+def _masks_attached(carried: tuple):
+    """y_pred of `_with_masks`, each output with its mask attached again."""
+    y_pred, masks = carried
+    flat = tf.nest.flatten(y_pred)
+    for i, mask in masks.items():
+        try:
+            from keras.src.backend import set_keras_mask
+        except ImportError:
+            flat[i]._keras_mask = mask
+        else:
+            set_keras_mask(flat[i], mask)
+    return y_pred
+
+
 def _both(a, b):
     if a is None or b is None:
         return a if b is None else b
@@ -241,10 +269,10 @@ def stacked_microbatch_gradients(
         grads = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
-        return _dense(grads), loss, y_pred
+        return _dense(grads), loss, _with_masks(y_pred)
 
     grads, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
-    return grads, losses, tf.nest.map_structure(_merge, y_pred)
+    return grads, losses, _masks_attached(tf.nest.map_structure(_merge, y_pred))
 
 
 class GhostPass(NamedTuple):
@@ -273,7 +301,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
                 loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
         traced["plan"] = plan = ghost.plan(cap, len(variables))
         rows, fallback = ghost.differentiate(tape, loss, plan, variables)
-        return rows, fallback, loss, y_pred
+        return rows, fallback, loss, _with_masks(y_pred)
 
     rows, fallback, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
     plan = traced["plan"]
@@ -282,7 +310,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
                   f"; {getattr(variables[i], 'path', variables[i].name)}: {reason}"
                   for i, reason in plan.reasons.items()))
     return GhostPass(plan, list(rows), list(fallback), losses,
-                     tf.nest.map_structure(_merge, y_pred))
+                     _masks_attached(tf.nest.map_structure(_merge, y_pred)))
 
 
 def per_variable_squared_norms(
@@ -563,8 +591,9 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
         g = SingleGradient(*update, plan.scales)
         if plan.expected_examples is None:  # a user's (an example's) weight, after clipping
             g.weights = user_weights(wj, plan.microbatch_size)
+        carried = _with_masks(g.y_pred)
         return (g.clip(plan.l2_norm_clip, per_layer=plan.per_layer), g.losses[0],
-                tf.nest.flatten(g.y_pred), g.y_pred)
+                tf.nest.flatten(carried), carried)
 
     one, (first, loss0, preds0, structure) = _loop_body(one)
     one_norm = slice(1, None)  # the norm and flag of the one micro-batch, [1] -> []
@@ -579,8 +608,8 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
                 losses.write(j, loss), [ta.write(j, p) for ta, p in zip(preds, flat)])
 
     _, sums, norms, finite, losses, preds = tf.while_loop(lambda j, *_: j < m, body, state)
-    y_pred = tf.nest.pack_sequence_as(structure, [
-        tf.ensure_shape(ta.concat(), [None] + p.shape[1:]) for ta, p in zip(preds, preds0)])
+    y_pred = _masks_attached(tf.nest.pack_sequence_as(structure, [
+        tf.ensure_shape(ta.concat(), [None] + p.shape[1:]) for ta, p in zip(preds, preds0)]))
     return ClippedAsItWent(clipping.ClipResult(sums, norms.stack(), finite.stack()),
                            plan.l2_norm_clip, losses.stack(), y_pred)
 
@@ -618,12 +647,13 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         xc, yc, wc = (tf.nest.map_structure(lambda a: tf.ensure_shape(
             a[start:start + size], [size] + a.shape[1:]), t) for t in (x, y, w))
         part = unchunked_gradients(model, loss_fn, variables, xc, yc, wc, plan)
+        carried = _with_masks(part.y_pred)
         if eager:  # summed before the one clip
             return (list(part.scaled), None, None, [], part.losses,
-                    tf.nest.flatten(part.y_pred)), part.y_pred
+                    tf.nest.flatten(carried)), carried
         clip = part.clip(plan.l2_norm_clip, plan.selection, plan.per_layer)
         return (list(clip.clipped_sum), clip.norms, clip.finite, list(clip.counts or []),
-                part.losses, tf.nest.flatten(part.y_pred)), part.y_pred
+                part.losses, tf.nest.flatten(carried)), carried
 
     one, ((sums0, norms0, finite0, counts0, losses0, preds0), structure) = _loop_body(one)
     sums, counts = [_zeros(t) for t in sums0], [_zeros(t) for t in counts0]
@@ -643,8 +673,8 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         parallel_iterations=1)
     stacked = [ta.concat() for ta in parts]
     losses, preds = stacked[0], [p[:rows] for p in stacked[1:1 + len(preds0)]]
-    y_pred = tf.nest.pack_sequence_as(structure, [
-        tf.ensure_shape(p, [rows] + p0.shape[1:]) for p, p0 in zip(preds, preds0)])
+    y_pred = _masks_attached(tf.nest.pack_sequence_as(structure, [
+        tf.ensure_shape(p, [rows] + p0.shape[1:]) for p, p0 in zip(preds, preds0)]))
     if eager:  # one micro-batch: its loss is the chunks' summed loss, [1]
         whole = SingleGradient(sums, tf.reduce_sum(losses, keepdims=True), y_pred,
                                [1.0] * len(sums))

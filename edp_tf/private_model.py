@@ -600,7 +600,8 @@ class PrivateModel(keras.Model):
 
         self._record_metrics(grads.losses, clip, z_t, w)
         if self._compile_metrics is not None:
-            self._compile_metrics.update_state(y, grads.y_pred, w)
+            self._compile_metrics.update_state(y, grads.y_pred,
+                                               _metric_weights(grads.y_pred, w))
         return self._step_logs()
 
     def _noisy_sum(self, clip: clipping.ClipResult, std) -> list:
@@ -661,7 +662,7 @@ class PrivateModel(keras.Model):
         self._loss_tracker.update_state(
             tf.reduce_sum(per_example * w) / tf.maximum(tf.reduce_sum(w), 1.0))
         if self._compile_metrics is not None:
-            self._compile_metrics.update_state(y, y_pred, w)
+            self._compile_metrics.update_state(y, y_pred, _metric_weights(y_pred, w))
         return {m.name: m.result() for m in [self._loss_tracker]} | (
             self._compile_metrics.result() if self._compile_metrics is not None else {})
 
@@ -712,6 +713,17 @@ def _mask(x, w) -> tf.Tensor:
         return tf.ones([rows], tf.float32)
     w = tf.cast(w, tf.float32)
     return tf.reshape(w, [rows, -1])[:, 0] if w.shape.rank != 1 else w
+
+
+def _metric_weights(y_pred, w):
+    """The rows' weights w for the compiled metrics, per output: [B, 1] for an output with a
+    Keras mask, which Keras' metrics then fold into the mask position by position (a [B] weight
+    against a [B, T] mask is broadcast along T, a shape error in Keras too); [B] otherwise."""
+    masked = [microbatch.keras_mask(t) is not None for t in tf.nest.flatten(y_pred)]
+    if not any(masked):
+        return w
+    flat = [w[:, None] if m else w for m in masked]
+    return tf.nest.pack_sequence_as(y_pred, flat)
 
 
 def _real_microbatches(w: tf.Tensor, microbatch_size: Optional[int]) -> tf.Tensor:

@@ -41,25 +41,30 @@ def _tagged(seed: int = 0):
     return ids, tags, float(lengths.sum())
 
 
-def _keras_update(build, x, y, loss=SCE, loss_weights=None):
-    """Weights before, and the update of one plain Keras SGD step on the whole batch."""
+def _keras_update(build, x, y, loss=SCE, loss_weights=None, metrics=None):
+    """Weights before, the update of one plain Keras SGD step on the whole batch, and its
+    History."""
     model = build()
     before = model.get_weights()
-    model.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights)
-    model.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
-    return before, [a - b for a, b in zip(model.get_weights(), before)]
+    model.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights,
+                  metrics=metrics)
+    history = model.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0).history
+    return before, [a - b for a, b in zip(model.get_weights(), before)], history
 
 
 def _private_update(build, before, x, y, strategy=None, loss=SCE, loss_weights=None,
-                    **config):
+                    metrics=None, weighted_metrics=None, **config):
+    """The update of one private step from `before`, and its History."""
     scope = strategy.scope() if strategy is not None else keras.utils.custom_object_scope({})
     with scope:
         model = build()
         model.set_weights(before)
-        private = PrivateModel(model, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0, **config))
-        private.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights)
-    private.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0)
-    return [a - b for a, b in zip(model.get_weights(), before)]
+        private = PrivateModel(model, DPConfig(l2_norm_clip=1e9, noise_multiplier=0.0, **config),
+                               training_statistics=True)
+        private.compile(optimizer=keras.optimizers.SGD(LR), loss=loss, loss_weights=loss_weights,
+                        metrics=metrics, weighted_metrics=weighted_metrics)
+    history = private.fit(x, y, batch_size=ROWS, epochs=1, shuffle=False, verbose=0).history
+    return [a - b for a, b in zip(model.get_weights(), before)], history
 
 
 def _assert_same_update(got, want, scale):
@@ -77,13 +82,20 @@ def test_masked_tagger_trains_on_keras_masked_objective(strategy, microbatch_siz
                                                         replicas):
     """Embedding(mask_zero=True) tagger, per-example (ghost, the default) and eDP on 4 replicas,
     and an LSTM tagger (the loop method, one replica: its trace is the slow one): the update
-    is Keras' masked update times valid / (D T)."""
+    is Keras' masked update times valid / (D T), and the compiled accuracy (weighted by the
+    rows' weights too) is Keras' accuracy over the real positions."""
     x, y, valid = _tagged()
     build = lambda: _tagger(rnn)  # noqa: E731
-    before, want = _keras_update(build, x, y)
-    got = _private_update(build, before, x, y, strategy if replicas == 4 else None,
-                          microbatch_size=microbatch_size)
+    before, want, keras_history = _keras_update(build, x, y, metrics=["accuracy"])
+    got, history = _private_update(
+        build, before, x, y, strategy if replicas == 4 else None, metrics=["accuracy"],
+        weighted_metrics=[keras.metrics.SparseCategoricalAccuracy(name="weighted_accuracy")],
+        microbatch_size=microbatch_size)
     _assert_same_update(got, want, ROWS * T / valid)
+    # counts of at most 96 positions: float32 ratios are exact to ~1e-7
+    np.testing.assert_allclose(history["accuracy"], keras_history["accuracy"], rtol=1e-6)
+    np.testing.assert_allclose(history["weighted_accuracy"], keras_history["accuracy"],
+                               rtol=1e-6)
 
 
 def _reference_per_example_gradients(model, x, y):
@@ -142,9 +154,8 @@ def test_dict_losses_mask_only_the_masked_output():
     y = {"tags": tags, "intent": (x[:, 0] % 2).astype("int32")}
     loss = {"tags": SCE, "intent": SCE}
     weights = {"tags": 1.0, "intent": 0.5}
-    before, _ = _keras_update(_joint, x, y, loss, weights)
-    _, want = _keras_update(_joint, x, y, loss,
-                            {"tags": valid / (ROWS * T), "intent": 0.5})
-    got = _private_update(_joint, before, x, y, loss=loss, loss_weights=weights,
-                          microbatch_size=1)
+    before, _, _ = _keras_update(_joint, x, y, loss, weights)
+    _, want, _ = _keras_update(_joint, x, y, loss, {"tags": valid / (ROWS * T), "intent": 0.5})
+    got, _ = _private_update(_joint, before, x, y, loss=loss, loss_weights=weights,
+                             microbatch_size=1)
     _assert_same_update(got, want, 1.0)
