@@ -366,6 +366,21 @@ class PrivateModel(keras.Model):
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' own, given one replica's share of the first batch where Keras takes the
+        replicas' MEAN of it. Why: Keras reads that batch only for its shapes and dtypes (every
+        share has the same), and a MEAN over strings (text for an in-model TextVectorization)
+        is an AddN TensorFlow refuses."""
+        if iterator is not None and self._distribute_strategy is not None:
+            local = self.distribute_strategy.experimental_local_results
+            for _, _, it in iterator:  # as Keras: the first element of a fresh epoch iterator
+                data_batch = tf.nest.map_structure(
+                    lambda v: local(v)[0] if isinstance(v, tf.distribute.DistributedValues)
+                    else v, next(it))
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
     def _ensure_built(self, x):
         if not self.wrapped_model.built or not self.wrapped_model.trainable_variables:
             self.wrapped_model(_take(x, 1), training=False)
@@ -393,7 +408,7 @@ class PrivateModel(keras.Model):
                 f"microbatch_size{copies} = {n} x {k if k else 'one micro-batch'}"
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
-        method = self._per_example_method(k)
+        method = self._per_example_method(k, fx)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._planned(Mechanism.from_config(cfg, n, batch))
         trained = self._trained_indices()
@@ -439,14 +454,33 @@ class PrivateModel(keras.Model):
         self._subspace.build(self.wrapped_model, self._require_loss(), self._trained_variables(),
                              self._dp_config.l2_norm_clip, strategy, device)
 
-    def _per_example_method(self, k: Optional[int]) -> str:
+    def _per_example_method(self, k: Optional[int], x) -> str:
         """DPConfig's method, or the loop where a layer runs a while_loop of its own (a GRU /
-        LSTM / SimpleRNN not unrolled) that `tf.vectorized_map` cannot vectorise: exact for any
-        layer, one micro-batch at a time; said once, with the faster way."""
+        LSTM / SimpleRNN not unrolled) or string preprocessing (in the first batch `x`) runs
+        ops that `tf.vectorized_map` cannot vectorise: exact for any layer, one micro-batch at
+        a time; said once, with the faster way."""
         method = self._dp_config.per_example_method
         if k is None or method == "loop":
             return method
         layers = _unvectorisable_layers(self.wrapped_model)
+        if not layers and _unvectorisable_strings(self.wrapped_model, x):
+            if self._dp_config.sparse_embeddings:
+                raise ValueError(
+                    "the model takes strings that tf.vectorized_map cannot split per example "
+                    "(its preprocessing is not a leading row-wise chain, e.g. TextVectorization "
+                    "without output_sequence_length), so per-example clipping runs one "
+                    "micro-batch at a time (per_example_method='loop'), which "
+                    "DPConfig.sparse_embeddings does not support: give TextVectorization an "
+                    "output_sequence_length, or preprocess outside the model")
+            if not self._loop_reported:
+                _log.info("per-example clipping: the model takes strings whose preprocessing "
+                          "tf.vectorized_map cannot vectorise (it is not a leading chain of "
+                          "row-wise layers, e.g. TextVectorization without "
+                          "output_sequence_length), so micro-batches are clipped one at a "
+                          "time (per_example_method='loop': exact, slower); a fixed "
+                          "output_sequence_length keeps the vectorised %r method", method)
+                self._loop_reported = True
+            return "loop"
         if not layers:
             return method
         if self._dp_config.sparse_embeddings:
@@ -705,6 +739,17 @@ def _unvectorisable_layers(model) -> list:
     return [f"{layer.name!r} ({type(layer).__name__}, unroll=False)"
             for layer in ghost.flatten_layers(model)
             if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True)]
+
+
+def _unvectorisable_strings(model, x) -> bool:
+    """The inputs `x` hold strings and the model does not begin with row-wise preprocessing
+    that the per-example passes run on the whole batch (microbatch.preprocessing_split):
+    string ops (StringSplit) would then run inside `tf.vectorized_map`, which cannot vectorise
+    them."""
+    takes_strings = any(tf.as_dtype(t.dtype) == tf.string
+                        for t in tf.nest.flatten(x) if hasattr(t, "dtype"))
+    return takes_strings and (not tf.is_tensor(x)
+                              or microbatch.preprocessing_split(model) is None)
 
 
 def _mask(x, w) -> tf.Tensor:

@@ -159,3 +159,82 @@ def test_dict_losses_mask_only_the_masked_output():
     got, _ = _private_update(_joint, before, x, y, loss=loss, loss_weights=weights,
                              microbatch_size=1)
     _assert_same_update(got, want, 1.0)
+
+
+PUBLIC_TEXT = ["call my mother at home", "refill the order now", "what is the weather today"]
+PRIVATE_TEXT = ["call my brother", "refill my order", "is the weather sunny", "call home now",
+                "what is on today", "refill it", "my mother at home", "the weather now"]
+
+
+def _text_classifier(length=5) -> keras.Model:
+    """Sequential [string Input, TextVectorization adapted on public text, Embedding,
+    GlobalAveragePooling1D, Dense]."""
+    keras.utils.set_random_seed(0)
+    tv = keras.layers.TextVectorization(output_sequence_length=length, name="tv")
+    tv.adapt(PUBLIC_TEXT)
+    return keras.Sequential([keras.Input((), dtype="string"), tv,
+                             keras.layers.Embedding(tv.vocabulary_size(), 4),
+                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3)])
+
+
+def test_row_wise_preprocessing_is_split_off_and_its_rows_are_each_examples_own():
+    """What running the preprocessing once per batch rests on: its batch output's rows are the
+    rows of each example alone. TextVectorization without output_sequence_length pads to the
+    batch's longest row (not row-wise): no split."""
+    texts = tf.constant(PRIVATE_TEXT)
+    model = _text_classifier()
+    split = microbatch.preprocessing_split(model)
+    assert [layer.name for layer in split.layers] == ["tv"]
+    assert [v.path for v in split.rest.trainable_variables] == [
+        v.path for v in model.trainable_variables]
+    batch = split.layers[0](texts).numpy()
+    alone = np.concatenate([split.layers[0](texts[i:i + 1]).numpy() for i in range(len(texts))])
+    np.testing.assert_array_equal(batch, alone)
+    np.testing.assert_array_equal(split.rest(batch).numpy(), model(texts).numpy())
+    assert microbatch.preprocessing_split(_text_classifier(length=None)) is None
+
+
+@pytest.mark.parametrize("method", ["ghost", "vectorized"])
+def test_vectorised_methods_clip_a_string_model_as_the_loop_does(method):
+    """The split model's per-example norms and clipped sum are the loop's, which runs the whole
+    model one example at a time (C at the median norm: half are clipped)."""
+    model = _text_classifier()
+    texts = tf.constant(PRIVATE_TEXT)
+    labels = tf.constant([0, 1, 2, 0, 2, 1, 0, 2])
+    variables, loss = model.trainable_variables, microbatch.as_per_example_loss(SCE)
+
+    def clip(method, C):
+        return tf.function(lambda: microbatch.clipped_gradient_sum(
+            model, loss, variables, texts, labels, tf.ones([8]), 1, 1.0, (1.0,) * 3, C,
+            method))()[0]
+
+    C = float(np.median(clip("loop", 1e9).norms.numpy()))
+    want, got = clip("loop", C), clip(method, C)
+    # float32 sums of 8 examples; ghost norms carry a proven bound of at most ~1e-6 relative
+    np.testing.assert_allclose(got.norms.numpy(), want.norms.numpy(), rtol=1e-5)
+    for v, a, b in zip(variables, got.clipped_sum, want.clipped_sum):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7, err_msg=v.path)
+
+
+@pytest.mark.parametrize("replicas, length, method", [(1, 5, "ghost"), (2, 5, "ghost"),
+                                                      (2, None, "loop")])
+def test_text_vectorization_declared_public_trains(replicas, length, method):
+    """A TextVectorization adapted on public text inside the model, declared public by its own
+    name, trains with the default per-example method on one and two replicas (its inner
+    StringLookup is covered by the declaration); without a fixed output length it is not
+    row-wise, and the step clips one example at a time instead."""
+    import edp_tf
+
+    strategy = edp_tf.make_strategy(replicas)
+    with strategy.scope():
+        model = _text_classifier(length)
+        private = PrivateModel(model, DPConfig(l2_norm_clip=1.0, noise_multiplier=0.0,
+                                               microbatch_size=1), public_layers=["tv"])
+        private.compile(optimizer=keras.optimizers.SGD(0.5), loss=SCE)
+    before = [w.copy() for w in model.get_weights()]
+    labels = np.array([0, 1, 2, 0, 2, 1, 0, 2], "int32")
+    data = tf.data.Dataset.from_tensor_slices((PRIVATE_TEXT, labels)).batch(8, drop_remainder=True)
+    private.fit(data, epochs=1, verbose=0)
+    assert private._clip_plan.method == method
+    # without noise, only the clipped gradients move them
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))
