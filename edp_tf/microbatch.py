@@ -277,10 +277,14 @@ def _row_wise(layer) -> bool:
     config = layer.get_config()
     if config.get("ragged") or config.get("sparse"):
         return False  # no dense rows to split into micro-batches
-    # TextVectorization(output_mode="int") without output_sequence_length pads each batch to
-    # its longest row: a row's output would depend on the other rows
-    return not (isinstance(layer, keras.layers.TextVectorization)
-                and config.get("output_mode") == "int"
+    if not isinstance(layer, keras.layers.TextVectorization):
+        return True
+    # a user's own standardize or split callable may read the whole batch
+    if not all(isinstance(config.get(key), (str, type(None))) for key in ("standardize", "split")):
+        return False
+    # output_mode="int" without output_sequence_length pads each batch to its longest row: a
+    # row's output would depend on the other rows
+    return not (config.get("output_mode") == "int"
                 and config.get("output_sequence_length") is None)
 
 

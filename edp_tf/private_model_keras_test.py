@@ -180,7 +180,8 @@ def _text_classifier(length=5) -> keras.Model:
 def test_row_wise_preprocessing_is_split_off_and_its_rows_are_each_examples_own():
     """What running the preprocessing once per batch rests on: its batch output's rows are the
     rows of each example alone. TextVectorization without output_sequence_length pads to the
-    batch's longest row (not row-wise): no split."""
+    batch's longest row (not row-wise), and a standardize callable of the user's may read the
+    whole batch: no split."""
     texts = tf.constant(PRIVATE_TEXT)
     model = _text_classifier()
     split = microbatch.preprocessing_split(model)
@@ -192,6 +193,10 @@ def test_row_wise_preprocessing_is_split_off_and_its_rows_are_each_examples_own(
     np.testing.assert_array_equal(batch, alone)
     np.testing.assert_array_equal(split.rest(batch).numpy(), model(texts).numpy())
     assert microbatch.preprocessing_split(_text_classifier(length=None)) is None
+    custom = keras.layers.TextVectorization(output_sequence_length=5, standardize=tf.strings.lower)
+    custom.adapt(PUBLIC_TEXT)
+    assert microbatch.preprocessing_split(keras.Sequential([
+        keras.Input((), dtype="string"), custom, keras.layers.Embedding(20, 4)])) is None
 
 
 @pytest.mark.parametrize("method", ["ghost", "vectorized"])
