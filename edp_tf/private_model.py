@@ -69,6 +69,26 @@ class PrivateModel(keras.Model):
     are computed on the private batches without noise, so by default `fit` logs only the noise
     multiplier (the progress bar, History, TensorBoard and every callback see nothing else);
     True shows them, and the ledger then lists them as not covered by epsilon.
+
+    Keras habits, kept so that an ordinary model trains on the objective its user expects
+    (docs/design.md, section 2):
+
+    * Masks: an output with a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
+      position's loss by it, as Keras does, so padding adds no gradient. Each example's loss is
+      sum_t m_t l_t / T over the padded length T: Keras divides by the batch's count of valid
+      positions instead, a data-dependent normaliser clipping cannot use, so the update has
+      Keras' direction scaled by valid / (B T) (with several outputs, a masked output's weight
+      relative to the others shifts by that factor). Compiled metrics read the mask too.
+    * Dropout: eDP (`microbatch_size=None`) and `per_example_method="loop"` draw a mask per row
+      as Keras does; the vectorised methods (`"ghost"`, the default, and `"vectorized"`) draw
+      once per replica and step for all micro-batches (row r of each micro-batch shares its
+      mask; with microbatch_size=1 every example on a replica does). Replicas draw the same
+      masks, as in plain Keras under a MirroredStrategy. Epsilon is the same either way: the
+      masks depend on no example, so each clipped micro-batch still depends on its own only.
+    * Preprocessing inside the model (a `TextVectorization` taking strings): a leading chain of
+      row-wise preprocessing layers runs once per batch and the per-example machinery runs on
+      the rest; other string models are clipped with the loop. Naming a layer in
+      `public_layers` declares the layers it holds (TextVectorization's own StringLookup).
     """
 
     # what the step logs when training statistics are hidden: public, a function of the schedule

@@ -243,3 +243,63 @@ def test_text_vectorization_declared_public_trains(replicas, length, method):
     assert private._clip_plan.method == method
     # without noise, only the clipped gradients move them
     assert all(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))
+
+
+WIDTH = 64  # dropout mask bits per row: two independent rows agree with probability 2^-64
+
+
+def _dropout_rows(method, microbatch_size, chunk=None):
+    """The dropout mask of each of 8 rows in one step, read from the predictions of
+    [Dropout(0.5), Dense(identity)] on rows of ones (nonzero where kept)."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(WIDTH, kernel_initializer="identity")])
+    variables = model.trainable_variables
+    plan = microbatch.ClipPlan(microbatch_size, float(microbatch_size or 8), (1.0,) * 2, 1.0,
+                               method, chunk)
+    x = tf.ones([8, WIDTH])
+    step = tf.function(lambda: microbatch.gradients(
+        model, lambda y, p: tf.reduce_mean(p, -1), variables, x, x, tf.ones([8]), plan).y_pred)
+    return [[tuple(row) for row in (step().numpy() != 0)] for _ in range(2)]  # two steps
+
+
+@pytest.mark.parametrize("method", ["ghost", "vectorized"])
+def test_vectorised_methods_share_one_dropout_draw_across_micro_batches(method):
+    """tf.vectorized_map draws once for the replica's step: row r of every micro-batch gets the
+    same mask, the rows of one micro-batch differ, and each step draws anew; with chunks, once
+    per chunk. (Two independent rows agree with probability 2^-64.)"""
+    first, second = _dropout_rows(method, 1)
+    assert len(set(first)) == 1 and first != second
+    pairs = _dropout_rows(method, 2)[0]
+    assert pairs[0] != pairs[1] and pairs[0::2] == [pairs[0]] * 4 and pairs[1::2] == [pairs[1]] * 4
+    chunks = _dropout_rows(method, 1, chunk=4)[0]
+    assert chunks[:4] == [chunks[0]] * 4 and chunks[4:] == [chunks[4]] * 4
+    assert chunks[0] != chunks[4]
+
+
+@pytest.mark.parametrize("method, microbatch_size", [("loop", 1), ("ghost", None)])
+def test_loop_and_edp_draw_a_dropout_mask_per_example(method, microbatch_size):
+    """The loop draws per micro-batch and eDP's one pass per row, as plain Keras does."""
+    first, second = _dropout_rows(method, microbatch_size)
+    assert len(set(first)) == 8 and first != second
+
+
+def test_replicas_draw_the_same_dropout_masks_as_in_plain_keras():
+    """Keras' seed state is one mirrored variable: under a MirroredStrategy every replica draws
+    the same masks for its rows, in plain Keras as in the private step."""
+    import edp_tf
+
+    strategy = edp_tf.make_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dropout(0.5)])
+    masks = strategy.run(tf.function(lambda: model(tf.ones([2, WIDTH]), training=True) != 0))
+    one, two = strategy.experimental_local_results(masks)
+    np.testing.assert_array_equal(one.numpy(), two.numpy())
+    assert not np.array_equal(one.numpy()[0], one.numpy()[1])
+
+
+def test_help_says_what_the_step_does_with_masks_dropout_and_preprocessing():
+    doc = PrivateModel.__doc__
+    assert "Embedding(mask_zero=True)" in doc and "valid / (B T)" in doc
+    assert "Dropout" in doc and "per_example_method=\"loop\"" in doc
+    assert "TextVectorization" in doc and "public_layers" in doc
