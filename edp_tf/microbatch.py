@@ -6,9 +6,9 @@ for memory-bounded chunks) a sum clipped as it goes. Each gives `clip()`: sum_j 
 every term of norm <= C, the quantity whose sensitivity the mechanism states.
 
 The micro-batch loss is `sum_i w_i L_i / k_e`: w is the 0/1 mask of real rows (Poisson sampling
-pads), L_i the per-example loss (its positions weighted by the output's Keras mask) and k_e the expected number of real examples in a micro-batch, so
-that padding never changes the normalisation (docs/design.md, sampling: normalise by the expected
-batch).
+pads), L_i the per-example loss (its positions weighted by the output's Keras mask) and k_e the
+expected number of real examples in a micro-batch, so that padding never changes the
+normalisation (docs/design.md, sampling: normalise by the expected batch).
 """
 from __future__ import annotations
 
