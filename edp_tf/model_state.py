@@ -67,11 +67,18 @@ def state_assigned_in_training(model: keras.layers.Layer, inputs) -> List[str]:
 
 def adaptable_layers(model: keras.layers.Layer, public: Iterable[str] = ()) -> List[str]:
     """Preprocessing layers whose state comes from data (they have `adapt`), except those the
-    user declared public by name."""
+    user declared public by name and the layers inside them.
+
+    Why the inner ones: a layer's `adapt` fits the layers it holds (TextVectorization adapts
+    its own StringLookup, named automatically), so declaring the outer layer's state public
+    declares theirs; asking for the inner names as well would make a user name layers they
+    never built, whose automatic names change from one process to the next."""
     public = set(public)
+    covered = {id(inner) for layer in _layers(model) if layer is not model
+               and layer.name in public for inner in _layers(layer)}
     return [f"{layer.name!r} ({type(layer).__name__})" for layer in _layers(model)
             if layer is not model and callable(getattr(layer, "adapt", None))
-            and layer.name not in public]
+            and id(layer) not in covered]
 
 
 def refuse_state_outside_the_clip(model: keras.layers.Layer, inputs,

@@ -114,3 +114,25 @@ def test_a_recurrent_cell_with_running_statistics_is_refused_and_stays_unrolled(
     plain, rnn = model(keras.layers.SimpleRNNCell(4))
     assert model_state.state_assigned_in_training(plain, x) == []
     assert rnn.unroll
+
+
+def test_declaring_a_layer_public_declares_the_layers_it_holds():
+    """TextVectorization adapts a StringLookup of its own, named automatically: naming the outer
+    layer covers it; a layer not named stays refused, inner ones included."""
+    tv = keras.layers.TextVectorization(output_sequence_length=4, name="tv")
+    tv.adapt(["call my mother", "what is the weather"])
+    other = keras.layers.TextVectorization(output_sequence_length=4, name="other")
+    other.adapt(["refill the order"])
+    inputs = keras.Input((), dtype="string")
+    ids = keras.layers.Concatenate()([tv(inputs), other(inputs)])
+    model = keras.Model(inputs, keras.layers.Embedding(20, 2)(ids))
+    def held(layer):
+        return {f"{inner.name!r} ({type(inner).__name__})"
+                for inner in layer._flatten_layers(include_self=False)}
+
+    assert held(tv) and held(other)  # the StringLookup each holds
+    outer = {"'tv' (TextVectorization)", "'other' (TextVectorization)"}
+    assert set(model_state.adaptable_layers(model)) == outer | held(tv) | held(other)
+    assert (set(model_state.adaptable_layers(model, ["tv"]))
+            == {"'other' (TextVectorization)"} | held(other))
+    assert model_state.adaptable_layers(model, ["tv", "other"]) == []

@@ -69,6 +69,26 @@ class PrivateModel(keras.Model):
     are computed on the private batches without noise, so by default `fit` logs only the noise
     multiplier (the progress bar, History, TensorBoard and every callback see nothing else);
     True shows them, and the ledger then lists them as not covered by epsilon.
+
+    Keras habits, kept so that an ordinary model trains on the objective its user expects
+    (docs/design.md, section 2):
+
+    * Masks: an output with a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
+      position's loss by it, as Keras does, so padding adds no gradient. Each example's loss is
+      sum_t m_t l_t / T over the padded length T: Keras divides by the batch's count of valid
+      positions instead, a data-dependent normaliser clipping cannot use, so the update has
+      Keras' direction scaled by valid / (B T) (with several outputs, a masked output's weight
+      relative to the others shifts by that factor). Compiled metrics read the mask too.
+    * Dropout: eDP (`microbatch_size=None`) and `per_example_method="loop"` draw a mask per row
+      as Keras does; the vectorised methods (`"ghost"`, the default, and `"vectorized"`) draw
+      once per replica and step for all micro-batches (row r of each micro-batch shares its
+      mask; with microbatch_size=1 every example on a replica does). Replicas draw the same
+      masks, as in plain Keras under a MirroredStrategy. Epsilon is the same either way: the
+      masks depend on no example, so each clipped micro-batch still depends on its own only.
+    * Preprocessing inside the model (a `TextVectorization` taking strings): a leading chain of
+      row-wise preprocessing layers runs once per batch and the per-example machinery runs on
+      the rest; other string models are clipped with the loop. Naming a layer in
+      `public_layers` declares the layers it holds (TextVectorization's own StringLookup).
     """
 
     # what the step logs when training statistics are hidden: public, a function of the schedule
@@ -371,6 +391,21 @@ class PrivateModel(keras.Model):
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
 
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        """Keras' own, given one replica's share of the first batch where Keras takes the
+        replicas' MEAN of it. Why: Keras reads that batch only for its shapes and dtypes (every
+        share has the same), and a MEAN over strings (text for an in-model TextVectorization)
+        is an AddN TensorFlow refuses."""
+        if iterator is not None and self._distribute_strategy is not None:
+            local = self.distribute_strategy.experimental_local_results
+            for _, _, it in iterator:  # as Keras: the first element of a fresh epoch iterator
+                data_batch = tf.nest.map_structure(
+                    lambda v: local(v)[0] if isinstance(v, tf.distribute.DistributedValues)
+                    else v, next(it))
+                break
+            iterator = None
+        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
+
     def _ensure_built(self, x):
         if not self.wrapped_model.built or not self.wrapped_model.trainable_variables:
             self.wrapped_model(_take(x, 1), training=False)
@@ -398,7 +433,7 @@ class PrivateModel(keras.Model):
                 f"microbatch_size{copies} = {n} x {k if k else 'one micro-batch'}"
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
-        method = self._per_example_method(k)
+        method = self._per_example_method(k, fx)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._planned(Mechanism.from_config(cfg, n, batch))
         trained = self._trained_indices()
@@ -444,14 +479,33 @@ class PrivateModel(keras.Model):
         self._subspace.build(self.wrapped_model, self._require_loss(), self._trained_variables(),
                              self._dp_config.l2_norm_clip, strategy, device)
 
-    def _per_example_method(self, k: Optional[int]) -> str:
+    def _per_example_method(self, k: Optional[int], x) -> str:
         """DPConfig's method, or the loop where a layer runs a while_loop of its own (a GRU /
-        LSTM / SimpleRNN not unrolled) that `tf.vectorized_map` cannot vectorise: exact for any
-        layer, one micro-batch at a time; said once, with the faster way."""
+        LSTM / SimpleRNN not unrolled) or string preprocessing (in the first batch `x`) runs
+        ops that `tf.vectorized_map` cannot vectorise: exact for any layer, one micro-batch at
+        a time; said once, with the faster way."""
         method = self._dp_config.per_example_method
         if k is None or method == "loop":
             return method
         layers = _unvectorisable_layers(self.wrapped_model)
+        if not layers and _unvectorisable_strings(self.wrapped_model, x):
+            if self._dp_config.sparse_embeddings:
+                raise ValueError(
+                    "the model takes strings that tf.vectorized_map cannot split per example "
+                    "(its preprocessing is not a leading row-wise chain, e.g. TextVectorization "
+                    "without output_sequence_length), so per-example clipping runs one "
+                    "micro-batch at a time (per_example_method='loop'), which "
+                    "DPConfig.sparse_embeddings does not support: give TextVectorization an "
+                    "output_sequence_length, or preprocess outside the model")
+            if not self._loop_reported:
+                _log.info("per-example clipping: the model takes strings whose preprocessing "
+                          "tf.vectorized_map cannot vectorise (it is not a leading chain of "
+                          "row-wise layers, e.g. TextVectorization without "
+                          "output_sequence_length), so micro-batches are clipped one at a "
+                          "time (per_example_method='loop': exact, slower); a fixed "
+                          "output_sequence_length keeps the vectorised %r method", method)
+                self._loop_reported = True
+            return "loop"
         if not layers:
             return method
         if self._dp_config.sparse_embeddings:
@@ -607,7 +661,8 @@ class PrivateModel(keras.Model):
         if self._training_statistics:  # else nothing of the private batches is kept, anywhere
             self._record_metrics(grads.losses, clip, w)
             if self._compile_metrics is not None:
-                self._compile_metrics.update_state(y, grads.y_pred, w)
+                self._compile_metrics.update_state(y, grads.y_pred,
+                                                   _metric_weights(grads.y_pred, w))
         return self._step_logs()
 
     def _noisy_sum(self, clip: clipping.ClipResult, std) -> list:
@@ -667,7 +722,7 @@ class PrivateModel(keras.Model):
         self._loss_tracker.update_state(
             tf.reduce_sum(per_example * w) / tf.maximum(tf.reduce_sum(w), 1.0))
         if self._compile_metrics is not None:
-            self._compile_metrics.update_state(y, y_pred, w)
+            self._compile_metrics.update_state(y, y_pred, _metric_weights(y_pred, w))
         return {m.name: m.result() for m in [self._loss_tracker]} | (
             self._compile_metrics.result() if self._compile_metrics is not None else {})
 
@@ -721,12 +776,34 @@ def _unvectorisable_layers(model) -> list:
             if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True)]
 
 
+def _unvectorisable_strings(model, x) -> bool:
+    """The inputs `x` hold strings and the model does not begin with row-wise preprocessing
+    that the per-example passes run on the whole batch (microbatch.preprocessing_split):
+    string ops (StringSplit) would then run inside `tf.vectorized_map`, which cannot vectorise
+    them."""
+    takes_strings = any(tf.as_dtype(t.dtype) == tf.string
+                        for t in tf.nest.flatten(x) if hasattr(t, "dtype"))
+    return takes_strings and (not tf.is_tensor(x)
+                              or microbatch.preprocessing_split(model) is None)
+
+
 def _mask(x, w) -> tf.Tensor:
     rows = tf.shape(tf.nest.flatten(x)[0])[0]
     if w is None:
         return tf.ones([rows], tf.float32)
     w = tf.cast(w, tf.float32)
     return tf.reshape(w, [rows, -1])[:, 0] if w.shape.rank != 1 else w
+
+
+def _metric_weights(y_pred, w):
+    """The rows' weights w for the compiled metrics, per output: [B, 1] for an output with a
+    Keras mask, which Keras' metrics then fold into the mask position by position (a [B] weight
+    against a [B, T] mask is broadcast along T, a shape error in Keras too); [B] otherwise."""
+    masked = [microbatch.keras_mask(t) is not None for t in tf.nest.flatten(y_pred)]
+    if not any(masked):
+        return w
+    flat = [w[:, None] if m else w for m in masked]
+    return tf.nest.pack_sequence_as(y_pred, flat)
 
 
 def _real_microbatches(w: tf.Tensor, microbatch_size: Optional[int]) -> tf.Tensor:
