@@ -663,6 +663,9 @@ class PrivateModel(keras.Model):
             if self._compile_metrics is not None:
                 self._compile_metrics.update_state(y, grads.y_pred,
                                                    _metric_weights(grads.y_pred, w))
+        elif self._compile_metrics is not None and not self._compile_metrics.built:
+            # built, never updated: Keras reads every metric's result at the end of an epoch
+            self._compile_metrics.build(y, grads.y_pred)
         return self._step_logs()
 
     def _noisy_sum(self, clip: clipping.ClipResult, std) -> list:

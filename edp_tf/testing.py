@@ -105,6 +105,7 @@ def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     # The clipped sum the step uses (each rule's weighted sum, in its variable's shape), with
     # C at the median norm so that about half the micro-batches are clipped.
     from edp_tf import microbatch
+    from edp_tf.ghost import bounds
 
     variables = model.trainable_variables
     alpha = (1.0,) * len(variables)
@@ -114,7 +115,11 @@ def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     result = tf.function(lambda: microbatch.clipped_gradient_sum(
         model, loss_fn, variables, x, y, tf.constant(w), k, float(k), alpha, C))()[0]
     for v, got, want_sum in zip(variables, result.clipped_sum, expected):
-        np.testing.assert_allclose(got.numpy(), want_sum, rtol=2e-4, atol=1e-6, err_msg=v.path)
+        # a ghost norm is raised by its rounding bound, up to bounds.MAX_MARGIN above the exact
+        # one, so a micro-batch near C is clipped by up to that much more than the loop clips it
+        # (4.8e-4 seen on an AVX2 machine for the LoRA head's kernel)
+        np.testing.assert_allclose(got.numpy(), want_sum, rtol=bounds.MAX_MARGIN, atol=1e-6,
+                                   err_msg=v.path)
 
 
 def small_regression(seed=0, batch=16):
