@@ -569,7 +569,8 @@ def test_training_counts_reach_the_log_only_with_diagnostics(caplog, diagnostics
     truncated = long_training_utterances(config)
     assert truncated > 0
     with caplog.at_level(logging.INFO):
-        data = training._load_data(config, splits, resume=False)
+        data = training._load_data(config, splits, resume=False, run_dir=None,
+                                   strategy=strategy(1), fixed_seed=None)
     assert len(data.splits.dev) == len(splits.dev) - 1  # the row is left out either way
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert (f"train: {truncated} utterances truncated" in logged) is diagnostics, logged

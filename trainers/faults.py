@@ -100,6 +100,7 @@ def _arm(spec: dict) -> None:
     import keras
     import tensorflow as tf
 
+    from edp_tf import batch_source
     from trainers.pipeline import builders, training
 
     kind, at, witness = spec["kind"], int(spec["step"]), spec["witness"]
@@ -145,7 +146,11 @@ def _arm(spec: dict) -> None:
                 with tf.control_dependencies([failed]):
                     return tf.nest.map_structure(tf.identity, element)
 
-            return (ds.enumerate().map(check), *rest)
+            failing = ds.enumerate().map(check)
+            source = batch_source.describe(ds)
+            if source.kind == "sampler":  # the sampler's batches, unchanged until the fault
+                batch_source._mark(failing, source.sampler)
+            return (failing, *rest)
 
         builders.datasets = failing_datasets
 
