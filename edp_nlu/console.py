@@ -1,8 +1,8 @@
-"""The installed commands (`edp-train`, `edp-privacy`, ...): each is `python -m trainers.<name>`.
+"""The installed commands (`edp-train`, `edp-privacy`, ...): each is `python -m edp_nlu.<name>`.
 
 A console script imports its target before calling it, so the targets live here, in a module that
 imports no TensorFlow: each quiets TensorFlow's native start-up lines first (they are read once,
-at import), then imports its command, defines its flags and runs it (trainers/cli.py).
+at import), then imports its command, defines its flags and runs it (edp_nlu/cli.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Callable
 
 from absl import flags
 
-from trainers import cli
+from edp_nlu import cli
 
 COMMANDS = ("train", "evaluate", "privacy", "audit", "lira", "experiment", "benchmark")
 
@@ -21,7 +21,7 @@ def _command(name: str) -> Callable[[], None]:
     def run() -> None:
         cli.quiet_unless_verbose()
         try:
-            module = importlib.import_module(f"trainers.{name}")
+            module = importlib.import_module(f"edp_nlu.{name}")
         except ModuleNotFoundError as error:  # `pip install edp-tf`: the library alone
             if (error.name or "").split(".")[0] in ("edp_tf", "trainers", "models", "configs"):
                 raise
@@ -33,7 +33,7 @@ def _command(name: str) -> Callable[[], None]:
         cli.run(module.main)
 
     run.__name__ = name
-    run.__doc__ = f"`edp-{name}`: the same as `python -m trainers.{name}`."
+    run.__doc__ = f"`edp-{name}`: the same as `python -m edp_nlu.{name}`."
     return run
 
 

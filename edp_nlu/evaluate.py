@@ -1,4 +1,4 @@
-"""`python -m trainers.evaluate --run_dir=... [--data_dir=...] [--split=test] [--decodings]`: score a
+"""`python -m edp_nlu.evaluate --run_dir=... [--data_dir=...] [--split=test] [--decodings]`: score a
 saved run. `--per_class [--compare_to=OTHER_RUN]`: per intent and slot type, against training
 frequency, beside another run (e.g. the private run beside plain training).
 
@@ -9,7 +9,7 @@ checkpoint and scores both CRF decodings (BIO-constrained and plain Viterbi). Pr
 JSON (no utterance text).
 
 With --per_class it prints a table per intent and slot type (accuracy / F1, training count, test
-support; trainers/scoring/per_class.py) and writes it as JSON to --output or, by default,
+support; edp_nlu/scoring/per_class.py) and writes it as JSON to --output or, by default,
 RUN_DIR-per_class.json beside the run directory. The training counts are unnoised statistics of
 the run's training split, so the report is a diagnostic, not a DP release, and says so; it stays
 out of the run directory, whose files privacy.json lists as covered or not.
@@ -81,7 +81,7 @@ def serve_predictions(run_dir: str, utterances, batch_size: int = 256):
 def is_private_run(run_dir: str) -> bool:
     """True for a run trained with a DP mechanism, or whose privacy.json says private: its
     training split is what epsilon protects."""
-    from trainers.pipeline import run_files
+    from edp_nlu.pipeline import run_files
 
     if run_files.load_run_config(run_dir).mechanism != "sgd":
         return True
@@ -119,7 +119,7 @@ def per_class_output(run_dir: str, output: Optional[str], compare_to: Optional[s
 
 
 def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
-    from trainers.pipeline import builders, run_files
+    from edp_nlu.pipeline import builders, run_files
 
     config = run_files.load_run_config(run_dir)
     if data_dir is not None:
@@ -133,7 +133,7 @@ def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
 
 def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
                  batch_size: int = 256) -> dict:
-    from trainers.scoring import metrics as metrics_lib
+    from edp_nlu.scoring import metrics as metrics_lib
 
     check_split(run_dir, split)
     config, utterances = _config_and_split(run_dir, data_dir, split)
@@ -151,7 +151,7 @@ _DATA_FIELDS = ("data_dir", "data_seed", "synthetic_size", "synthetic_canaries",
 def run_label(run_dir: str) -> str:
     """"<model> <mechanism>[, eps E]" from the run's config and, if private, its ledger (read
     only): the name a per-class table gives the run."""
-    from trainers.pipeline import run_files
+    from edp_nlu.pipeline import run_files
 
     config = run_files.load_run_config(run_dir)
     label = f"{config.model} {config.mechanism}"
@@ -172,8 +172,8 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     The training counts always come from the run's training split (what the model learnt from),
     also when `data_dir` supplies the scored split.
     """
-    from trainers.pipeline import builders, run_files
-    from trainers.scoring import per_class
+    from edp_nlu.pipeline import builders, run_files
+    from edp_nlu.scoring import per_class
 
     check_split(run_dir, split)
     if compare_to is not None:
@@ -228,7 +228,7 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
 
 
 def _scores_from_json(classes: list, key: Optional[str] = None):
-    from trainers.scoring import per_class
+    from edp_nlu.scoring import per_class
 
     def score(d):
         return per_class.ClassScore(d["kind"], d["name"], d["train_count"], d["support"],
@@ -247,7 +247,7 @@ def _correlation_lines(result: dict) -> list:
 
 def per_class_text(result: dict) -> str:
     """The printed report: the diagnostic line, the tables, the classes the run loses."""
-    from trainers.scoring import per_class
+    from edp_nlu.scoring import per_class
 
     run = result["run"]
     lines = [result["diagnostic"],
@@ -299,7 +299,7 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
     import shlex
     import sys
 
-    from trainers.scoring import per_class
+    from edp_nlu.scoring import per_class
 
     directory = os.path.dirname(prefix)
     if directory:
@@ -307,7 +307,7 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
     title = os.path.basename(prefix)
     per_class.plot_gap_by_bucket(result["by_bucket"], prefix + ".png", title, result["run"],
                                  result["reference"])
-    evaluate_command = "python -m trainers.evaluate " + " ".join(
+    evaluate_command = "python -m edp_nlu.evaluate " + " ".join(
         shlex.quote(a) for a in sys.argv[1:])
     text = [f"# {title}: what privacy costs, per class ({result['split']} split)", "",
             f"*{result['diagnostic']}.*", "",
@@ -317,7 +317,7 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
             f"{result['training_utterances']} training utterances of `{result['training_data']}`."
             f" A class is lost when the gap is at least {result['lost_if']['min_gap']:.2f} on at "
             f"least {result['lost_if']['min_support']} test references "
-            "(trainers/scoring/per_class.py, `losses`); gap se is a rough binomial standard "
+            "(edp_nlu/scoring/per_class.py, `losses`); gap se is a rough binomial standard "
             "error.", "", f"![gap by bucket]({title}.png)", "",
             "## Runs", "",
             "| run | model | served decoding | epochs | training seconds | test SER | "
@@ -347,8 +347,8 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     existed get both (their SavedModel serves Viterbi only)."""
     import tensorflow as tf
 
-    from trainers.pipeline import builders, checkpoints, run_files, warm_start
-    from trainers.scoring import predictions
+    from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
+    from edp_nlu.scoring import predictions
 
     check_split(run_dir, split)
     config = run_files.load_run_config(run_dir)
@@ -407,7 +407,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose()
     define_flags()

@@ -1,11 +1,11 @@
-"""`python -m trainers.privacy`: the privacy statement of a finished or a planned run.
+"""`python -m edp_nlu.privacy`: the privacy statement of a finished or a planned run.
 
-    python -m trainers.privacy --run_dir=runs/x                  # from runs/x/privacy.json
-    python -m trainers.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
+    python -m edp_nlu.privacy --run_dir=runs/x                  # from runs/x/privacy.json
+    python -m edp_nlu.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
         --noise_multiplier=0.6 --replicas=4 --noise_mode=both     # a planned run
-    python -m trainers.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
+    python -m edp_nlu.privacy --dataset_size=3000 --batch_size=64 --epochs=10 \\
         --replicas=4 --target_epsilon=8                           # calibrate z0 first
-    python -m trainers.privacy --dataset_size=13084 --target_epsilon=8 --sampling_table
+    python -m edp_nlu.privacy --dataset_size=13084 --target_epsilon=8 --sampling_table
                                        # the noise each (q, passes) leaves at that epsilon
 
 Epsilon is cumulative per epoch, from both accountants (RDP and PLD; PLD is the headline), for
@@ -14,7 +14,7 @@ add/remove-one-example adjacency with every intermediate model released.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose()
 
@@ -250,7 +250,7 @@ def sampling_table_text(rows: Sequence[SamplingRow], dataset_size: int, target_e
 
 
 def define_flags() -> None:
-    """Flags are defined only when run as a command: trainers.train defines some of the same
+    """Flags are defined only when run as a command: edp_nlu.train defines some of the same
     names, and both modules may be imported by one test process."""
     flags.DEFINE_string("run_dir", None, "A run directory holding privacy.json.")
     flags.DEFINE_integer("dataset_size", None, "n, training examples (planned run).")

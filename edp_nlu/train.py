@@ -1,10 +1,10 @@
-"""`python -m trainers.train`: train a joint intent + slot model, privately by default.
+"""`python -m edp_nlu.train`: train a joint intent + slot model, privately by default.
 
-    python -m trainers.train                                  # CLC, per-example DP-SGD, synthetic corpus
-    python -m trainers.train --config=configs/snips_clc.py --mechanism=sgd --run_dir=runs/snips
-    python -m trainers.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
-    python -m trainers.train --run_dir=runs/x --resume        # continue an interrupted run
-    python -m trainers.train --workers=2 --run_dir=runs/w     # two worker processes, one run
+    python -m edp_nlu.train                                  # CLC, per-example DP-SGD, synthetic corpus
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py --mechanism=sgd --run_dir=runs/snips
+    python -m edp_nlu.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
+    python -m edp_nlu.train --run_dir=runs/x --resume        # continue an interrupted run
+    python -m edp_nlu.train --workers=2 --run_dir=runs/w     # two worker processes, one run
 
 The run directory holds config.json, metrics.json, privacy.json (the ledger), tensorboard/,
 checkpoints/ and saved_model/ (the serving export). Logs carry counts and metrics only, never
@@ -13,7 +13,7 @@ utterance text.
 from __future__ import annotations
 
 if __name__ == "__main__":  # before ml_collections imports TensorFlow: its native logs read the
-    from trainers import cli  # setting once, at import
+    from edp_nlu import cli  # setting once, at import
 
     cli.quiet_unless_verbose()
 
@@ -40,7 +40,7 @@ _DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "No
 _DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
 _WORKERS = flags.DEFINE_integer(
     "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
-    "127.0.0.1 (trainers/pipeline/worker_processes.py); on CPUs each worker is one replica.",
+    "127.0.0.1 (edp_nlu/pipeline/worker_processes.py); on CPUs each worker is one replica.",
     lower_bound=1)
 _WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
 _RECOMPUTE = flags.DEFINE_bool(
@@ -64,7 +64,7 @@ def main(argv):
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
     from edp_tf import make_strategy
 
-    from trainers.pipeline import callbacks, run_files, timing, training
+    from edp_nlu.pipeline import callbacks, run_files, timing, training
 
     run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
@@ -77,7 +77,7 @@ def main(argv):
             print(training.summary_line(finished), flush=True)
             return
     if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
-        from trainers.pipeline import worker_processes
+        from edp_nlu.pipeline import worker_processes
 
         sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
                                          _WORKERS.value, run_dir, _RESUME.value))
@@ -94,7 +94,7 @@ def main(argv):
             raise
         print(f"error: the disk is full ({run_files.disk_full(error)}); nothing written so far "
               f"is lost (every file is replaced whole, and the ledger charges every step that "
-              f"ran). Free space, then continue with: python -m trainers.train "
+              f"ran). Free space, then continue with: python -m edp_nlu.train "
               f"--run_dir={run_dir} --resume", file=sys.stderr, flush=True)
         sys.exit(1)
     print(training.summary_line(summary), flush=True)
@@ -117,7 +117,7 @@ def _resumed_config(config, run_dir: str):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
-    from trainers.pipeline import recipes, run_files
+    from edp_nlu.pipeline import recipes, run_files
 
     saved = run_files.load_run_config(run_dir)
     requested = _requested_fields()
@@ -143,7 +143,7 @@ def _worker(config, run_dir: str) -> None:
     the run's); the replica count is the strategy's (workers x devices per worker)."""
     from edp_tf import make_multi_worker_strategy
 
-    from trainers.pipeline import training, worker_processes
+    from edp_nlu.pipeline import training, worker_processes
 
     strategy = make_multi_worker_strategy()
     index = _WORKER_INDEX.value

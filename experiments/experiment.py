@@ -1,11 +1,11 @@
-"""`python -m trainers.experiment`: a grid of training runs -> the paper's Table 1 + 2, and plots.
+"""`python -m experiments.experiment`: a grid of training runs -> the paper's Table 1 + 2, and plots.
 
-    python -m trainers.experiment --grid=configs/grids/snips.py            # run what is missing
-    python -m trainers.experiment --grid=configs/grids/snips.py --cells=bert_sgd,bert_dpsgd_eps8
-    python -m trainers.experiment --grid=configs/grids/snips.py --report   # tables/plots only
-    python -m trainers.experiment --grid=configs/grids/snips.py --list
+    python -m experiments.experiment --grid=experiments/grids/snips.py            # run what is missing
+    python -m experiments.experiment --grid=experiments/grids/snips.py --cells=bert_sgd,bert_dpsgd_eps8
+    python -m experiments.experiment --grid=experiments/grids/snips.py --report   # tables/plots only
+    python -m experiments.experiment --grid=experiments/grids/snips.py --list
 
-Each cell is one `python -m trainers.train` process (its exact command goes into the table), run
+Each cell is one `python -m edp_nlu.train` process (its exact command goes into the table), run
 in `<runs_dir>/<cell>`; when it finishes, its numbers go to `<results_dir>/cells/<cell>.json` and
 the tables and plots are rewritten. Resumable: finished cells are skipped, an interrupted cell
 continues from its last checkpoint (`--resume`), so a grid can be run over several sittings.
@@ -17,14 +17,14 @@ run's delta and at 1/n and 1e-6, log10 epsilon, seconds per epoch and its ratio 
 and the other rows as hollow markers), `epsilon_per_epoch.png` (per noise-decay schedule) and
 `membership_roc.png`.
 
-    python -m trainers.experiment --grid=configs/grids/snips.py --rescore  # add the BIO decoding
+    python -m experiments.experiment --grid=experiments/grids/snips.py --rescore  # add the BIO decoding
 
 Accounted tuning (edp_tf/tuning.py, docs/privacy.md "Tuning on your own data"): train K ~
 Poisson(mu) candidates drawn uniformly from the grid's cells (or --cells), release the one with
 the best dev SER, and state its epsilon with the selection included (Papernot & Steinke 2022):
 
-    python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8           # train, select
-    python -m trainers.experiment --grid=G --cells=a,b,c --select --mu=8 --plan_only  # epsilon only
+    python -m experiments.experiment --grid=G --cells=a,b,c --select --mu=8           # train, select
+    python -m experiments.experiment --grid=G --cells=a,b,c --select --mu=8 --plan_only  # epsilon only
 
 writes `results/tuning/<name>.json` and `.md` (the chosen candidate alone: its cell, its run
 directory, its metrics); the candidates train in `<runs_dir>/select_<name>/<cell>-<random
@@ -47,7 +47,7 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
-_GRID = config_flags.DEFINE_config_file("grid", None, "Grid config file (configs/grids/*.py).")
+_GRID = config_flags.DEFINE_config_file("grid", None, "Grid config file (experiments/grids/*.py).")
 _CELLS = flags.DEFINE_list("cells", None, "Only these cells (default: all of the grid).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the tables and plots.")
 _LIST = flags.DEFINE_bool("list", False, "List the cells and their state, then exit.")
@@ -88,13 +88,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ------------------------------------------------------------------------------ cells
 def cell_command(grid, cell, python: str = "python", resume: bool = False,
                  runs_dir: str | None = None) -> list:
-    """The `trainers.train` command line of a cell (relative paths: run it from the repo root).
+    """The `edp_nlu.train` command line of a cell (relative paths: run it from the repo root).
     A resume names only the run directory: the run continues with its own config.json, which
     the cell's config file alone (without the cell's overrides) would contradict."""
     run_dir = f"--run_dir={os.path.join(runs_dir or grid.runs_dir, cell.name)}"
     if resume:
-        return [python, "-m", "trainers.train", run_dir, "--resume"]
-    return [python, "-m", "trainers.train", f"--config={cell.config}", run_dir,
+        return [python, "-m", "edp_nlu.train", run_dir, "--resume"]
+    return [python, "-m", "edp_nlu.train", f"--config={cell.config}", run_dir,
             *(f"--config.{override}" for override in cell.overrides)]
 
 
@@ -178,7 +178,7 @@ def run_cell(grid, cell, python: str, log) -> dict:
         out.flush()
         code = subprocess.call(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     if code != 0:
-        raise RuntimeError(f"cell {cell.name}: trainers.train exited with {code}; see "
+        raise RuntimeError(f"cell {cell.name}: edp_nlu.train exited with {code}; see "
                            f"{grid.runs_dir}/{cell.name}.log")
     result = collect(grid, cell)
     _write(cell_result_path(grid, cell.name), result)
@@ -203,7 +203,7 @@ def add_dev_attack(grid, cell, python: str) -> dict:
         raise RuntimeError(f"cell {cell.name}: {run_dir} stopped before its last epoch")
     ledger_files = {f: _bytes(os.path.join(full, f)) for f in ("privacy.json", "state.json")}
     with open(full + ".attack.log", "a") as out:
-        code = subprocess.call([python, "-m", "trainers.train", f"--run_dir={run_dir}",
+        code = subprocess.call([python, "-m", "edp_nlu.train", f"--run_dir={run_dir}",
                                 "--resume", "--recompute_metrics"], cwd=ROOT, stdout=out,
                                stderr=subprocess.STDOUT)
     if any(_bytes(os.path.join(full, f)) != b for f, b in ledger_files.items()):
@@ -237,7 +237,7 @@ def _result_run_dir(grid, result: dict) -> str:
 
 def add_bio_decoding(grid, cell, python: str) -> dict:
     """The cell's stored result with `test_bio`, scored on its run's last checkpoint (by
-    `trainers.evaluate --decodings`, from the repository root as the run was); RuntimeError if
+    `edp_nlu.evaluate --decodings`, from the repository root as the run was); RuntimeError if
     the run is gone or its Viterbi scores differ from the stored ones (then it is not the run of
     this row)."""
     path = cell_result_path(grid, cell.name)
@@ -250,7 +250,7 @@ def add_bio_decoding(grid, cell, python: str) -> dict:
         raise RuntimeError(f"cell {cell.name}: its run directory {run_dir} is not here")
     scores = full + ".decodings.json"
     with open(full + ".decodings.log", "a") as out:
-        code = subprocess.call([python, "-m", "trainers.evaluate", f"--run_dir={run_dir}",
+        code = subprocess.call([python, "-m", "edp_nlu.evaluate", f"--run_dir={run_dir}",
                                 "--decodings", f"--output={scores}"], cwd=ROOT, stdout=out,
                                stderr=subprocess.STDOUT)
     now = _read(scores)
@@ -347,7 +347,7 @@ def write_tables(grid, results: list, missing: list) -> None:
         writer.writerows(rows)
     shown = [c for c in COLUMNS if c != "command"]
     lines = [f"# {grid.dataset}: utility, privacy and speed (test split)", "",
-             f"Generated by `python -m trainers.experiment --grid={grid.grid_file}`; one run per "
+             f"Generated by `python -m experiments.experiment --grid={grid.grid_file}`; one run per "
              f"row, 2-core CPU. delta = {results[0]['delta']:.3g} (0.1/n) unless stated; "
              "test_ser, slot_f1 and the rest decode the CRF's unconstrained best path (as every "
              "row did before the BIO-constrained decoding was added); ser_bio and slot_f1_bio "
@@ -512,7 +512,7 @@ TUNING_NOT_COVERED = [
 
 
 def cell_config(cell, extra_overrides=()):
-    """The trainers.train config of a cell (its file and overrides, parsed as the trainer
+    """The edp_nlu.train config of a cell (its file and overrides, parsed as the trainer
     parses them), with `extra_overrides` after the cell's own."""
     path = cell.config if os.path.isabs(cell.config) else os.path.join(ROOT, cell.config)
     argv = ["cell", f"--config={path}"] + [f"--config.{o}" for o in
@@ -527,14 +527,14 @@ _SPLITS: dict = {}
 
 
 def planned_run(config) -> dict:
-    """The schedule trainers.train will charge for `config`, found with the trainer's own
+    """The schedule edp_nlu.train will charge for `config`, found with the trainer's own
     builders (the corpus's n, the automatic recipe, the calibrated z0) without training: the
     selection's bound must hold for every candidate before any of them sees the data.
 
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
     from edp_tf import accounting
-    from trainers.pipeline import builders, recipes
+    from edp_nlu.pipeline import builders, recipes
 
     builders.check_config(config)
     if config.mechanism == "sgd" or config.sampling != "poisson" or int(config.seed) >= 0:
@@ -674,7 +674,7 @@ def _name_runs(draw: dict, runs_dir: str) -> dict:
 
 
 def _train_candidate(grid, candidate, runs_dir: str, python: str) -> None:
-    """One candidate's trainers.train run (resumed if it was interrupted)."""
+    """One candidate's edp_nlu.train run (resumed if it was interrupted)."""
     run_dir = os.path.join(runs_dir, candidate.name)
     if "test" in (_read(os.path.join(run_dir, "metrics.json")) or {}):
         return
@@ -688,7 +688,7 @@ def _train_candidate(grid, candidate, runs_dir: str, python: str) -> None:
         out.flush()
         code = subprocess.call(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     if code != 0:
-        raise RuntimeError(f"candidate {candidate.name}: trainers.train exited with {code}; see "
+        raise RuntimeError(f"candidate {candidate.name}: edp_nlu.train exited with {code}; see "
                            f"{runs_dir}/{candidate.name}.log")
 
 
@@ -716,7 +716,7 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     shape = DISTRIBUTION_SHAPES[distribution]
     plan, cost, plans = tuning_plan(grid, cells, mu, distribution, extra_overrides)
     out_dir = os.path.join(os.path.dirname(os.path.normpath(grid.results_dir)) or ".", "tuning")
-    command = ["python", "-m", "trainers.experiment", f"--grid={grid.grid_file}",
+    command = ["python", "-m", "experiments.experiment", f"--grid={grid.grid_file}",
                f"--cells={','.join(c.name for c in cells)}", "--select", f"--mu={mu:g}",
                f"--distribution={distribution}", f"--select_name={name}"]
     command += [f"--select_seed={seed}"] if seed is not None else []
@@ -852,7 +852,7 @@ def main(argv):
     del argv
     grid = _GRID.value
     if grid is None:
-        raise app.UsageError("--grid is required (e.g. configs/grids/snips.py)")
+        raise app.UsageError("--grid is required (e.g. experiments/grids/snips.py)")
     with grid.unlocked():
         grid.grid_file = os.path.relpath(flags.FLAGS["grid"].config_filename, ROOT) if hasattr(
             flags.FLAGS["grid"], "config_filename") else "?"
@@ -926,7 +926,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from trainers import cli
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose()
     cli.run(main)

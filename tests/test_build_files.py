@@ -17,7 +17,7 @@ TRAINER_ENTRY_POINTS = ("train", "evaluate", "privacy", "benchmark", "audit", "l
 # docs/design.md, layout: the library imports neither models nor trainers; models never import
 # trainers; trainers' corpora and label schemas never import its training run or scoring.
 LAYERING = {"edp_tf": ("models", "trainers"), "models": ("trainers",),
-            "trainers/data": ("trainers/pipeline", "trainers/scoring")}
+            "edp_nlu/data": ("edp_nlu/pipeline", "edp_nlu/scoring")}
 RUNNER = "bazel/pytest_runner.py"
 
 
@@ -38,10 +38,10 @@ def test_every_module_with_a_main_block_has_a_py_binary(graph):
 @pytest.mark.parametrize("name", TRAINER_ENTRY_POINTS)
 def test_trainer_entry_point_has_a_py_binary(graph, name):
     if not (REPO / "trainers" / f"{name}.py").exists():
-        pytest.skip(f"trainers/{name}.py does not exist yet: no //trainers:{name} target")
-    target = graph.get(f"//trainers:{name}")
+        pytest.skip(f"edp_nlu/{name}.py does not exist yet: no //edp_nlu:{name} target")
+    target = graph.get(f"//edp_nlu:{name}")
     assert target is not None and target.kind == "py_binary"
-    assert target.main == f"trainers/{name}.py"
+    assert target.main == f"edp_nlu/{name}.py"
 
 
 def test_every_py_test_runs_its_own_file_through_pytest(graph):

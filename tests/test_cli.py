@@ -1,4 +1,4 @@
-"""The commands' shared behaviour (trainers/cli.py): quiet output, one-line errors, --verbose."""
+"""The commands' shared behaviour (edp_nlu/cli.py): quiet output, one-line errors, --verbose."""
 import os
 import subprocess
 import sys
@@ -11,7 +11,7 @@ NATIVE_NOISE = ("oneDNN", "cuInit", "cpu_feature_guard", "absl::InitializeLog")
 
 def _privacy(*args):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    return subprocess.run([sys.executable, "-m", "trainers.privacy", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "edp_nlu.privacy", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -36,7 +36,7 @@ def test_quiet_by_default_and_verbose_shows_everything():
 def test_train_is_quiet_too(tmp_path):
     """train imports ml_collections, which imports TensorFlow: the quieting must come first."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    proc = subprocess.run([sys.executable, "-m", "trainers.train", f"--run_dir={tmp_path}",
+    proc = subprocess.run([sys.executable, "-m", "edp_nlu.train", f"--run_dir={tmp_path}",
                            "--resume"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2
@@ -50,7 +50,7 @@ def _allocator_probe(env):
     With oneDNN off only the BFC allocator keeps stats (malloc raises); with oneDNN on (TensorFlow
     turns it on by itself on AVX-512 CPUs) stats exist under either allocator, so the probe turns
     oneDNN off: the signal then identifies the allocator on every x86 machine."""
-    code = ("from trainers import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
+    code = ("from edp_nlu import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
             "try:\n    tf.config.experimental.get_memory_info('CPU:0'); bfc = True\n"
             "except Exception:\n    bfc = False\n"
             "print(os.environ['TF_CPU_ALLOCATOR_USE_BFC'], bfc)")
@@ -62,7 +62,7 @@ def _allocator_probe(env):
 
 
 def test_commands_set_the_bfc_cpu_allocator_and_keep_the_users_choice(monkeypatch):
-    from trainers import cli
+    from edp_nlu import cli
     monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
     cli.use_bfc_cpu_allocator()
     assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "true"

@@ -4,9 +4,9 @@ import pathlib
 
 import pytest
 
-from trainers.data import nlu_csv
-from trainers.data.corpus import DataFormatError, Utterance, bio_error
-from trainers.data.loading import load_data
+from edp_nlu.data import nlu_csv
+from edp_nlu.data.corpus import DataFormatError, Utterance, bio_error
+from edp_nlu.data.loading import load_data
 
 HEADER = "answerid;scenario;intent;answer_annotation;answer_from_anno;answer_from_user\n"
 SECRET = "zanzibarquux"

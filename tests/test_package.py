@@ -39,12 +39,12 @@ def test_the_wheel_holds_the_library_the_application_and_its_commands(wheel):
         entry_points = z.read(info).decode()
         metadata = z.read(info.replace("entry_points.txt", "METADATA")).decode()
     for module in ("edp_tf/__init__.py", "edp_tf/private_model.py", "edp_tf/ghost/__init__.py",
-                   "models/crf.py", "models/bert/bert_joint.py", "trainers/train.py",
-                   "trainers/console.py", "configs/default.py", "configs/grids/snips.py"):
+                   "edp_nlu/models/crf.py", "edp_nlu/models/bert/bert_joint.py", "edp_nlu/train.py",
+                   "edp_nlu/console.py", "edp_nlu/configs/default.py", "experiments/grids/snips.py"):
         assert module in names, module
     assert not [n for n in names if n.split("/")[0] in ("tests", "results", "docs", "bazel")]
     for command in COMMANDS:
-        assert f"edp-{command} = trainers.console:{command}" in entry_points
+        assert f"edp-{command} = edp_nlu.console:{command}" in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     library = [r for r in requires if "extra ==" not in r]
     assert {r.split()[1].split("==")[0] for r in library} >= {"tensorflow", "keras",
@@ -61,7 +61,7 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(target))
     where = subprocess.run([sys.executable, "-c", "import edp_tf, trainers; "
-                            "print(edp_tf.__file__); print(trainers.__file__)"],
+                            "print(edp_tf.__file__); print(edp_nlu.__file__)"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-3000:]
     assert all(line.startswith(str(target)) for line in where.stdout.split())
@@ -78,7 +78,7 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
 
 
 def test_a_command_without_the_nlu_extra_says_how_to_get_it(monkeypatch):
-    from trainers import console
+    from edp_nlu import console
 
     def missing(name):
         raise ModuleNotFoundError("No module named 'ml_collections'", name="ml_collections")

@@ -1,12 +1,12 @@
-"""Label schemas (trainers/data/schema.py): where the label sets come from, and what epsilon
+"""Label schemas (edp_nlu/data/schema.py): where the label sets come from, and what epsilon
 covers."""
 import json
 import os
 
 import pytest
 
-from trainers.data import schema, synthetic
-from trainers.data.corpus import Utterance
+from edp_nlu.data import schema, synthetic
+from edp_nlu.data.corpus import Utterance
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
                       "shared", "data")

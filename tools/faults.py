@@ -1,11 +1,11 @@
-"""`python -m trainers.faults`: a small private run killed, stopped, starved of disk and damaged
+"""`python -m tools.faults`: a small private run killed, stopped, starved of disk and damaged
 at random steps, resumed after each fault until it finishes, then checked; a table of faults
 tried, survived and lost.
 
-    python -m trainers.faults --seed=1 --chains=12 --faults_per_chain=4 --worker_chains=3
-    python -m trainers.faults --seed=7 --chains=1 --kinds=sigterm,kill_in_checkpoint
+    python -m tools.faults --seed=1 --chains=12 --faults_per_chain=4 --worker_chains=3
+    python -m tools.faults --seed=7 --chains=1 --kinds=sigterm,kill_in_checkpoint
 
-A chain is one run directory: each attempt is `python -m trainers.train --resume` with one fault
+A chain is one run directory: each attempt is `python -m edp_nlu.train --resume` with one fault
 armed at a step the seed chose, then the attempt without a fault finishes the run. A fault
 survives when the run finishes, its export loads and serves, and its ledger has lost nothing:
 every step that ran (a witness file, written after each step outside the run directory) is
@@ -14,15 +14,15 @@ and epsilon recomputed from the charged epochs is the ledger's. Steps charged th
 (an epoch cut by a crash is charged in full) are counted apart: over-counting is safe.
 
 Faults inside the process are armed through the EDP_TF_FAULT environment variable, which only
-this command's child entry point reads; `python -m trainers.train` itself has no fault hooks.
+this command's child entry point reads; `python -m edp_nlu.train` itself has no fault hooks.
 Disk-full faults need a small filesystem: a tmpfs mounted for the run (root only); without one
 they are reported as not run. Two-worker chains (`--workers=2`) are faulted from outside: a
 worker SIGKILLed, the launcher sent SIGTERM.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # before TensorFlow is imported (see trainers/cli.py)
-    from trainers import cli
+if __name__ == "__main__":  # before TensorFlow is imported (see edp_nlu/cli.py)
+    from edp_nlu import cli
 
     cli.quiet_unless_verbose()
 
@@ -100,7 +100,7 @@ def _arm(spec: dict) -> None:
     import keras
     import tensorflow as tf
 
-    from trainers.pipeline import builders, training
+    from edp_nlu.pipeline import builders, training
 
     kind, at, witness = spec["kind"], int(spec["step"]), spec["witness"]
     ballast = spec.get("ballast")
@@ -165,7 +165,7 @@ def _arm(spec: dict) -> None:
         tf.train.Checkpoint.write = faulty_write  # the commit after it is what is tested
 
     if kind in AT_THE_END:
-        import models.export as export
+        import edp_nlu.models.export as export
 
         serving = export.export_serving_model
 
@@ -180,8 +180,8 @@ def _arm(spec: dict) -> None:
 
 
 def child(argv) -> None:
-    """The child entry point: `python -m trainers.train`'s main, with EDP_TF_FAULT armed."""
-    from trainers import train
+    """The child entry point: `python -m edp_nlu.train`'s main, with EDP_TF_FAULT armed."""
+    from edp_nlu import train
 
     spec = json.loads(os.environ.get(ENV, "null"))
     if spec:
@@ -231,12 +231,12 @@ def _environment() -> dict:
 
 def attempt(run_dir: str, epochs: int, resume: bool, spec: Optional[dict],
             timeout: float = 900) -> subprocess.CompletedProcess:
-    """One `trainers.train` attempt in a child process, with the fault of `spec` armed."""
+    """One `edp_nlu.train` attempt in a child process, with the fault of `spec` armed."""
     env = _environment()
     if spec:
         env[ENV] = json.dumps(spec)
-    command = [sys.executable, "-c", "from trainers import cli; cli.quiet_unless_verbose(); "
-               "from trainers import faults, train; cli.run(faults.child)", *RUN_FLAGS,
+    command = [sys.executable, "-c", "from edp_nlu import cli; cli.quiet_unless_verbose(); "
+               "from tools import faults; from edp_nlu import train; cli.run(faults.child)", *RUN_FLAGS,
                f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -246,7 +246,7 @@ def worker_attempt(run_dir: str, epochs: int, resume: bool, kind: Optional[str],
                    delay: float, timeout: float = 900) -> subprocess.CompletedProcess:
     """One `--workers=2` attempt; `kind` is done from outside `delay` seconds after the chief's
     ledger marks `epoch` in progress (the ledger is the only clock a finished process leaves)."""
-    command = [sys.executable, "-m", "trainers.train", "--workers=2", *RUN_FLAGS,
+    command = [sys.executable, "-m", "edp_nlu.train", "--workers=2", *RUN_FLAGS,
                f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
     command = [c for c in command if c != "--replicas=1"]
     started = time.time()
@@ -606,7 +606,7 @@ def main(argv):
     # stopped from outside: unwind, so that the small filesystem is unmounted
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.time()
-    command = "python -m trainers.faults " + " ".join(
+    command = "python -m tools.faults " + " ".join(
         f"--{name}={flags.FLAGS[name].value}" for name in ("chains", "faults_per_chain",
                                                            "worker_chains", "epochs")) + (
         f" --seed={seed}" + (f" --kinds={','.join(kinds)}" if _KINDS.value else ""))

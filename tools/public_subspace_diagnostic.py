@@ -7,7 +7,7 @@ and ATIS train with the model's predicted labels, ATIS train with random labels.
 share of the signal's energy inside the top k directions of each set (k = 8 ... 512) and, per
 example, inside the top 128. From the repository root:
 
-    python results/public_subspace/diagnostic.py runs/public_subspace_diagnostic
+    python tools/public_subspace_diagnostic.py runs/public_subspace_diagnostic
 
 Appends one JSON line per measured epoch to results/public_subspace/diagnostic.jsonl. The rows
 committed were measured at epochs 1 and 3 (the run was stopped there).
@@ -21,9 +21,9 @@ import tensorflow as tf
 import keras
 
 sys.path.insert(0, os.getcwd())
-from configs import snips_clc
-from trainers.pipeline import training, builders
-from trainers.data import loading
+from edp_nlu.configs import snips_clc
+from edp_nlu.pipeline import training, builders
+from edp_nlu.data import loading
 
 run_dir = sys.argv[1]
 epochs_to_measure = {1, 3, 6, 11, 16, 21}

@@ -1,5 +1,5 @@
-"""ATIS (../shared/data/atis) with CLC; the recipe of configs/snips_clc.py."""
-from configs.snips_clc import get_config as snips_clc
+"""ATIS (../shared/data/atis) with CLC; the recipe of edp_nlu/configs/snips_clc.py."""
+from edp_nlu.configs.snips_clc import get_config as snips_clc
 
 
 def get_config():

@@ -1,4 +1,4 @@
-"""The shared experiment config: every file in configs/ starts from `base_config()`.
+"""The shared experiment config: every file in edp_nlu/configs/ starts from `base_config()`.
 
 Field meanings (all overridable with `--config.FIELD=value`):
   data_dir         "" = the built-in synthetic corpus; else a joint-format dir or NLU-Evaluation CSV(s)
@@ -7,12 +7,12 @@ Field meanings (all overridable with `--config.FIELD=value`):
   mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
                    default; 0 = one per replica as in the paper), "dpsgd" (per-example)
   sampling         "poisson" (what the accountant assumes) or "shuffle" (fixed batches; reported)
-  batch_size       expected global batch; 0 = auto (trainers/pipeline/recipes.py: q = 0.08 when
+  batch_size       expected global batch; 0 = auto (edp_nlu/pipeline/recipes.py: q = 0.08 when
                    private)
   sampling_rate    > 0: expected batch = round(q n), overrides batch_size
   epochs, steps    epochs; 0 = auto; steps > 0 trains ceil(steps / steps per epoch) epochs
   learning_rate    peak learning rate; 0 = auto per model and mechanism
-                   (trainers/pipeline/recipes.py)
+                   (edp_nlu/pipeline/recipes.py)
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
   ema_fraction     > 0: train, then keep an exponential moving average of the weights whose time
                    constant is this fraction of the steps (free in epsilon: post-processing)
@@ -27,14 +27,14 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    frozen, biases train); the heads, pooler and layer norms always train
   bert.lora_layout "per_head" (Keras' enable_lora: the query/key/value kernels get one A per
                    head, 0.89M factor entries for MiniLM-L6 at r 8) or "matrix" (the rank-r update
-                   of every kernel's [Din, Dout] view, Hu et al.: 0.33M); models/bert/finetuning.py
+                   of every kernel's [Din, Dout] view, Hu et al.: 0.33M); edp_nlu/models/bert/finetuning.py
   bert.lora_targets which kernels get factors: "all", "attention" (query, key, value, output) or
                    "query_value" (Hu et al.); the others stay frozen, their biases train
   bert.lora_freeze_a  True: A keeps its random start and only B trains (FFA-LoRA, Sun et al.
                    2024): noise for B alone, the clipped norm shared by fewer weights
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
-                   the same); a dataset config's private recipe (trainers/pipeline/recipes.py)
+                   the same); a dataset config's private recipe (edp_nlu/pipeline/recipes.py)
   head_dropout     dropout on the encoder's outputs before the intent and slot heads, on top of
                    clc.dropout / bert.dropout (which act inside the encoder)
   private_head_dropout
@@ -43,7 +43,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   init_from        "" or a finished run's directory: the backbone starts from that run's trained
                    weights, the heads fresh (public pretraining; that run's corpus must be public
-                   and not this run's: trainers/pipeline/warm_start.py)
+                   and not this run's: edp_nlu/pipeline/warm_start.py)
   probe_epochs     private runs: the first N epochs train only the intent and slot heads (the
                    encoder frozen: no gradient, no noise), then everything trainable (DP linear
                    probing then fine-tuning, Ke et al. 2024; the same epsilon: each step is the
@@ -53,7 +53,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    directions of the gradients of public_subspace_examples of its utterances,
                    with labels drawn from this run's (public_subspace_labels="random") or its
                    own ("own": same label schema), refreshed every public_subspace_every steps
-                   (PDP-SGD; post-processing, epsilon unchanged; trainers/pipeline/
+                   (PDP-SGD; post-processing, epsilon unchanged; edp_nlu/pipeline/
                    public_subspace.py). The noise keeps rank / d of its energy, the signal what
                    lies in those directions
   decoding         how the CRF picks the tags: "bio" (the best well-formed BIO path: `I-X` only
@@ -73,7 +73,7 @@ from edp_tf.config import DPConfig
 SET_BY_THE_RUN = ("microbatch_size", "seed", "expected_batch_size", "privacy_unit",
                   "layer_scales")
 # optional counts: a ConfigDict holds no None, so 0 stands for "not set" (for a private run's
-# physical_batch_size, "automatic": trainers/pipeline/recipes.py chunk_rows bounds its memory)
+# physical_batch_size, "automatic": edp_nlu/pipeline/recipes.py chunk_rows bounds its memory)
 ZERO_IS_NONE = ("physical_batch_size", "local_batch_size")
 
 
@@ -89,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
     # data
     c.data_dir = ""
     c.data_seed = 0
-    # A label schema file (trainers/data/schema.py); "": schema.json or JointBERT's label files in
+    # A label schema file (edp_nlu/data/schema.py); "": schema.json or JointBERT's label files in
     # the data directory, the generator's labels for the synthetic corpus, else the training
     # split's labels (then reported as not covered by epsilon).
     c.label_schema = ""
@@ -150,7 +150,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only
     # > 0: the weights are an exponential moving average with this time constant (a fraction of
-    # the run's steps); post-processing, so free in epsilon (trainers/pipeline/optimizers.py)
+    # the run's steps); post-processing, so free in epsilon (edp_nlu/pipeline/optimizers.py)
     c.ema_fraction = 0.0
     c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
     c.public_subspace = ""  # private runs: project updates on public gradients (list above)
@@ -185,7 +185,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.user_weight_cap = 0.0
     # The mechanism's knobs (clip, z0, noise mode, decay, scaling, user-level estimator and local
     # epochs, sparse embedding noise, chunking, augment_copies, ...) are edp_tf.DPConfig's fields,
-    # documented, defaulted and checked there: one definition each (trainers/pipeline/builders.py
+    # documented, defaulted and checked there: one definition each (edp_nlu/pipeline/builders.py
     # dp_config).
     for name, value in dp_knob_defaults().items():
         c[name] = value
@@ -198,7 +198,7 @@ def base_config() -> ml_collections.ConfigDict:
     # still moves the sum by C: q = batch / n (n the original examples), the steps, S and epsilon
     # are those of K = 1, only each step's work grows K times (physical_batch_size bounds its
     # memory). Private per-example runs only (--mechanism=dpsgd, Poisson sampling, example
-    # level); refused elsewhere with the reason. The copies (trainers/data/augment.py):
+    # level); refused elsewhere with the reason. The copies (edp_nlu/data/augment.py):
     c.augment = "mask,substitute"  # kinds: "mask" (words outside slots), "substitute" (slots)
     c.augment_word_rate = 0.15  # mask: probability that a word tagged O becomes unknown
     # substitute: probability that a slot whose type has a public filler (the synthetic

@@ -1,7 +1,7 @@
 """The default run: CLC with per-example DP-SGD on the built-in synthetic corpus; a few minutes
 on a 2-core CPU.
 
-Batch, epochs and learning rate are automatic (trainers/pipeline/recipes.py): they follow the
+Batch, epochs and learning rate are automatic (edp_nlu/pipeline/recipes.py): they follow the
 training set's size and the mechanism, so `--data_dir=<your corpus>` and `--mechanism=sgd` get
 sensible values too. Private runs sample a sixth of the training set per step (q 0.16) at Adam
 3e-2, for 84 steps on the built-in corpus (9,600 training utterances: an expected batch of 1,536
@@ -17,10 +17,10 @@ per example (z / (q n)). 84 steps keep the built-in job within its time goal at 
 SER of 100 or 150 steps (results/pilot_default); a --data_dir corpus has no time goal and gets
 150, which did better than 84. The layer, loss, dropout and the built-in corpus's step count
 were chosen on the synthetic corpus (public); q 0.16 and 3e-2 were found on SNIPS
-(configs/snips_clc.py) and confirmed here, and the 150 steps of a --data_dir corpus on SNIPS and
+(edp_nlu/configs/snips_clc.py) and confirmed here, and the 150 steps of a --data_dir corpus on SNIPS and
 ATIS (results/default_on_*), so neither is an unseen corpus for these values.
 """
-from configs.base import base_config
+from edp_nlu.configs.base import base_config
 
 
 def get_config():
@@ -35,6 +35,6 @@ def get_config():
     c.batch_size = 0  # auto
     c.epochs = 0  # auto
     c.learning_rate = 0.0  # auto
-    # auto: 20 on the synthetic corpus, 32 on --data_dir (trainers/pipeline/recipes.py)
+    # auto: 20 on the synthetic corpus, 32 on --data_dir (edp_nlu/pipeline/recipes.py)
     c.max_words = 0
     return c

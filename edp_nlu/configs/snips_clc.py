@@ -1,18 +1,18 @@
 """SNIPS (../shared/data/snips) with CLC; private by default (per-example DP-SGD, epsilon 8).
 
-    python -m trainers.train --config=configs/snips_clc.py                    # DP, epsilon 8
-    python -m trainers.train --config=configs/snips_clc.py --mechanism=sgd    # plain training
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py                    # DP, epsilon 8
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py --mechanism=sgd    # plain training
 
 Private: per-example clipping at q = 0.16 (expected batch ~2,090) for 150 steps, Adam 3e-2 at a
 constant rate, slot loss per word, one BiLSTM layer, no dropout. At epsilon 8 the recipe did better
 than dropout 0.25, two layers, a summed slot loss, q 0.08 for 300 steps, micro-batches of 2 at
 batch 512, or a linear learning-rate decay; twice the steps (twice the time), a moving average of
 the weights (`ema_fraction=0.1`) and 32 LSTM units instead of 64 gave no clear gain
-(results/pilot_snips_clc). Plain training uses the automatic values (trainers/pipeline/recipes.py:
+(results/pilot_snips_clc). Plain training uses the automatic values (edp_nlu/pipeline/recipes.py:
 batches of 64, 15 epochs, Adam 2e-3) with the same model. Chosen on SNIPS (a public benchmark), not
 on private data.
 """
-from configs.base import base_config
+from edp_nlu.configs.base import base_config
 
 
 def get_config():

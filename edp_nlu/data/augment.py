@@ -13,7 +13,7 @@ Why only the utterance itself and public data: a copy is part of its example's c
 whatever the copies are, adding or removing the example moves the clipped sum by at most C, and
 epsilon is unchanged. A filler taken from another training utterance would make one example's
 copies depend on another example, two micro-batches would change, and the sensitivity would not
-be C. The fillers are the synthetic generator's (trainers/data/synthetic.py, in this repository),
+be C. The fillers are the synthetic generator's (edp_nlu/data/synthetic.py, in this repository),
 found by slot-type name, never values read from a corpus.
 
 The copies need no secret randomness (their bound on the sum does not depend on it): each
@@ -26,8 +26,8 @@ import dataclasses
 import random
 from typing import Callable, Optional, Sequence
 
-from trainers.data import synthetic
-from trainers.data.corpus import OUTSIDE, Utterance
+from edp_nlu.data import synthetic
+from edp_nlu.data.corpus import OUTSIDE, Utterance
 
 KINDS = ("mask", "substitute")
 # What a masked word becomes: a zero-width space, which both models encode as their unknown word

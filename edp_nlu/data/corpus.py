@@ -8,8 +8,8 @@ import dataclasses
 import os
 from typing import Sequence
 
-from models.labels import OUTSIDE_TAG as OUTSIDE
-from models.labels import UNKNOWN_INTENT  # noqa: F401 (re-exported for the loaders)
+from edp_nlu.models.labels import OUTSIDE_TAG as OUTSIDE
+from edp_nlu.models.labels import UNKNOWN_INTENT  # noqa: F401 (re-exported for the loaders)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Joint IC/NER data: the one entry point that loads every corpus (`load_data`), the standard
 joint-format loader, and `conform` (maps dev/test labels a model's vocabularies lack). The
-corpus types are in trainers/data/corpus.py; the one label vocabulary class is models.labels'.
+corpus types are in edp_nlu/data/corpus.py; the one label vocabulary class is edp_nlu.models.labels'.
 
 The joint format (SNIPS, ATIS as in Goo et al. 2018 / JointBERT) is a directory holding
 `train/`, `dev/` (or `valid/`) and `test/`, each with three line-aligned files:
@@ -21,9 +21,9 @@ import logging
 import os
 from typing import Iterable, Sequence
 
-from models.labels import LabelVocabulary
-from trainers.data import nlu_csv, synthetic
-from trainers.data.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError,  # noqa: F401
+from edp_nlu.models.labels import LabelVocabulary
+from edp_nlu.data import nlu_csv, synthetic
+from edp_nlu.data.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError,  # noqa: F401
                                   Splits, Utterance, bio_error)
 
 _log = logging.getLogger(__name__)
@@ -133,11 +133,11 @@ def load_data(data_dir: str | os.PathLike | None, seed: int = 0, synthetic_size:
               synthetic_canaries: int = 0, synthetic_canary_repeats: int = 10) -> Splits:
     """Loads a corpus, detecting its format (the one entry point for every corpus).
 
-    * None or "": the built-in synthetic smart-home corpus (`trainers.data.synthetic`, `seed`, of
+    * None or "": the built-in synthetic smart-home corpus (`edp_nlu.data.synthetic`, `seed`, of
       `synthetic_size` utterances, with `synthetic_canaries` planted canaries);
     * a directory with `train/seq.in`: the joint format;
     * a `.csv` file, or a directory holding `.csv` files: NLU-Evaluation-Data
-      (`trainers.data.nlu_csv`; `seed` fixes the train/dev/test split when none is given).
+      (`edp_nlu.data.nlu_csv`; `seed` fixes the train/dev/test split when none is given).
     """
     if data_dir is None or os.fspath(data_dir) == "":
         return synthetic.synthetic_corpus(seed=seed, size=synthetic_size,

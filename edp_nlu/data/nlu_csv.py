@@ -28,7 +28,7 @@ import os
 import random
 from typing import Sequence
 
-from trainers.data.corpus import OUTSIDE, DataFormatError, Splits, Utterance
+from edp_nlu.data.corpus import OUTSIDE, DataFormatError, Splits, Utterance
 
 REQUIRED_COLUMNS = ("scenario", "intent", "answer_annotation")
 USER_COLUMNS = ("userid",)  # optional: who spoke it (the full annotated file has it)

@@ -19,8 +19,8 @@ import json
 import os
 from typing import Iterable, Optional, Sequence
 
-from models.labels import OUTSIDE_TAG as OUTSIDE
-from models.labels import UNKNOWN_INTENT, LabelVocabulary
+from edp_nlu.models.labels import OUTSIDE_TAG as OUTSIDE
+from edp_nlu.models.labels import UNKNOWN_INTENT, LabelVocabulary
 
 SCHEMA_FILE = "schema.json"
 _RESERVED = {"UNK", "PAD", "[UNK]", "[PAD]", OUTSIDE}

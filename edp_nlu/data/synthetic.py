@@ -21,7 +21,7 @@ import itertools
 import random
 from typing import Callable, Iterator, Sequence
 
-from trainers.data.corpus import OUTSIDE, Splits, Utterance
+from edp_nlu.data.corpus import OUTSIDE, Splits, Utterance
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -411,7 +411,7 @@ def synthetic_corpus(seed: int = 0, size: int = 3000, canaries: int = 0,
 
 def utterances(seed: int = 0) -> Iterator[Utterance]:
     """An endless stream of generated utterances (repeats allowed), in constant memory: the
-    corpus of the streaming benchmark (`python -m trainers.benchmark --scale`)."""
+    corpus of the streaming benchmark (`python -m benchmarks.benchmark --scale`)."""
     _check_int("seed", seed, -2**63)
     sample = _sampler(random.Random(seed))
     while True:
@@ -437,7 +437,7 @@ def _with_users(part, seed: int, name: str, speakers: int) -> list:
 
 def label_schema():
     """The corpus's labels, from the generator itself (public: no training utterance decides them)."""
-    from trainers.data.schema import LabelSchema
+    from edp_nlu.data.schema import LabelSchema
 
     return LabelSchema(tuple(TEMPLATES), tuple(SLOT_GENERATORS),
-                       "the synthetic corpus generator (trainers/data/synthetic.py)")
+                       "the synthetic corpus generator (edp_nlu/data/synthetic.py)")

@@ -194,7 +194,7 @@ class CRF(keras.layers.Layer):
     from a Dense layer in the model. `call` returns the Viterbi path (for serving / metrics); the
     training loss uses `log_likelihood`, which reads the same variables, so a loss computed outside
     the model's `call` still trains the transitions. `allowed_start` / `allowed_transitions`
-    (bools, e.g. `models.labels.bio_transitions`) restrict decoding to paths of allowed steps.
+    (bools, e.g. `edp_nlu.models.labels.bio_transitions`) restrict decoding to paths of allowed steps.
     """
 
     def __init__(self, num_tags: int, allowed_start=None, allowed_transitions=None, **kwargs):

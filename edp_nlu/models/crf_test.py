@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import edp_tf
 
-from models import crf as crf_lib
+from edp_nlu.models import crf as crf_lib
 
 NUM_TAGS, LENGTH, BATCH = 3, 4, 7
 
@@ -158,7 +158,7 @@ def _well_formed(path) -> bool:
 
 
 def test_constrained_decode_is_the_best_well_formed_path():
-    from models.labels import bio_transitions
+    from edp_nlu.models.labels import bio_transitions
 
     start_ok, transitions_ok = bio_transitions(BIO_TAGS)
     layer = crf_lib.CRF(len(BIO_TAGS), start_ok, transitions_ok)
@@ -197,7 +197,7 @@ def test_constrained_decode_is_the_best_well_formed_path():
 
 
 def test_constraint_round_trips_and_is_checked():
-    from models.labels import bio_transitions
+    from edp_nlu.models.labels import bio_transitions
 
     layer = crf_lib.CRF(5, *bio_transitions(BIO_TAGS), name="ner_crf")
     clone = crf_lib.CRF.from_config(layer.get_config())

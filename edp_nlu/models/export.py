@@ -20,7 +20,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from models.joint_task import JointTagger
+from edp_nlu.models.joint_task import JointTagger
 
 
 def serving_function(task: JointTagger, preprocessor) -> tf.types.experimental.PolymorphicFunction:

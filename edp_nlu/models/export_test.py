@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import testing
-from models.bert.bert_joint import BertJoint
-from models.bert.bert_preprocessor import BertPreprocessor
-from models.clc.clc_joint import CLCJoint
-from models.clc.clc_preprocessor import CLCPreprocessor
-from models.export import export_serving_model, serving_function
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.export import export_serving_model, serving_function
 
 UTTERANCES = [
     "call mum at 0123",
@@ -111,7 +111,7 @@ def test_bert_export_reloads_with_tensorflow_text(tmp_path, lora):
     )
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     if lora:
-        from models.bert.finetuning import set_finetuning
+        from edp_nlu.models.bert.finetuning import set_finetuning
 
         set_finetuning(model, "lora", lora_rank=2)
     _randomise(model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from models.crf import CRF
+from edp_nlu.models.crf import CRF
 
 TAG_REDUCTIONS = ("sum", "mean")
 

@@ -18,9 +18,9 @@ from typing import Sequence
 import keras
 import tensorflow as tf
 
-from models.crf import CRF
-from models.joint_loss import TAG_REDUCTIONS, joint_per_example_loss
-from models.labels import bio_transitions
+from edp_nlu.models.crf import CRF
+from edp_nlu.models.joint_loss import TAG_REDUCTIONS, joint_per_example_loss
+from edp_nlu.models.labels import bio_transitions
 
 
 class JointTagger(keras.Model):

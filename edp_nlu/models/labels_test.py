@@ -1,6 +1,6 @@
 import pytest
 
-from models import labels
+from edp_nlu.models import labels
 
 
 def test_tag_vocabulary_reserves_o_and_sorts():
@@ -49,7 +49,7 @@ def test_duplicate_labels_rejected():
 
 
 def test_bio_transitions_allow_i_only_after_its_own_b_or_i():
-    from models.labels import bio_transitions
+    from edp_nlu.models.labels import bio_transitions
 
     tags = ("O", "B-a", "I-a", "B-b", "I-b")
     start, allowed = bio_transitions(tags)

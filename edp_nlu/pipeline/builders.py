@@ -6,7 +6,7 @@ Privacy choices made here, by default:
 * vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
   vocabulary learnt from the training text would put training words (names, numbers) into the
   exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
-* label names (intents, slot types) come from a schema (trainers/data/schema.py); when none is
+* label names (intents, slot types) come from a schema (edp_nlu/data/schema.py); when none is
   given they come from the training split and the ledger says that epsilon does not cover them.
 """
 from __future__ import annotations
@@ -25,8 +25,8 @@ import edp_tf
 from edp_tf import accounting, iterators, multi_worker, sampling
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
-from trainers.data import augment, loading
-from trainers.pipeline import optimizers
+from edp_nlu.data import augment, loading
+from edp_nlu.pipeline import optimizers
 
 _log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def augment_variants(config) -> int:
 
 
 def augmenter(config) -> augment.Augmenter:
-    """The config's augmentations (trainers/data/augment.py)."""
+    """The config's augmentations (edp_nlu/data/augment.py)."""
     return augment.Augmenter(augment.parse_kinds(config.get("augment", ",".join(augment.KINDS))),
                              float(config.get("augment_word_rate", 0.15)),
                              float(config.get("augment_slot_rate", 0.5)))
@@ -100,11 +100,11 @@ def check_config(config) -> None:
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
-    from models.bert.choices import POOLING
-    from models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
-    from models.joint_loss import TAG_REDUCTIONS
-    from models.joint_task import DECODINGS
-    from trainers.pipeline.optimizers import OPTIMIZERS, SCHEDULES
+    from edp_nlu.models.bert.choices import POOLING
+    from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
+    from edp_nlu.models.joint_loss import TAG_REDUCTIONS
+    from edp_nlu.models.joint_task import DECODINGS
+    from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
 
     choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
                "privacy_unit": PRIVACY_UNITS,
@@ -138,7 +138,7 @@ def check_config(config) -> None:
             "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
             "training has no such phase)")
     _check_public_subspace(config, bad)
-    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (trainers/pipeline/recipes.py)
+    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (edp_nlu/pipeline/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
     if not 0 <= config.sampling_rate <= 1:
@@ -237,7 +237,7 @@ def minilm_path() -> str:
 
 def build_preprocessor(config, train: tuple, schema):
     """The model's preprocessor: public vocabulary unless the config asks for the training one;
-    labels from `schema` (trainers/data/schema.py). With augmented copies (a private run's
+    labels from `schema` (edp_nlu/data/schema.py). With augmented copies (a private run's
     `augment_copies` > 1), encoding `train` with it gives each example's copies
     (`with_training_copies`); the vocabulary is the originals'."""
     preprocessor, vectors = _preprocessor(config, train, schema)
@@ -252,8 +252,8 @@ def _preprocessor(config, train: tuple, schema):
     label_kwargs = dict(tag_vocabulary=schema.tag_vocabulary,
                         intent_vocabulary=schema.intent_vocabulary)
     if config.model == "clc":
-        from models.clc.clc_preprocessor import CLCPreprocessor
-        from models.clc.word_vectors import load_word_vectors
+        from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+        from edp_nlu.models.clc.word_vectors import load_word_vectors
 
         kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length,
                       **label_kwargs)
@@ -265,7 +265,7 @@ def _preprocessor(config, train: tuple, schema):
                 **kwargs), vectors
         return CLCPreprocessor.from_training_data(
             tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
-    from models.bert.bert_preprocessor import BertPreprocessor
+    from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
     kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words,
                   **label_kwargs)
@@ -293,7 +293,7 @@ _TRAINING_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def with_training_copies(config, preprocessor, train) -> None:
     """Makes `encode(preprocessor, train, ...)` encode each example of `train` as
-    augment_variants consecutive rows (the example, then augmentations of it: trainers/data/
+    augment_variants consecutive rows (the example, then augmentations of it: edp_nlu/data/
     augment.py), the rows AugmentedPoissonSampler groups, when the config asks for augmented
     copies in a private run; does nothing otherwise."""
     if augment_copies(config) == 1 or config.mechanism == "sgd":
@@ -318,7 +318,7 @@ def build_model(config, preprocessor, vectors=None):
                 # runs before the field decoded without the BIO constraint
                 decoding=config.get("decoding", "viterbi"))
     if config.model == "clc":
-        from models.clc.clc_joint import CLCJoint
+        from edp_nlu.models.clc.clc_joint import CLCJoint
 
         c = config.clc
         return CLCJoint.from_preprocessor(
@@ -327,7 +327,7 @@ def build_model(config, preprocessor, vectors=None):
             char_filters=c.char_filters, dropout=c.dropout,
             word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
-    from models.bert.bert_joint import BertJoint
+    from edp_nlu.models.bert.bert_joint import BertJoint
 
     c = config.bert
     checkpoint = bert_checkpoint(config)
@@ -335,7 +335,7 @@ def build_model(config, preprocessor, vectors=None):
                                       hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
     model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
                                         pooling=c.get("pooling", "cls"), **task, **size)
-    from models.bert.finetuning import set_finetuning
+    from edp_nlu.models.bert.finetuning import set_finetuning
 
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.get("lora_layout", "per_head"),  # config.json before the field
@@ -388,13 +388,13 @@ def vocabulary_not_covered(preprocessor) -> list:
 
 
 def label_schema(config, splits: loading.Splits):
-    """The run's labels (trainers/data/schema.py): given, shipped with the data, or from train."""
-    from trainers.data import schema
+    """The run's labels (edp_nlu/data/schema.py): given, shipped with the data, or from train."""
+    from edp_nlu.data import schema
 
     if config.label_schema:
         return schema.read_schema_file(config.label_schema)
     if not config.data_dir:
-        from trainers.data import synthetic
+        from edp_nlu.data import synthetic
 
         return synthetic.label_schema()
     return (schema.read_data_dir_schema(config.data_dir)
@@ -480,7 +480,7 @@ def optimizer(config, steps_per_epoch: int):
 def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
     """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
     by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
-    from configs.base import ZERO_IS_NONE, dp_knob_defaults
+    from edp_nlu.configs.base import ZERO_IS_NONE, dp_knob_defaults
 
     values = {}
     for name in dp_knob_defaults():

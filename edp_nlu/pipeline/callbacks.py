@@ -9,9 +9,9 @@ import time
 
 import keras
 
-from trainers.pipeline import checkpoints, timing
-from trainers.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
-from trainers.scoring import predictions
+from edp_nlu.pipeline import checkpoints, timing
+from edp_nlu.pipeline.run_files import METRICS_FILE, STATE_FILE, read_json, write_json
+from edp_nlu.scoring import predictions
 
 _log = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ def latest(run_dir: str, state: dict) -> tuple[Optional[Committed], list]:
 
 def latest_prefix(run_dir: str) -> Optional[str]:
     """The prefix of a run's newest intact committed checkpoint (for scoring, warm starts)."""
-    from trainers.pipeline.run_files import STATE_FILE, read_json
+    from edp_nlu.pipeline.run_files import STATE_FILE, read_json
 
     found, skipped = latest(run_dir, read_json(os.path.join(run_dir, STATE_FILE), {}))
     for why in skipped:

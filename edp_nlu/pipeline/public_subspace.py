@@ -23,7 +23,7 @@ import typing
 
 import numpy as np
 
-from trainers.data import loading
+from edp_nlu.data import loading
 
 _log = logging.getLogger(__name__)
 SYNTHETIC = "synthetic"

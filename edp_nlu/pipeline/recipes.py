@@ -19,7 +19,7 @@ import ml_collections
 
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
 # CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
-# came from SNIPS (configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch at the
+# came from SNIPS (edp_nlu/configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch at the
 # same epsilon lowers a step's noise per example, z / (q n).
 # The built-in corpus is easy and its default job has a time goal (180 s on a 2-core machine):
 # 84 steps fit it where 100 do not (docs/benchmarks.md), at nearly the same test SER
@@ -62,7 +62,7 @@ MAX_WORDS = {"synthetic": 20, "data_dir": 32}
 # built-in job (1,755 rows of 20 words, 35k) 3.9-4.1 GB unchunked. Chunks cost no step time (a
 # SNIPS step 6.2 s in chunks, 6.8 s whole) but about 15 s of tracing (the first chunk and the
 # loop are traced apart), so a batch up to UNCHUNKED is left whole: the built-in job keeps its
-# time goal. BERT: chunks of 256 rows (configs/snips_bert.py).
+# time goal. BERT: chunks of 256 rows (edp_nlu/configs/snips_bert.py).
 UNCHUNKED = {"clc": 36_000, "bert": 256}  # row-words (CLC) or rows (BERT) clipped at once
 CHUNK = {"clc": 8_192, "bert": 256}  # the chunk's row-words or rows
 

@@ -2,7 +2,7 @@
 
     config.json     the resolved config, n, the data source and delta (written once)
     state.json      epochs done, z0, steps per epoch, the committed checkpoints with their
-                    per-layer scales (trainers.pipeline.checkpoints), "finished" after the export
+                    per-layer scales (edp_nlu.pipeline.checkpoints), "finished" after the export
     metrics.json    dev metrics per epoch, test metrics, unseen labels (diagnostics when asked)
     privacy.json    the ledger (edp_tf.ledger), written *before* the checkpoint of an epoch
     checkpoints/, saved_model/ (replaced whole), preprocessor.json, label_schema.json,

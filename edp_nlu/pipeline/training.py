@@ -1,7 +1,7 @@
 """One training run: data -> model -> (private) fit -> metrics, ledger, checkpoints, export.
 
 `train` is the sequence; the pieces live in `builders` (data, model, dataset, optimizer, DPConfig),
-`callbacks` (their resume order), `trainers.scoring.predictions` (predictions, scores, the
+`callbacks` (their resume order), `edp_nlu.scoring.predictions` (predictions, scores, the
 membership attack) and `run_files` (the files). Resuming: the ledger charges an epoch before its
 checkpoint is saved (callbacks.in_resume_order), so an interruption can only over-count epsilon.
 """
@@ -20,14 +20,14 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting
-from trainers.data import loading
-from trainers.data import schema as schema_lib
-from trainers.pipeline import (builders, checkpoints, public_subspace, recipes, run_files, timing,
+from edp_nlu.data import loading
+from edp_nlu.data import schema as schema_lib
+from edp_nlu.pipeline import (builders, checkpoints, public_subspace, recipes, run_files, timing,
                                warm_start)
-from trainers.pipeline import callbacks as callbacks_lib
-from trainers.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
+from edp_nlu.pipeline import callbacks as callbacks_lib
+from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
-from trainers.scoring import predictions
+from edp_nlu.scoring import predictions
 
 _log = logging.getLogger(__name__)
 _WARM_START_OUTSIDE = ("the starting weights came from a run that used this run's training data "
@@ -125,7 +125,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             raise callbacks_lib.StoppedBySignal(graceful.signum, (
                 f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
                 f"epochs are checkpointed in {run_dir}; every step that ran is charged in "
-                f"privacy.json. Continue with: python -m trainers.train --run_dir={run_dir} "
+                f"privacy.json. Continue with: python -m edp_nlu.train --run_dir={run_dir} "
                 "--resume"))
     # The averaged weights, also when fit had nothing left to run or stopped; not before the
     # first step (the averages would still be the zeros they start as).
@@ -135,7 +135,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         record, test, attack = _final_metrics(run_dir, config, data, model,
                                               epoch_end.predict_step)
     if export:
-        from models.export import export_serving_model
+        from edp_nlu.models.export import export_serving_model
 
         with phases.phase("export"):
             run_files.write_directory_atomically(

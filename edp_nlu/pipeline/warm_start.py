@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from edp_tf import accounting, ledger as ledger_lib
 from edp_tf.accounting import EpochRecord
-from trainers.pipeline import checkpoints, public_subspace, run_files
+from edp_nlu.pipeline import checkpoints, public_subspace, run_files
 
 MAX_CHAIN = 16  # sources of sources followed before giving up (a loop, or a broken chain)
 
@@ -102,12 +102,12 @@ def _bad(run_dir: str, why: str):
 
 
 def _read_run(run_dir: str):
-    """(resolved config, latest checkpoint) of a finished trainers.train run."""
+    """(resolved config, latest checkpoint) of a finished edp_nlu.train run."""
     if not os.path.isdir(run_dir):
         _bad(run_dir, "no such run directory")
     for name in (run_files.CONFIG_FILE, "preprocessor.json"):
         if not os.path.isfile(os.path.join(run_dir, name)):
-            _bad(run_dir, f"no {name}: not a run directory of trainers.train")
+            _bad(run_dir, f"no {name}: not a run directory of edp_nlu.train")
     checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
         _bad(run_dir, "no intact committed checkpoint in checkpoints/")
@@ -124,7 +124,7 @@ def _training_corpus(config) -> str:
 
 def _training_utterances(run_dir: str, config) -> set:
     """The token sequences a run trained on (its corpus is read again, by its config)."""
-    from trainers.pipeline import builders
+    from edp_nlu.pipeline import builders
 
     try:
         train = builders.load_splits(config).train
@@ -202,10 +202,10 @@ def run_preprocessor(run_dir: str, config):
     """A finished run's preprocessor, from its preprocessor.json."""
     saved = run_files.read_json(os.path.join(run_dir, "preprocessor.json"))
     if config.model == "clc":
-        from models.clc.clc_preprocessor import CLCPreprocessor
+        from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 
         return CLCPreprocessor.from_config(saved)
-    from models.bert.bert_preprocessor import BertPreprocessor
+    from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
     return BertPreprocessor.from_config(saved)
 
@@ -213,11 +213,11 @@ def run_preprocessor(run_dir: str, config):
 def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0):
     """A finished run's model, rebuilt from its config and preprocessor with the weights of
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
-    from trainers.pipeline import builders
+    from edp_nlu.pipeline import builders
 
     model = builders.build_model(config, preprocessor, shape_only_vectors(config, embedding_dim))
     # read, not restore: the run's checkpoints are written without a save counter
-    # (trainers/pipeline/checkpoints.py), which restore would expect
+    # (edp_nlu/pipeline/checkpoints.py), which restore would expect
     tf.train.Checkpoint(model=model).read(
         checkpoint).expect_partial().assert_existing_objects_matched()
     return model
@@ -263,7 +263,7 @@ def shape_only_vectors(config, dim: int):
     checkpoint then fills every row), instead of reading its vectors file again."""
     if config.model != "clc" or not config.clc.word_vectors:
         return None
-    from models.clc.word_vectors import WordVectors
+    from edp_nlu.models.clc.word_vectors import WordVectors
 
     return WordVectors(("",), np.zeros((1, dim), np.float32))
 

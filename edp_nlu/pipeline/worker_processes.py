@@ -1,6 +1,6 @@
-"""`python -m trainers.train --workers=N`: N worker processes on this machine train one run.
+"""`python -m edp_nlu.train --workers=N`: N worker processes on this machine train one run.
 
-Each worker is `python -m trainers.train` again with the same flags, its TF_CONFIG (worker i of
+Each worker is `python -m edp_nlu.train` again with the same flags, its TF_CONFIG (worker i of
 N on 127.0.0.1 ports) and `--worker_index=i`; together they form a MultiWorkerMirroredStrategy
 (edp_tf.multi_worker). Worker 0, the chief, owns the run directory: the one ledger, metrics,
 checkpoints and the export. Worker i > 0 keeps its own copies in `<run_dir>/workers/<i>/`,
@@ -110,7 +110,7 @@ def launch(argv: Sequence[str], workers: int, run_dir: str, resume: bool) -> int
     procs = []
     for index in range(workers):
         env = dict(os.environ, TF_CONFIG=multi_worker.tf_config(addresses, index))
-        command = [sys.executable, "-m", "trainers.train", *argv, f"--run_dir={run_dir}",
+        command = [sys.executable, "-m", "edp_nlu.train", *argv, f"--run_dir={run_dir}",
                    f"--worker_index={index}"] + (["--resume"] if resume else [])
         if index == 0:  # the chief speaks for the run
             procs.append(subprocess.Popen(command, env=env))

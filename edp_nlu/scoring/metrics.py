@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from models.labels import OUTSIDE_TAG as OUTSIDE
+from edp_nlu.models.labels import OUTSIDE_TAG as OUTSIDE
 
 Span = tuple[str, int, int]  # (slot type, start token, end token exclusive)
 

@@ -31,7 +31,7 @@ import dataclasses
 import math
 from typing import Iterable, Optional, Sequence
 
-from trainers.scoring import metrics as metrics_lib
+from edp_nlu.scoring import metrics as metrics_lib
 
 DIAGNOSTIC = ("diagnostic: not a DP release (per-class training counts are unnoised statistics "
               "of the training split, not covered by epsilon)")

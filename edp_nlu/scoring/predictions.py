@@ -8,9 +8,9 @@ import numpy as np
 import tensorflow as tf
 
 from edp_tf import attacks
-from models.labels import is_well_formed_bio
-from trainers.pipeline import builders
-from trainers.scoring import metrics as metrics_lib
+from edp_nlu.models.labels import is_well_formed_bio
+from edp_nlu.pipeline import builders
+from edp_nlu.scoring import metrics as metrics_lib
 
 
 def padded_batches(batch_size: int, *arrays: dict):

@@ -1,12 +1,12 @@
-"""ATIS grid: the same rows as configs/grids/snips.py.
+"""ATIS grid: the same rows as experiments/grids/snips.py.
 
-    python -m trainers.experiment --grid=configs/grids/atis.py
+    python -m experiments.experiment --grid=experiments/grids/atis.py
 """
-from configs.grids.common import EDP_BERT_LEFT_OUT, bert_private, cell, grid
-from configs.grids.snips import rows
+from experiments.grids.common import EDP_BERT_LEFT_OUT, bert_private, cell, grid
+from experiments.grids.snips import rows
 
 
-ATIS = "configs/atis_bert.py"
+ATIS = "edp_nlu/configs/atis_bert.py"
 
 
 def dp8(name: str, label: str, *overrides: str):
@@ -58,12 +58,12 @@ def get_config():
     # CLC's SGD row (3,080 steps) missed the paper's 6.3% (6.8%) with its dev SER still falling at
     # the last epoch: twice the steps.
     clc_sgd_long = cell("clc_sgd_steps6000", "SGD (not private), 88 epochs (6,072 steps)", "sgd",
-                        "configs/atis_clc.py", "diagnostics=True", "mechanism=sgd", "epochs=88")
-    # Public pretraining (trainers/pipeline/warm_start.py): the backbone starts from the SNIPS
+                        "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=sgd", "epochs=88")
+    # Public pretraining (edp_nlu/pipeline/warm_start.py): the backbone starts from the SNIPS
     # grid's CLC SGD run (run that cell first); SNIPS is public, and not ATIS
     from_snips = cell("clc_dpsgd_eps8_from_snips", "per-example DP-SGD, eps 8, backbone from "
                       "SNIPS SGD (public pretraining)", "per-example, public pretraining",
-                      "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
+                      "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
                       "target_epsilon=8.0", "init_from=runs/experiments/snips/clc_sgd")
     # Every example is clipped, so the loss weights set how each example's clipped norm is shared
     # between the intent and the slots (the per-word slot loss raised BERT's private intent accuracy
@@ -72,7 +72,7 @@ def get_config():
     # one error among its reference slots + 1, so the private CLC's wrong intents are a small part
     # of its SER, and the slots hold the rest.
     clc_intent2 = cell("clc_dpsgd_eps8_intent2", "per-example DP-SGD, eps 8, intent loss weight 2",
-                       "per-example", "configs/atis_clc.py", "diagnostics=True",
+                       "per-example", "edp_nlu/configs/atis_clc.py", "diagnostics=True",
                        "mechanism=dpsgd", "target_epsilon=8.0", "intent_loss_weight=2.0")
     # The same for BERT: the encoder starts from the SNIPS grid's plain fine-tuning (its bert_sgd
     # run: every kernel trained on SNIPS), then LoRA as in lora_matrix; the heads start fresh.
@@ -170,7 +170,7 @@ def get_config():
                             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
                             *bert_private("private_steps=300", *matrix,
                                           "init_from=runs/experiments/snips/bert_sgd"))
-    # FFA-LoRA (Sun et al. 2024; models/bert/finetuning.py): every A frozen at its random start,
+    # FFA-LoRA (Sun et al. 2024; edp_nlu/models/bert/finetuning.py): every A frozen at its random start,
     # only B trains. B starts at 0, so A's gradient starts at 0 and A gets mostly noise while it
     # shares each example's clipped norm with B; frozen, the noise is drawn for B alone (0.17M of
     # the 0.33M factor entries) at the same rank 8 (rank 4 halves both factors and lost). Everything
@@ -203,25 +203,25 @@ def get_config():
     # rows ran a backward direction that gave zeros at most words (keras-team/keras#17596)
     clc_both = [
         cell("clc_sgd_both_directions", "SGD (not private), backward LSTM fixed", "sgd",
-             "configs/atis_clc.py", "diagnostics=True", "mechanism=sgd"),
+             "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=sgd"),
         cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
-             "per-example", "configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
+             "per-example", "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=dpsgd",
              "target_epsilon=8.0"),
         cell("clc_dpsgd_eps8_both_directions_run2", "per-example DP-SGD, eps 8, backward LSTM "
-             "fixed (second run)", "per-example", "configs/atis_clc.py", "diagnostics=True",
+             "fixed (second run)", "per-example", "edp_nlu/configs/atis_clc.py", "diagnostics=True",
              "mechanism=dpsgd", "target_epsilon=8.0"),
         cell("clc_dpsgd_sigma0_both_directions", "per-example, sigma = 0 (clipping only), Adam "
-             "1e-2, backward LSTM fixed", "diagnostic", "configs/atis_clc.py", "diagnostics=True",
+             "1e-2, backward LSTM fixed", "diagnostic", "edp_nlu/configs/atis_clc.py", "diagnostics=True",
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
              "learning_rate=0.01"),
-        # augmentation multiplicity (configs/grids/augmentation.py): ATIS's city, date, day and
+        # augmentation multiplicity (experiments/grids/augmentation.py): ATIS's city, date, day and
         # time slots have public fillers, so its copies vary slots as well as masked words
         cell("clc_dpsgd_eps8_k4", "per-example DP-SGD, eps 8, K = 4 augmented copies in one "
-             "clip, backward LSTM fixed", "per-example", "configs/atis_clc.py",
+             "clip, backward LSTM fixed", "per-example", "edp_nlu/configs/atis_clc.py",
              "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
              "physical_batch_size=512", "augment_copies=4"),
         cell("clc_dpsgd_eps8_k8", "per-example DP-SGD, eps 8, K = 8 augmented copies in one "
-             "clip, backward LSTM fixed", "per-example", "configs/atis_clc.py",
+             "clip, backward LSTM fixed", "per-example", "edp_nlu/configs/atis_clc.py",
              "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
              "physical_batch_size=512", "augment_copies=8"),
     ]
@@ -229,13 +229,13 @@ def get_config():
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
                                 meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
                                 probe, run2, sgd2]
-                + rows("clc", "configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2]
+                + rows("clc", "edp_nlu/configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2]
                 + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes="Every CLC cell but the *_both_directions ones ran with a backward LSTM "
                       "that a Keras bug zeroed at most words (docs/results.md, the backward LSTM "
                       "of CLC). "
-                      "BERT cells other than rows() are pinned (configs/grids/common.py "
+                      "BERT cells other than rows() are pinned (experiments/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
                       "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix (its "
                       "command: the same config as atis_bert's default since its LoRA layout "

@@ -1,11 +1,11 @@
 """Pilot: augmentation multiplicity (De et al. 2022) on SNIPS with CLC at epsilon 8.
 
-    python -m trainers.experiment --grid=configs/grids/augmentation.py
+    python -m experiments.experiment --grid=experiments/grids/augmentation.py
 
 snips_clc's private recipe (per-example DP-SGD, q 0.16, 150 steps, Adam 3e-2) with K = 1, 4 and
 8 rows per example: the example and K - 1 augmented copies (words outside slots masked with
 probability 0.15, slots with a public filler given another value with probability 0.5:
-trainers/data/augment.py), their losses averaged inside the example's one clip. Same q, steps,
+edp_nlu/data/augment.py), their losses averaged inside the example's one clip. Same q, steps,
 S and epsilon in every cell; only each step's work grows K times. Every cell clips in chunks of
 512 rows (`physical_batch_size`: the same mechanism, chunks of whole examples, one after the
 other): unchunked, K = 1 alone held 11.7 GB and was killed for memory on the shared machine.
@@ -14,11 +14,11 @@ masked words.
 The membership-inference rows of K > 1 score every training row, the copies included.
 clc_k1, clc_k4 and clc_k8 ran with the backward LSTM that a Keras bug zeroed at most words
 (docs/results.md); clc_k4_both_directions runs with the fix. ATIS's K = 4 and 8 are cells of
-configs/grids/atis.py.
+experiments/grids/atis.py.
 """
-from configs.grids.common import cell, grid
+from experiments.grids.common import cell, grid
 
-CLC = "configs/snips_clc.py"
+CLC = "edp_nlu/configs/snips_clc.py"
 DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1", "diagnostics=True",
       "physical_batch_size=512")
 

@@ -1,4 +1,4 @@
-"""Building blocks of the experiment grids (`python -m trainers.experiment --grid=...`)."""
+"""Building blocks of the experiment grids (`python -m experiments.experiment --grid=...`)."""
 import ml_collections
 
 
@@ -22,7 +22,7 @@ def grid(dataset: str, cells: list, notes: str = "", schedule_reference: str = "
     return g
 
 
-# What configs/snips_bert.py (and atis_bert.py) gave private runs before their private recipe became
+# What edp_nlu/configs/snips_bert.py (and atis_bert.py) gave private runs before their private recipe became
 # LoRA r 8 without dropout at Adam 5e-3, and so what the grids' cells that leave it open ran with:
 # every kernel but the embedding tables trained, dropout 0.1, Adam 2e-3.
 BERT_FULL_FINETUNING = ("bert.private_finetune=no_embeddings", "bert.private_dropout=0.1",
@@ -58,4 +58,4 @@ EDP_BERT_LEFT_OUT = (
     "ATIS's bert_edp_paper_eps8 ran 2 of 24 epochs (1,254 s and 589 s on a shared CPU; about 3 "
     "hours alone for the run, SNIPS's three times that) and stood at dev SER 2.51, intent "
     "accuracy 0.712 (the majority intent's share), slot F1 0.009 when stopped; the CLC rows of "
-    "both mechanisms ran to the end (configs/grids/common.py EDP_BERT_LEFT_OUT).")
+    "both mechanisms ran to the end (experiments/grids/common.py EDP_BERT_LEFT_OUT).")

@@ -1,4 +1,4 @@
-"""Pilot: the default job's private recipe on the synthetic corpus (public; chooses configs/default.py).
+"""Pilot: the default job's private recipe on the synthetic corpus (public; chooses edp_nlu/configs/default.py).
 
 The recipe this pilot starts from (per-example, 95 steps of the expected batch 512) leaves time
 to spare under the default job's 180 s goal on a 2-core machine, its test SER varies widely from
@@ -8,11 +8,11 @@ Candidates: the per-word slot loss (on SNIPS it raised private intent accuracy),
 at the same epsilon. Each recipe runs three times (r1..r3), since one run is not enough at this
 variance.
 """
-from configs.grids.common import cell, grid
+from experiments.grids.common import cell, grid
 
-DEFAULT = "configs/default.py"
-# Every recipe states its knobs, so its command reproduces it whatever configs/default.py says
-# (configs/default.py is q16_steps84). Recipes that leave the sampling rate and the learning rate
+DEFAULT = "edp_nlu/configs/default.py"
+# Every recipe states its knobs, so its command reproduces it whatever edp_nlu/configs/default.py says
+# (edp_nlu/configs/default.py is q16_steps84). Recipes that leave the sampling rate and the learning rate
 # open were measured at q 0.0533, Adam 2e-2: get_config pins them.
 BEFORE_Q16 = ("private_sampling_rate=0.0533", "private_learning_rate=0.02")
 D = "clc.dropout=0.25"
@@ -58,7 +58,7 @@ RECIPES = {
     # q16_steps100 runs past the 180 s goal on a slower 2-core machine (docs/benchmarks.md): two
     # recipes of 12 epochs, about 0.8x its compute
     "q16_steps84": (
-        "q 0.16, 84 steps (12 epochs), Adam 3e-2 (configs/default.py's recipe)",
+        "q 0.16, 84 steps (12 epochs), Adam 3e-2 (edp_nlu/configs/default.py's recipe)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=84", "private_learning_rate=0.03")),
     "q12_steps100": (

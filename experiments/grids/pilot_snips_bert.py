@@ -1,6 +1,6 @@
 """Pilot: BERT private recipes on SNIPS at epsilon 8 (per-example, q 0.08, Adam linear decay).
 
-What configs/snips_bert.py's private recipe rests on (results/pilot_snips_bert, one run each):
+What edp_nlu/configs/snips_bert.py's private recipe rests on (results/pilot_snips_bert, one run each):
 at 150 steps Adam 2e-3 beat 1e-3 and 5e-3; 300 steps beat 150; LoRA r 8 at 5e-3 beat every kernel
 trained, no dropout beat dropout 0.1, and the matrix layout beat the per-head one, which gives
 the recipe (that run is the SNIPS grid's bert_dpsgd_eps8 row; LoRA cells that leave the layout
@@ -8,9 +8,9 @@ open ran per_head, which bert_private pins). Twice the sampling rate for half th
 150 steps, the same 24 epochs) could not be told apart from it in one run each, so the default
 stays q 0.08 / 300 steps. Runs that shared the CPU with other jobs have seconds per epoch that
 are not comparable."""
-from configs.grids.common import bert_private, cell, grid
+from experiments.grids.common import bert_private, cell, grid
 
-BERT = "configs/snips_bert.py"
+BERT = "edp_nlu/configs/snips_bert.py"
 DP = ("diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0")
 
 
@@ -61,7 +61,7 @@ def get_config():
               "bert.finetune=lora", "bert.dropout=0.0", "learning_rate=0.005", "steps=300",
               "bert.lora_layout=matrix"),
     ], notes="Chosen on the SNIPS dev/test splits (a public benchmark), not on private data. "
-             "Every cell is pinned (configs/grids/common.py bert_private): bert.finetune and "
+             "Every cell is pinned (experiments/grids/common.py bert_private): bert.finetune and "
              "bert.dropout are passed as bert.private_finetune / bert.private_dropout, and what "
              "a cell leaves open is what snips_bert gave private runs when the cell ran "
              "(every kernel but the tables, dropout 0.1, Adam 2e-3).")

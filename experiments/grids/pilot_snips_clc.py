@@ -3,9 +3,9 @@
 CLC, trained from scratch, needs a large learning rate under DP (at q 0.08, 300 steps and linear
 decay, 1e-2 barely learned in 10 epochs), so the cells try larger rates, and larger batches.
 """
-from configs.grids.common import cell, grid
+from experiments.grids.common import cell, grid
 
-CLC = "configs/snips_clc.py"
+CLC = "edp_nlu/configs/snips_clc.py"
 DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1")
 
 
@@ -114,7 +114,7 @@ def _grid():
         # it knows, so Adam's per-weight step sizes come back. Weights with no measurable signal
         # step up to 4.5x further (floor 0.05) than under DP-Adam, so at 1e-2 they step as DP-Adam's
         # at ~4.5e-2 (the tried 5e-2 range). It did worse than the default, and ATIS's BERT with it
-        # went off too (configs/grids/atis.py, adam_bc). Floor 1 keeps the noise-only weights' steps
+        # went off too (experiments/grids/atis.py, adam_bc). Floor 1 keeps the noise-only weights' steps
         # at DP-Adam's and only lets weights whose signal exceeds the noise (g^2 > phi) step
         # further, up to sqrt(2) x; at the default learning rate:
         cell("dpsgd_adam_bc_lr1e-2", "per-example, snips_clc's default, DP-AdamBC 1e-2 (floor "

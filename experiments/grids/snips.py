@@ -2,9 +2,9 @@
 sigma = 0 diagnostic) x CLC, BERT; the full epsilon grid (1, 3, 8) for per-example DP-SGD, the
 best mechanism of both models, and epsilon 8 for the others.
 
-    python -m trainers.experiment --grid=configs/grids/snips.py
+    python -m experiments.experiment --grid=experiments/grids/snips.py
 """
-from configs.grids.common import (EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell,
+from experiments.grids.common import (EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell,
                                   grid)
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
@@ -56,13 +56,13 @@ def get_config():
     # snips_bert's earlier 150-step recipe, beside its 300-step default.
     steps150 = cell("bert_dpsgd_eps8_steps150",
                     "per-example DP-SGD, eps 8, 150 steps (the default before)", "per-example",
-                    "configs/snips_bert.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+                    "edp_nlu/configs/snips_bert.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
                     *bert_private("private_steps=150"))
     # The 300-step default before LoRA: every kernel but the embedding tables, dropout 0.1, 2e-3
     full = cell("bert_dpsgd_eps8_full", "per-example DP-SGD, eps 8, every kernel trained, "
-                "dropout 0.1 (the default before)", "per-example", "configs/snips_bert.py", DIAG,
+                "dropout 0.1 (the default before)", "per-example", "edp_nlu/configs/snips_bert.py", DIAG,
                 "mechanism=dpsgd", "target_epsilon=8.0", *bert_private())
-    bert = rows("bert", "configs/snips_bert.py")
+    bert = rows("bert", "edp_nlu/configs/snips_bert.py")
     # The sigma = 0 and eDP k = 2 rows of CLC with snips_clc's earlier recipe (two BiLSTM layers,
     # dropout 0.25, summed slot loss); clc_dpsgd_sigma0 / clc_edp_k2_eps8 run snips_clc's recipe, so
     # that the diagnostic compares with clc_dpsgd_eps8
@@ -70,26 +70,26 @@ def get_config():
     # sigma = 0 at the pilot's clipping-only rate, 3e-3, beside clc_dpsgd_sigma0's 1e-2: 150 steps
     # at 3e-3 are too small (dev SER still falling fast at the end; results/snips).
     clc_sigma0_3e3 = cell("clc_dpsgd_sigma0_lr3e-3", "per-example, sigma = 0 (clipping only), "
-                          "Adam 3e-3", "diagnostic", "configs/snips_clc.py", DIAG,
+                          "Adam 3e-3", "diagnostic", "edp_nlu/configs/snips_clc.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
                           "learning_rate=0.003")
-    # Public pretraining (trainers/pipeline/warm_start.py): the backbone starts from the ATIS
+    # Public pretraining (edp_nlu/pipeline/warm_start.py): the backbone starts from the ATIS
     # grid's CLC SGD run (run that cell first); ATIS is public, and not SNIPS
     from_atis = cell("clc_dpsgd_eps8_from_atis", "per-example DP-SGD, eps 8, backbone from ATIS "
                      "SGD (public pretraining)", "per-example, public pretraining",
-                     "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+                     "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
                      "init_from=runs/experiments/atis/clc_sgd_steps6000")
     clc_old = [
         cell("clc_dpsgd_sigma0_2lstm", "per-example, sigma = 0, two BiLSTM layers, summed slot "
-             "loss (the recipe before)", "diagnostic", "configs/snips_clc.py", DIAG,
+             "loss (the recipe before)", "diagnostic", "edp_nlu/configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0", *old_clc),
         cell("clc_edp_k2_eps8_2lstm", "eDP, micro-batches of 2, eps 8, two BiLSTM layers, "
-             "summed slot loss (the recipe before)", "eDP k=2", "configs/snips_clc.py", DIAG,
+             "summed slot loss (the recipe before)", "eDP k=2", "edp_nlu/configs/snips_clc.py", DIAG,
              "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
     ]
     # snips_bert's private recipe in LoRA's per-head layout, beside the "matrix" layout it uses
     per_head = cell("bert_dpsgd_eps8_lora_per_head", "per-example DP-SGD, eps 8, LoRA per-head "
-                    "layout (the default before)", "per-example", "configs/snips_bert.py", DIAG,
+                    "layout (the default before)", "per-example", "edp_nlu/configs/snips_bert.py", DIAG,
                     "mechanism=dpsgd", "target_epsilon=8.0",
                     *bert_private("bert.finetune=lora", "steps=300", "learning_rate=0.005",
                                   "bert.dropout=0.0"))
@@ -98,7 +98,7 @@ def get_config():
     # decodings, and so the default's run-to-run spread (results/snips). Its command is
     # bert_dpsgd_eps8's but for --run_dir.
     run2 = cell("bert_dpsgd_eps8_run2", "per-example DP-SGD, eps 8 (snips_bert's default, second "
-                "run)", "per-example", "configs/snips_bert.py", DIAG, "mechanism=dpsgd",
+                "run)", "per-example", "edp_nlu/configs/snips_bert.py", DIAG, "mechanism=dpsgd",
                 "target_epsilon=8.0")
     # Public pretraining for BERT: the encoder starts from the ATIS grid's plain fine-tuning (its
     # bert_sgd run: every kernel but the tables trained on ATIS, which is public and not SNIPS;
@@ -107,29 +107,29 @@ def get_config():
     # 0.142 / 0.143 (results/atis).
     bert_from_atis = cell("bert_dpsgd_eps8_from_atis", "per-example DP-SGD, eps 8 (snips_bert's "
                           "default), encoder from ATIS SGD (public pretraining)",
-                          "per-example, public pretraining", "configs/snips_bert.py", DIAG,
+                          "per-example, public pretraining", "edp_nlu/configs/snips_bert.py", DIAG,
                           "mechanism=dpsgd", "target_epsilon=8.0",
                           "init_from=runs/experiments/atis/bert_sgd")
     # snips_clc's SGD and private default once the backward LSTM reads every word: the other CLC
     # rows ran a backward direction that gave zeros at most words (keras-team/keras#17596)
     clc_both = [
         cell("clc_sgd_both_directions", "SGD (not private), backward LSTM fixed", "sgd",
-             "configs/snips_clc.py", DIAG, "mechanism=sgd"),
+             "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=sgd"),
         cell("clc_dpsgd_eps8_both_directions", "per-example DP-SGD, eps 8, backward LSTM fixed",
-             "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
+             "per-example", "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=dpsgd",
              "target_epsilon=8.0"),
         cell("clc_dpsgd_eps8_both_directions_run2", "per-example DP-SGD, eps 8, backward LSTM "
-             "fixed (second run)", "per-example", "configs/snips_clc.py", DIAG,
+             "fixed (second run)", "per-example", "edp_nlu/configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=8.0"),
         cell("clc_dpsgd_sigma0_both_directions", "per-example, sigma = 0 (clipping only), Adam "
-             "1e-2, backward LSTM fixed", "diagnostic", "configs/snips_clc.py", DIAG,
+             "1e-2, backward LSTM fixed", "diagnostic", "edp_nlu/configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
              "learning_rate=0.01"),
         cell("clc_edp_k2_eps8_both_directions", "eDP, micro-batches of 2, eps 8, backward LSTM "
-             "fixed", "eDP k=2", "configs/snips_clc.py", DIAG, "mechanism=edp",
+             "fixed", "eDP k=2", "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=edp",
              "microbatch_size=2", "target_epsilon=8.0"),
     ] + [cell(f"clc_dpsgd_eps{eps}_both_directions", f"per-example DP-SGD, eps {eps}, backward "
-              "LSTM fixed", "per-example", "configs/snips_clc.py", DIAG, "mechanism=dpsgd",
+              "LSTM fixed", "per-example", "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=dpsgd",
               f"target_epsilon={eps}.0") for eps in (3, 1)]
     # The noisy update projected onto 128 directions of 512 ATIS utterances' gradients (labels
     # drawn from SNIPS's), refreshed every 5 steps: at epochs 1 and 3 of the private default such
@@ -138,7 +138,7 @@ def get_config():
     clc_both.append(cell(
         "clc_dpsgd_eps8_public_subspace_atis", "per-example DP-SGD, eps 8, update projected on "
         "128 directions of ATIS gradients", "per-example, public subspace",
-        "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+        "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
         "public_subspace=../shared/data/atis", "public_subspace_rank=128",
         "public_subspace_examples=512", "public_subspace_every=5"))
     # The same with an in-domain public set labelled in SNIPS's schema (its dev split, a stand-in
@@ -147,11 +147,11 @@ def get_config():
     clc_both.append(cell(
         "clc_dpsgd_eps8_public_subspace_dev", "per-example DP-SGD, eps 8, update projected on "
         "128 directions of SNIPS dev gradients (own labels)", "per-example, public subspace",
-        "configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+        "edp_nlu/configs/snips_clc.py", DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
         "public_subspace=../shared/data/snips/dev", "public_subspace_labels=own",
         "public_subspace_rank=128", "public_subspace_examples=512", "public_subspace_every=5"))
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
-                + rows("clc", "configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
+                + rows("clc", "edp_nlu/configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
                 + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Every CLC cell but the *_both_directions ones ran with a backward LSTM "

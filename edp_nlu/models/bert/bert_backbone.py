@@ -13,7 +13,7 @@ import keras
 import keras_hub
 from keras import ops
 
-from models.bert.choices import POOLING
+from edp_nlu.models.bert.choices import POOLING
 
 COMPACT_BERT = dict(num_layers=4, num_heads=12, hidden_dim=312, intermediate_dim=1200)
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import keras
 
-from models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
-from models.bert.bert_preprocessor import BertPreprocessor
-from models.joint_task import JointTagger
+from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.joint_task import JointTagger
 
 
 @keras.saving.register_keras_serializable(package="edp_models")

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import testing
-from models.bert.bert_joint import BertJoint
-from models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_tag_head_reads_each_words_first_piece(data):
 
 def test_per_example_gradients_vectorise_without_fallback(data):
     """Each example's gradient inside tf.vectorized_map (pfor, no while_loop fallback) equals its
-    gradient computed alone. Needs oneDNN off (see models.testing.onednn_enabled): else it reruns
+    gradient computed alone. Needs oneDNN off (see edp_nlu.models.testing.onednn_enabled): else it reruns
     itself in a fresh process, since the crash would take pytest down with it."""
     if testing.onednn_enabled():
         testing.rerun_without_onednn(__file__, "test_per_example_gradients_vectorise_without_fallback")

@@ -22,8 +22,8 @@ import keras_hub
 import numpy as np
 import tensorflow as tf
 
-from models import labels as labels_lib
-from models.clc.clc_preprocessor import split_words
+from edp_nlu.models import labels as labels_lib
+from edp_nlu.models.clc.clc_preprocessor import split_words
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

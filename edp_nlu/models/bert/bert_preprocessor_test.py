@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import testing
-from models.bert.bert_preprocessor import BertPreprocessor, piece_word_index
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor, piece_word_index
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "call", "mum", "at", "01", "##23", "-", "45",
          "##6", "hello", ",", "cafe", "play", "jazz", "a"]
@@ -19,7 +19,7 @@ def pre():
 
 
 def _label_vocabs():
-    from models import labels
+    from edp_nlu.models import labels
 
     return (
         labels.build_tag_vocabulary([["O", "B-contact", "B-phone", "B-genre"]]),

@@ -37,7 +37,7 @@ On ATIS at epsilon 8 it did about as well as a trained A, one run each (results/
 an option, not a default.
 
 "per_head" stays the base config's default so that the grids' per_head commands reproduce;
-configs/snips_bert.py and atis_bert.py use "matrix", which did better at epsilon 8 on SNIPS
+edp_nlu/configs/snips_bert.py and atis_bert.py use "matrix", which did better at epsilon 8 on SNIPS
 (results/snips).
 """
 from __future__ import annotations

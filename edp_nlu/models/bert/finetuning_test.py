@@ -3,10 +3,10 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from models import testing
-from models.bert.bert_joint import BertJoint
-from models.bert.bert_preprocessor import BertPreprocessor
-from models.bert.finetuning import (FINETUNE, LORA_LAYOUTS, LORA_TARGETS,
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.bert.finetuning import (FINETUNE, LORA_LAYOUTS, LORA_TARGETS,
                                     _transformer_projections, set_finetuning)
 
 
@@ -239,7 +239,7 @@ def test_lora_targets_are_checked(data):
 
 def test_lora_targets_missing_from_the_backbone_are_refused(data, monkeypatch):
     """A backbone whose layers are named otherwise must fail, not silently adapt fewer kernels."""
-    from models.bert import finetuning
+    from edp_nlu.models.bert import finetuning
 
     monkeypatch.setitem(finetuning.LORA_TARGETS, "query_value", frozenset({"query", "val"}))
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)

@@ -1,13 +1,13 @@
-"""CLC joint model: `CLCBackbone` + intent head + CRF NER head (see models/joint_task.py)."""
+"""CLC joint model: `CLCBackbone` + intent head + CRF NER head (see edp_nlu/models/joint_task.py)."""
 
 from __future__ import annotations
 
 import keras
 
-from models.clc.clc_backbone import CLCBackbone
-from models.clc.clc_preprocessor import RESERVED, CLCPreprocessor
-from models.clc.word_vectors import WordVectors, embedding_matrix
-from models.joint_task import JointTagger
+from edp_nlu.models.clc.clc_backbone import CLCBackbone
+from edp_nlu.models.clc.clc_preprocessor import RESERVED, CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors, embedding_matrix
+from edp_nlu.models.joint_task import JointTagger
 
 
 @keras.saving.register_keras_serializable(package="edp_models")

@@ -3,10 +3,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import testing
-from models.clc.clc_joint import CLCJoint
-from models.clc.clc_preprocessor import CLCPreprocessor
-from models.clc.word_vectors import WordVectors
+from edp_nlu.models import testing
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_config_round_trip(data):
 def test_rejects_mismatched_embeddings(data):
     pre, _, _ = data
     vectors_matrix = np.zeros((3, 4), np.float32)
-    from models.clc.clc_backbone import CLCBackbone
+    from edp_nlu.models.clc.clc_backbone import CLCBackbone
 
     with pytest.raises(ValueError, match="word_embeddings has 3 rows"):
         CLCBackbone(word_vocabulary_size=10, char_vocabulary_size=5, word_embeddings=vectors_matrix)
@@ -197,7 +197,7 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
 def test_char_windows_are_zero_padded_same_convolution_windows(kernel_size):
     """The character CNN is a Dense layer on these windows: entry [.., e, i * d + j] must be
     character e + i - left's feature j, zero outside the word ('same' padding)."""
-    from models.clc.clc_backbone import _char_windows
+    from edp_nlu.models.clc.clc_backbone import _char_windows
 
     chars = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
     left = (kernel_size - 1) // 2

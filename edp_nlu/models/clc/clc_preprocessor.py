@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from models import labels as labels_lib
-from models.clc.word_vectors import WordVectors
+from edp_nlu.models import labels as labels_lib
+from edp_nlu.models.clc.word_vectors import WordVectors
 
 PAD, UNK = "[PAD]", "[UNK]"
 RESERVED = 2  # [PAD], [UNK]

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models import testing
-from models.clc.clc_preprocessor import CLCPreprocessor, split_words
-from models.clc.word_vectors import WordVectors
+from edp_nlu.models import testing
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor, split_words
+from edp_nlu.models.clc.word_vectors import WordVectors
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from models.clc import word_vectors
+from edp_nlu.models.clc import word_vectors
 
 
 def _write(tmp_path, text):
