@@ -621,7 +621,7 @@ def main(argv):
                 json.dump(rows, f, indent=2)
         return
     if _SCALE.value:
-        from edp_nlu.data import streaming_benchmark
+        from benchmarks import streaming_benchmark
 
         directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
         results = streaming_benchmark.run_scale([int(s) for s in _SCALE_SIZES.value], directory)

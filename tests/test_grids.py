@@ -7,7 +7,7 @@ import os
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GRIDS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "grids", "*.py"))
+GRIDS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "grids", "*.py"))
                if os.path.basename(p) not in ("__init__.py", "common.py"))
 
 

@@ -30,4 +30,4 @@ def __getattr__(name):
         import importlib
 
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'models' has no attribute {name!r}")
+    raise AttributeError(f"module 'edp_nlu.models' has no attribute {name!r}")

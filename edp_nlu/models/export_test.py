@@ -35,7 +35,7 @@ RELOAD = textwrap.dedent(
     loaded = tf.saved_model.load(sys.argv[1])
     serve = loaded.signatures["serving_default"]
     out = serve(utterances=tf.constant(json.loads(sys.stdin.read())))
-    imported = sorted(m for m in ("keras_hub", "models", "edp_tf") if m in sys.modules)
+    imported = sorted(m for m in ("keras_hub", "edp_nlu", "edp_tf") if m in sys.modules)
     written = [name for name, _ in tf.train.list_variables(sys.argv[1] + "/variables/variables")
                if name != "_CHECKPOINTABLE_OBJECT_GRAPH"]
     print(json.dumps({"imported": imported, "variables": len(written),

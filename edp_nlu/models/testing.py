@@ -51,7 +51,7 @@ def rerun_without_onednn(test_file: str, test_id: str) -> None:
     import sys
 
     env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     result = subprocess.run(
         # -n 0: one process (pytest.ini's addopts would start xdist workers for one test)
         [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
