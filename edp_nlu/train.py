@@ -1,7 +1,7 @@
 """`python -m edp_nlu.train`: train a joint intent + slot model, privately by default.
 
     python -m edp_nlu.train                                  # CLC, per-example DP-SGD, synthetic corpus
-    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py --mechanism=sgd --run_dir=runs/snips
+    python -m edp_nlu.train --config=snips_clc --mechanism=sgd --run_dir=runs/snips  # or a file's path
     python -m edp_nlu.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
     python -m edp_nlu.train --run_dir=runs/x --resume        # continue an interrupted run
     python -m edp_nlu.train --workers=2 --run_dir=runs/w     # two worker processes, one run
@@ -17,15 +17,16 @@ if __name__ == "__main__":  # before ml_collections imports TensorFlow: its nati
 
     cli.quiet_unless_verbose()
 
-import os  # noqa: E402
 import sys  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                               "configs", "default.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+from edp_nlu.configs import accept_names, config_file  # noqa: E402
+
+_CONFIG = accept_names(config_flags.DEFINE_config_file(
+    "config", config_file("default"), "Experiment config file, or the name of a packaged one "
+    "(snips_clc: edp_nlu/configs/snips_clc.py)."))
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "Run directory (default: runs/<config name>-<time>).")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.")
 # Shortcuts for the most used config fields (a given flag overrides --config.<field>).

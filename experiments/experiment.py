@@ -47,6 +47,8 @@ import time
 from absl import app, flags
 from ml_collections import config_flags
 
+from edp_nlu.configs import config_file
+
 _GRID = config_flags.DEFINE_config_file("grid", None, "Grid config file (experiments/grids/*.py).")
 _CELLS = flags.DEFINE_list("cells", None, "Only these cells (default: all of the grid).")
 _REPORT = flags.DEFINE_bool("report", False, "Only rewrite the tables and plots.")
@@ -514,7 +516,8 @@ TUNING_NOT_COVERED = [
 def cell_config(cell, extra_overrides=()):
     """The edp_nlu.train config of a cell (its file and overrides, parsed as the trainer
     parses them), with `extra_overrides` after the cell's own."""
-    path = cell.config if os.path.isabs(cell.config) else os.path.join(ROOT, cell.config)
+    path = config_file(cell.config)  # a packaged config's name, or a path from the repository root
+    path = path if os.path.isabs(path) else os.path.join(ROOT, path)
     argv = ["cell", f"--config={path}"] + [f"--config.{o}" for o in
                                            (*cell.overrides, *extra_overrides)]
     values = flags.FlagValues()

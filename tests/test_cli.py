@@ -77,3 +77,23 @@ def test_commands_run_on_the_bfc_cpu_allocator_unless_the_user_chose():
     env["PYTHONPATH"] = str(REPO)
     assert _allocator_probe(env) == ["true", "True"]
     assert _allocator_probe(dict(env, TF_CPU_ALLOCATOR_USE_BFC="false")) == ["false", "False"]
+
+
+def test_a_config_is_a_path_or_a_packaged_configs_name(tmp_path):
+    """`--config=snips_clc` is edp_nlu/configs/snips_clc.py from any directory (an installed
+    package has no configs/ beside the user's files); a path stays a path."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from edp_nlu.configs import DIRECTORY, accept_names, config_file
+
+    assert config_file("snips_clc") == os.path.join(DIRECTORY, "snips_clc.py")
+    assert config_file("snips_clc:x") == os.path.join(DIRECTORY, "snips_clc.py") + ":x"
+    for as_given in ("edp_nlu/configs/snips_clc.py", "snips_clc.py", "no_such_config", ""):
+        assert config_file(as_given) == as_given
+    values = flags.FlagValues()
+    argv = ["cmd", "--config=atis_clc", "--config.mechanism=sgd"]
+    holder = accept_names(config_flags.DEFINE_config_file(
+        "config", config_file("default"), "", flag_values=values, sys_argv=argv), values)
+    values(argv)
+    assert holder.value.data_dir.endswith("atis") and holder.value.mechanism == "sgd"

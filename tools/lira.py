@@ -29,7 +29,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("models", 17, "Models (each the target once; >= 17: 16 shadows).")
     flags.DEFINE_integer("pool", 2000, "SNIPS training utterances in the pool.")
     flags.DEFINE_float("target_epsilon", 8.0, "Epsilon of the dpsgd models.")
-    flags.DEFINE_string("config", "edp_nlu/configs/snips_clc.py", "Config of every model.")
+    flags.DEFINE_string("config", "edp_nlu/configs/snips_clc.py",
+                        "Config of every model (a file, or a packaged config's name).")
     flags.DEFINE_string("work_dir", "runs/lira", "Per-model losses and run directories.")
     flags.DEFINE_string("out", "results/lira", "Where table.md and <mechanism>.json go.")
     flags.DEFINE_bool("report", False, "Only rewrite the report from finished models.")
@@ -165,7 +166,9 @@ def main(argv):
         raise app.UsageError(f"--models={flags.FLAGS.models}: LiRA needs >= 17 (16 shadows each)")
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("lira_config", flags.FLAGS.config)
+    from edp_nlu.configs import config_file
+
+    spec = importlib.util.spec_from_file_location("lira_config", config_file(flags.FLAGS.config))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
