@@ -14,7 +14,7 @@ from absl import flags
 
 from edp_nlu import cli
 
-COMMANDS = ("train", "evaluate", "privacy", "audit", "lira", "experiment", "benchmark")
+COMMANDS = ("train", "evaluate", "privacy")
 
 
 def _command(name: str) -> Callable[[], None]:
@@ -23,7 +23,7 @@ def _command(name: str) -> Callable[[], None]:
         try:
             module = importlib.import_module(f"edp_nlu.{name}")
         except ModuleNotFoundError as error:  # `pip install edp-tf`: the library alone
-            if (error.name or "").split(".")[0] in ("edp_tf", "trainers", "models", "configs"):
+            if (error.name or "").split(".")[0] in ("edp_tf", "edp_nlu"):
                 raise
             sys.exit(f"error: edp-{name} is the NLU application, which needs its extra "
                      f"dependencies ({error.name} is missing): pip install 'edp-tf[nlu]'")
@@ -37,7 +37,7 @@ def _command(name: str) -> Callable[[], None]:
     return run
 
 
-train, evaluate, privacy, audit, lira, experiment, benchmark = (_command(c) for c in COMMANDS)
+train, evaluate, privacy = (_command(c) for c in COMMANDS)
 
 
 def _help_as_the_module(module) -> None:
