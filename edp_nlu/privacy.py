@@ -110,6 +110,9 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     if ledger.get("in_progress"):
         lines.append(f"Epoch {ledger['in_progress']['epoch']} was interrupted: it is charged in "
                      "full when the run resumes.")
+    label_sets = (ledger.get("artifacts") or {}).get("label_sets")
+    if label_sets:  # written by the trainers: where the exported label sets come from
+        lines.append(f"Label sets: {label_sets}")
     lines += [f"Assumes: {s}" for s in ledger.get("assumes", [])]
     lines += _extras_and_caveats(extras, ledger.get("not_covered", []),
                                  bool(ledger.get("private")) and math.isfinite(recomputed))
@@ -120,8 +123,11 @@ def _extras_and_caveats(extras, not_covered, private: bool) -> list:
     lines = []
     for e in extras:
         sampled = "no sampling" if e.sampling_rate is None else f"q = {e.sampling_rate:g}"
-        lines.append(f"Extra event charged: {e.name} (Gaussian, z = {e.noise_multiplier:g}, "
-                     f"{sampled}, {e.steps} time(s))")
+        lines.append(f"Extra event charged: {e.name} (Gaussian, z = {e.noise_multiplier:g}"
+                     + (f" on sensitivity {e.sensitivity:g}" if e.sensitivity != 1 else "")
+                     + f", {sampled}, {e.steps} time(s)"
+                     + (f"; delta {e.delta:.3g} spent from the run's delta" if e.delta else "")
+                     + ")")
     if not_covered:
         lines.append("Not covered by epsilon:")
         lines += [f"  - {s}" for s in not_covered]

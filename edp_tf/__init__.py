@@ -6,7 +6,7 @@ One call: `edp_tf.make_private(model, target_epsilon=..., epochs=..., batch_size
 """
 from importlib import metadata as _metadata
 
-from edp_tf import accounting, batch_source, iterators, ledger, multi_worker, plan, sampling
+from edp_tf import accounting, batch_source, iterators, ledger, multi_worker, plan, report, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
@@ -26,7 +26,7 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = [
-    "make_private", "AutoPrivateModel", "__version__", "batch_source",
+    "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
     "PoissonSampler", "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",

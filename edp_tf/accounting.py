@@ -77,12 +77,16 @@ def default_delta(dataset_size: int) -> float:
 
 def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int,
                                 extra_events: Iterable = ()) -> dict:
-    """PLD epsilon at delta = 1/n and 1e-6, keyed by the delta's label, for the statement."""
+    """PLD epsilon at delta = 1/n and 1e-6, keyed by the delta's label, for the statement
+    (inf at a delta the extra events' own deltas already exhaust)."""
+    extras = as_extra_events(extra_events)
+    spent = math.fsum(e.delta for e in extras if e.steps)
     out = {}
     for label in REPORTED_DELTAS:
         delta = 1.0 / dataset_size if label == "1/n" else float(label)
-        out[str(label)] = {"delta": delta, "epsilon": compute_epsilon(
-            records, sampling_rate, delta, extra_events, "pld")}
+        epsilon = (math.inf if delta <= spent
+                   else compute_epsilon(records, sampling_rate, delta, extras, "pld"))
+        out[str(label)] = {"delta": delta, "epsilon": epsilon}
     return out
 
 
@@ -119,7 +123,10 @@ class ExtraEvent:
     """A query besides the steps, e.g. the `private` alpha scaling's noisy norm query.
 
     `noise_multiplier` is the noise std in units of `sensitivity`'s unit; sampling_rate None
-    means no amplification is claimed (the examples were chosen deterministically).
+    means no amplification is claimed (the examples were chosen deterministically). `delta` is
+    an additive delta the query spends besides its Gaussian part (a threshold's, as in
+    edp_tf/partition_selection.py): epsilon is then computed at the run's delta minus the extra
+    events' deltas, since the run is (eps, delta_gaussian(eps) + sum of those deltas)-DP.
     """
 
     name: str
@@ -127,6 +134,7 @@ class ExtraEvent:
     sampling_rate: Optional[float] = None
     steps: int = 1
     sensitivity: float = 1.0
+    delta: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -140,6 +148,8 @@ class ExtraEvent:
                            checks.count(f"extra event {self.name!r} steps", self.steps))
         object.__setattr__(self, "sensitivity", checks.number(
             f"extra event {self.name!r} sensitivity", self.sensitivity, 0.0, True))
+        object.__setattr__(self, "delta", checks.number(
+            f"extra event {self.name!r} delta", self.delta, 0.0, False, 1.0, True))
 
     @property
     def effective_noise_multiplier(self) -> float:
@@ -147,12 +157,13 @@ class ExtraEvent:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "ExtraEvent":
-        """From a `PrivateModel.privacy_facts()["extra_events"]` dict (unknown keys are kept out)."""
+        """From a `PrivateModel.privacy_facts()["extra_events"]` dict (unknown keys are kept out;
+        a ledger written before `delta` existed spent none)."""
         for key in ("name", "noise_multiplier"):
             if key not in d:
                 raise ValueError(f"extra event {dict(d)!r} lacks {key!r}")
         return cls(d["name"], d["noise_multiplier"], d.get("sampling_rate"),
-                   d.get("steps", 1), d.get("sensitivity", 1.0))
+                   d.get("steps", 1), d.get("sensitivity", 1.0), d.get("delta", 0.0))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -161,6 +172,20 @@ class ExtraEvent:
 def as_extra_events(events: Iterable) -> tuple:
     """ExtraEvent objects from ExtraEvents or their dicts."""
     return tuple(e if isinstance(e, ExtraEvent) else ExtraEvent.from_dict(e) for e in events)
+
+
+def gaussian_delta(delta: float, extras: Sequence[ExtraEvent]) -> float:
+    """The delta left for the Gaussian parts once the extra events' own deltas are spent;
+    ValueError when nothing is left (no finite epsilon holds at `delta`)."""
+    spent = math.fsum(e.delta for e in extras if e.steps)
+    if not spent:
+        return delta
+    left = delta - spent
+    if left <= 0:
+        names = ", ".join(f"{e.name} ({e.delta:.3g})" for e in extras if e.steps and e.delta)
+        raise ValueError(f"delta={delta:.3g} is not above the delta the extra events spend "
+                         f"({names}: {spent:.3g} in all): no epsilon holds at this delta")
+    return left
 
 
 def plan_schedule(
@@ -216,11 +241,19 @@ def _merged(records: Sequence[EpochRecord]) -> list:
 def make_dp_event(
     records: Sequence[EpochRecord], sampling_rate: float, extra_events: Iterable = ()
 ) -> dp_accounting.DpEvent:
-    """The run as one dp-accounting event: extra events, then one event per epoch."""
+    """The run as one dp-accounting event: extra events, then one event per epoch.
+
+    An extra event that spends a delta of its own is refused: a DpEvent cannot carry it, so an
+    epsilon computed from the event alone would be too small."""
     q = check_sampling_rate(sampling_rate)
+    extras = as_extra_events(extra_events)
+    spending = [e.name for e in extras if e.steps and e.delta]
+    if spending:
+        raise ValueError(f"extra events {spending} spend a delta of their own, which a DpEvent "
+                         "cannot carry: account for this run with compute_epsilon")
     events = [dp_accounting.SelfComposedDpEvent(_gaussian(e.effective_noise_multiplier,
                                                            e.sampling_rate), e.steps)
-              for e in as_extra_events(extra_events) if e.steps]
+              for e in extras if e.steps]
     events += [dp_accounting.SelfComposedDpEvent(_gaussian(r.effective_noise_multiplier, q),
                                                  r.steps) for r in records if r.steps]
     return dp_accounting.ComposedDpEvent(events)
@@ -291,7 +324,8 @@ def epsilon_per_epoch(
     extra_events: Iterable = (),
     accountant: str = "pld",
 ) -> list:
-    """Cumulative epsilon after each record (extra events are charged from the start).
+    """Cumulative epsilon after each record (extra events are charged from the start, their
+    own deltas spent from `delta`).
 
     With accountant="pld" an epoch whose RDP epsilon exceeds PLD_SKIP_ABOVE_RDP_EPSILON gets the
     RDP value (both are upper bounds). A zero effective multiplier gives inf from there on.
@@ -304,6 +338,8 @@ def epsilon_per_epoch(
         return []
     if _is_nonprivate((), extras):
         return [math.inf] * len(records)
+    delta = gaussian_delta(delta, extras)
+    extras = tuple(dataclasses.replace(e, delta=0.0) for e in extras)  # spent just above
     rdp, interval = None, PLD_DISCRETIZATION
     if accountant == "pld":
         rdp = epsilon_per_epoch(records, q, delta, extras, "rdp")
@@ -337,14 +373,20 @@ def compute_epsilon(
 ) -> float:
     """Epsilon of the whole run at `delta` (inf if any query has zero noise).
 
+    The extra events' own deltas (`ExtraEvent.delta`) are spent first: the Gaussian parts are
+    composed at what is left, and a `delta` not above them is refused (ValueError).
     accountant="pld" falls back to the RDP bound where PLD is skipped (RDP epsilon above
     PLD_SKIP_ABOVE_RDP_EPSILON) or fails numerically: both are upper bounds.
     """
     records = tuple(records)
     q, delta = check_sampling_rate(sampling_rate), check_delta(delta)
     _check_accountant(accountant)
-    return _compute_epsilon(records, q, delta, as_extra_events(extra_events), accountant,
-                            pld_discretization)
+    extras = as_extra_events(extra_events)
+    if _is_nonprivate(records, extras):
+        return math.inf
+    delta = gaussian_delta(delta, extras)
+    extras = tuple(dataclasses.replace(e, delta=0.0) for e in extras)  # spent just above
+    return _compute_epsilon(records, q, delta, extras, accountant, pld_discretization)
 
 
 @functools.lru_cache(maxsize=1024)  # the ledger and its budget ask the same questions often

@@ -270,3 +270,69 @@ def test_make_dp_event_is_the_run_as_one_event():
     rdp = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
     assert acc.compute_epsilon(records, 0.05, 1e-5, extra, accountant="rdp") == pytest.approx(
         rdp, rel=1e-12)
+
+
+# ------------------------------------------------------------------ an extra event's own delta
+def test_an_extra_event_delta_is_spent_from_the_run_delta():
+    """epsilon at delta with an event spending delta_x is the composition dp-accounting computes
+    at delta - delta_x, with both accountants and per epoch."""
+    records = acc.plan_schedule(1.1, 3, 25)
+    selection = acc.ExtraEvent("label_selection", 5.0, None, 1, 2.0, 2e-6)  # z_eff 2.5
+    delta = 1e-5
+    composed = dp_accounting.ComposedDpEvent([
+        dp_accounting.GaussianDpEvent(2.5),
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(0.04, dp_accounting.GaussianDpEvent(1.1)), 75)])
+    rdp = dp_accounting.rdp.RdpAccountant().compose(composed).get_epsilon(delta - 2e-6)
+    assert acc.compute_epsilon(records, 0.04, delta, [selection], "rdp") == pytest.approx(
+        rdp, rel=1e-9)
+    pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3).compose(
+        composed).get_epsilon(delta - 2e-6)
+    assert acc.compute_epsilon(records, 0.04, delta, [selection], "pld") == pytest.approx(
+        pld, rel=1e-3)
+    without_delta = acc.ExtraEvent("label_selection", 5.0, None, 1, 2.0)
+    assert (acc.compute_epsilon(records, 0.04, delta, [selection])
+            > acc.compute_epsilon(records, 0.04, delta, [without_delta]))
+    for accountant in ("rdp", "pld"):
+        per_epoch = acc.epsilon_per_epoch(records, 0.04, delta, [selection], accountant)
+        assert per_epoch[-1] == pytest.approx(
+            acc.compute_epsilon(records, 0.04, delta, [selection], accountant), rel=1e-9)
+    estimate = acc.compute_epsilons(records, 0.04, delta, [selection])
+    assert estimate.delta == delta  # the statement's delta stays the run's
+    assert estimate.epsilon_rdp == pytest.approx(rdp, rel=1e-9)
+
+
+def test_a_delta_the_extra_events_exhaust_is_refused():
+    records = acc.plan_schedule(1.1, 1, 5)
+    events = [acc.ExtraEvent("a", 5.0, delta=4e-6), acc.ExtraEvent("b", 5.0, delta=7e-6)]
+    for call in (lambda: acc.compute_epsilon(records, 0.04, 1e-5, events),
+                 lambda: acc.epsilon_per_epoch(records, 0.04, 1e-5, events),
+                 lambda: acc.calibrate_noise(8.0, 1e-5, 0.04, 1, 5, extra_events=events)):
+        with pytest.raises(ValueError, match="not above the delta the extra events spend"):
+            call()
+    # an event that never ran (0 steps) spends nothing
+    assert math.isfinite(acc.compute_epsilon(
+        records, 0.04, 1e-5, [acc.ExtraEvent("a", 5.0, steps=0, delta=0.5)]))
+    # the statement's other deltas: infinite where the events leave nothing
+    others = acc.epsilons_at_reported_deltas(records, 0.04, 1000,
+                                             [acc.ExtraEvent("a", 5.0, delta=2e-6)])
+    assert math.isfinite(others["1/n"]["epsilon"]) and others["1e-06"]["epsilon"] == math.inf
+    # a DpEvent cannot carry the delta: the one-event view of such a run is refused
+    with pytest.raises(ValueError, match="spend a delta of their own"):
+        acc.make_dp_event(records, 0.04, events[:1])
+
+
+def test_an_old_ledger_event_without_delta_reads_and_round_trips():
+    old = {"name": "private_layer_scales", "noise_multiplier": 5.0, "sampling_rate": None,
+           "steps": 1, "sensitivity": 1.0, "examples": 64}
+    event = acc.ExtraEvent.from_dict(old)
+    assert event.delta == 0.0
+    assert acc.ExtraEvent.from_dict(event.to_dict()) == event
+    assert event.to_dict() == {k: v for k, v in old.items() if k != "examples"} | {"delta": 0.0}
+    records = acc.plan_schedule(1.0, 1, 10)
+    assert acc.compute_epsilon(records, 0.02, 1e-5, [old]) == acc.compute_epsilon(
+        records, 0.02, 1e-5, [event])
+    with pytest.raises(ValueError, match="delta"):
+        acc.ExtraEvent("x", 1.0, delta=1.0)
+    with pytest.raises(ValueError, match="delta"):
+        acc.ExtraEvent("x", 1.0, delta=-1e-9)

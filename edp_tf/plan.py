@@ -49,7 +49,12 @@ class PrivacyPlan:
       delta: the delta epsilon is stated at.
       epochs, steps_per_epoch: the planned run.
       extra_events: other releases on the same data charged to the same ledger (e.g. the
-        private layer-scale query), as `accounting.ExtraEvent`s.
+        private layer-scale query), as `accounting.ExtraEvent`s: queries the model makes itself
+        and reports in `privacy_facts()`.
+      releases: queries already answered on the training data before the first step, e.g.
+        label sets chosen by DP partition selection (edp_tf.partition_selection): the model
+        reports them in `privacy_facts()`, so the ledger charges them once with the steps.
+        Leave out one a resumed run's ledger has charged already.
       not_covered: sentences on what the statement does not cover (a vocabulary or label set
         from the training split, a public pretraining corpus), reported in privacy.json.
     """
@@ -62,6 +67,7 @@ class PrivacyPlan:
     steps_per_epoch: int
     extra_events: Tuple[accounting.ExtraEvent, ...] = ()
     not_covered: Tuple[str, ...] = ()
+    releases: Tuple[accounting.ExtraEvent, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.mechanism, Mechanism):
@@ -73,7 +79,14 @@ class PrivacyPlan:
         checks.count("PrivacyPlan.epochs", self.epochs, 1)
         checks.count("PrivacyPlan.steps_per_epoch", self.steps_per_epoch, 1)
         object.__setattr__(self, "extra_events", accounting.as_extra_events(self.extra_events))
+        object.__setattr__(self, "releases", accounting.as_extra_events(self.releases))
         object.__setattr__(self, "not_covered", tuple(str(s) for s in self.not_covered))
+        accounting.gaussian_delta(self.delta, self.charged_events)  # some delta must be left
+
+    @property
+    def charged_events(self) -> tuple:
+        """Every extra event the run's epsilon composes: the model's queries and the releases."""
+        return self.extra_events + self.releases
 
     def schedule(self, first_epoch: int = 0) -> tuple:
         """The EpochRecords of the planned epochs from `first_epoch` on."""
@@ -83,12 +96,12 @@ class PrivacyPlan:
     def epsilon(self, accountant: str = "pld") -> float:
         """Epsilon of the whole planned run at `delta` (what the ledger reaches if it runs)."""
         return accounting.compute_epsilon(self.schedule(), self.sampling_rate, self.delta,
-                                          self.extra_events, accountant)
+                                          self.charged_events, accountant)
 
     def calibrated(self, target_epsilon: float, accountant: str = "pld") -> "PrivacyPlan":
         """This plan with the smallest z0 whose whole run meets (target_epsilon, delta)."""
         mechanism = calibrate(self.mechanism, target_epsilon, self.delta, self.sampling_rate,
-                              self.epochs, self.steps_per_epoch, self.extra_events, accountant)
+                              self.epochs, self.steps_per_epoch, self.charged_events, accountant)
         return dataclasses.replace(self, mechanism=mechanism)
 
     def with_not_covered(self, *sentences: str) -> "PrivacyPlan":

@@ -57,3 +57,36 @@ def test_private_model_runs_the_plans_mechanism_and_reports_its_sentences():
     other.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
     with pytest.raises(ValueError, match="global_batch_size 16 planned vs 8 here"):
         other.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+def test_a_release_before_training_is_calibrated_for_and_charged_once(tmp_path):
+    """A query answered before the first step (DP label selection) is in the plan's releases:
+    calibration counts it with its delta, the model reports it, and the ledger charges it once
+    however many fits run."""
+    from edp_tf import PrivacyLedger
+    from edp_tf.partition_selection import GaussianThresholding
+
+    release = GaussianThresholding.for_delta(5.0, 4, 1e-4).extra_event("label_selection")
+    calibrated = _plan(releases=(release,)).calibrated(4.0)
+    assert 3.9 < calibrated.epsilon() <= 4.0
+    assert calibrated.epsilon() == accounting.compute_epsilon(
+        calibrated.schedule(), 1 / 3, 1e-3, (release,))
+    without = _plan().calibrated(4.0)
+    assert calibrated.mechanism.noise_multiplier > without.mechanism.noise_multiplier
+    with pytest.raises(ValueError, match="not above the delta"):
+        _plan(releases=(dataclasses.replace(release, delta=1e-3),))
+
+    x, y = small_regression()
+    config = DPConfig(noise_multiplier=1.0, microbatch_size=1)
+    made = PrivacyPlan(Mechanism.from_config(config, 1, 16), 48, 1 / 3, 1e-3, 2, 3,
+                       releases=(release,))
+    private = PrivateModel(small_model(), config, plan=made)
+    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    ledger = PrivacyLedger(str(tmp_path), dataset_size=48, delta=1e-3, sampling="shuffle")
+    private.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[ledger])
+    private.fit(x, y, batch_size=16, epochs=2, initial_epoch=1, verbose=0, callbacks=[ledger])
+    led = ledger.ledger
+    assert [e["name"] for e in led["extra_events"]] == ["label_selection"]
+    assert accounting.ExtraEvent.from_dict(led["extra_events"][0]) == release
+    records = [accounting.EpochRecord.from_dict(e) for e in led["epochs"]]
+    assert led["epsilon"] == accounting.compute_epsilon(records, 1 / 3, 1e-3, (release,))

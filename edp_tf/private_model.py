@@ -221,7 +221,9 @@ class PrivateModel(keras.Model):
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
             "not_covered": not_covered,
-            "extra_events": [dict(e) for e in self._extra_events],
+            # the model's own queries, then the plan's releases made before the first step
+            "extra_events": [dict(e) for e in self._extra_events] + [
+                e.to_dict() for e in (self._plan.releases if self._plan is not None else ())],
             # where the last fit's batches came from: the ledger checks it against its sampler
             "batch_source": (self._batch_source.to_dict() if self._batch_source is not None
                              else None),

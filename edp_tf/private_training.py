@@ -15,7 +15,7 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from edp_tf import accounting, batch_source, checks, multi_worker, sampling
+from edp_tf import accounting, batch_source, checks, multi_worker, report, sampling
 from edp_tf.config import DPConfig
 from edp_tf.ledger import PrivacyLedger
 from edp_tf.mechanism import Mechanism
@@ -79,6 +79,11 @@ class AutoPrivateModel(PrivateModel):
         if self._ledger is None:
             raise RuntimeError("the privacy statement is known once fit() has started")
         return dict(self._ledger.ledger)
+
+    def privacy_report(self, path: str) -> str:
+        """Writes a self-contained report of the statement (`.html`, else Markdown):
+        edp_tf.report."""
+        return report.write(self.privacy_statement(), path)
 
     def compile(self, *args, **kwargs):
         with self.distribute_strategy.scope():  # the optimizer's variables, per replica

@@ -540,6 +540,14 @@ def planned_run(config) -> dict:
     from edp_nlu.pipeline import builders, recipes
 
     builders.check_config(config)
+    from edp_nlu.pipeline import label_selection
+
+    if label_selection.selects_privately(config):
+        raise ValueError(
+            "a candidate would select its label sets from the training split with DP, and the "
+            "selection's threshold spends a delta the tuning accountant (RDP) cannot compose: "
+            "give the candidates a label schema (--config.label_schema, or schema.json in the "
+            "data directory)")
     if config.mechanism == "sgd" or config.sampling != "poisson" or int(config.seed) >= 0:
         raise ValueError("a candidate must be private: a DP mechanism, Poisson sampling and no "
                          f"fixed seed (got mechanism={config.mechanism}, sampling="

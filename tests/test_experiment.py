@@ -212,6 +212,18 @@ def test_select_plans_the_schedule_the_trainer_charges(finished):
         experiment.planned_run(experiment.cell_config(g.cells[0]))  # the SGD cell
 
 
+def test_select_refuses_candidates_that_would_select_their_labels_privately(tmp_path):
+    """A corpus without a schema: each private candidate would select its label sets with DP,
+    whose threshold delta the tuning accountant cannot compose; refused before any training."""
+    from tests.tiny_runs import many_csv_rows, write_csv
+
+    corpus = write_csv(tmp_path / "data.csv", many_csv_rows("alarm", "set", 40))
+    candidate = cell("csv", "per-example", "per-example", "edp_nlu/configs/default.py",
+                     "mechanism=dpsgd", f"data_dir={corpus}", *TINY)
+    with pytest.raises(ValueError, match="give the candidates a label schema"):
+        experiment.planned_run(experiment.cell_config(candidate))
+
+
 def test_select_plan_only_states_the_epsilon_with_and_without_selection(tmp_path):
     g = tiny_grid(tmp_path)
     lines = []

@@ -1,30 +1,17 @@
 """NLU-Evaluation-Data CSV loader on tiny fixture files (the real data is not available offline)."""
 import collections
-import pathlib
 
 import pytest
 
+from tests.tiny_runs import CSV_HEADER as HEADER
+from tests.tiny_runs import csv_row as row
+from tests.tiny_runs import many_csv_rows as many_rows
+from tests.tiny_runs import write_csv
 from edp_nlu.data import nlu_csv
 from edp_nlu.data.corpus import DataFormatError, Utterance, bio_error
 from edp_nlu.data.loading import load_data
 
-HEADER = "answerid;scenario;intent;answer_annotation;answer_from_anno;answer_from_user\n"
 SECRET = "zanzibarquux"
-
-
-def row(answer_id, scenario, intent, annotation):
-    return f'{answer_id};{scenario};{intent};"{annotation}";"x";"x"\n'
-
-
-def write_csv(path: pathlib.Path, rows, header=HEADER) -> pathlib.Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(header + "".join(rows), encoding="utf-8")
-    return path
-
-
-def many_rows(scenario, intent, count, start=0):
-    return [row(start + i, scenario, intent, f"wake me at [time : {i} am] [date : today]")
-            for i in range(count)]
 
 
 @pytest.mark.parametrize("annotation, tokens, tags", [

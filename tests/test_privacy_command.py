@@ -79,6 +79,30 @@ def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path):
     assert "WARNING" in privacy.statement_from_ledger(tampered)
 
 
+def test_statement_of_a_run_with_private_label_selection(tmp_path):
+    """A ledger charging the DP label selection: the statement names its sensitivity and the
+    delta it spends, recomputes epsilon at the reduced delta, gives inf at a reported delta the
+    threshold exhausts, and says where the label sets come from."""
+    from edp_tf.partition_selection import GaussianThresholding
+
+    selection = GaussianThresholding.for_delta(5.0, 4, 2e-6).extra_event("label_selection")
+    records = acc.plan_schedule(1.2, 2, 10)
+    content = {
+        "delta": 2e-5, "sampling_rate": 0.1, "dataset_size": 5000, "noise_mode": "calibrated",
+        "replicas": 1, "microbatch_size": 1, "sensitivity": 1, "l2_norm_clip": 1.0,
+        "sampling": "poisson", "batch_size": 500, "private": True,
+        "epochs": [r.to_dict() for r in records], "extra_events": [selection.to_dict()],
+        "not_covered": [], "artifacts": {"label_sets": "The label sets (2 intents) were "
+                                         "selected with differential privacy."},
+        "epsilon": acc.compute_epsilon(records, 0.1, 2e-5, [selection])}
+    text = privacy.statement_from_ledger(content)
+    assert "WARNING" not in text and "Private: yes" in text
+    assert "label_selection (Gaussian, z = 5 on sensitivity 2, no sampling" in text
+    assert "delta 2e-06 spent from the run's delta" in text
+    assert "epsilon inf at delta = 1e-06" in text
+    assert "Label sets: The label sets (2 intents) were selected" in text
+
+
 def test_sampling_table_rows_meet_the_target_and_report_their_noise():
     """Each row's z reaches the target epsilon (recomputed here from its own schedule, within
     calibrate_noise's 1e-3 relative tolerance on z, which moves epsilon by well under 1%), and its

@@ -580,10 +580,11 @@ def test_training_counts_reach_the_log_only_with_diagnostics(caplog, diagnostics
 
 
 def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
-    """No schema shipped with the data and no word vectors: the labels and the vocabulary come
+    """No schema shipped with the data, labels taken as they are (label_selection="training"
+    instead of the private selection) and no word vectors: the labels and the vocabulary come
     from the training split and are exported with the model, so the ledger says epsilon does not
     cover them, the export is listed as not covered and the run is not private."""
-    config = tiny_config("clc", "dpsgd", replicas=1)
+    config = tiny_config("clc", "dpsgd", replicas=1, label_selection="training")
     config.clc.word_vectors = ""  # the vocabulary from the training text
     splits = corpus(config)
     config.data_dir = write_joint_dir(tmp_path / "joint", splits)

@@ -53,7 +53,9 @@ def setup(tmp_path_factory):
                  other=write_joint_dir(root / "other", other, schema=True),
                  same=write_joint_dir(root / "same", ours, schema=True),
                  third=write_joint_dir(root / "third", third, schema=True),
-                 source=str(root / "source"))
+                 source=str(root / "source"),
+                 # each joint directory's training split, as a run on it loads it
+                 train={"same": ours.train, "other": other.train, "third": third.train})
     training.train(config_with(paths["vectors"], mechanism="sgd", replicas=1), paths["source"],
                    strategy=strategy(1), export=False)
     return paths
@@ -170,6 +172,17 @@ def test_a_source_trained_without_dp_on_this_runs_data_makes_the_run_not_private
     assert _assert_not_private(run_dir, summary) == sentence
 
 
+def _decided(setup, init_from, data):
+    """What a private run on corpus `data` starting from `init_from` states about its source,
+    decided before training (warm_start.prepare); that the decision makes privacy.json say
+    "private": false, with nothing of the weights covered, is the end-to-end test above's."""
+    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=init_from,
+                         data_dir=setup[data])
+    source = warm_start.prepare(config, setup["train"][data])
+    assert source.private_data_use(), "the run would be reported private"
+    return source.not_covered_sentence()
+
+
 def _epsilon_stated_for(sentence, run_dir):
     match = re.search(re.escape(run_dir) + r" trained on .*? with differential privacy "
                       r"\(epsilon ([0-9.e+-]+) at delta", sentence)
@@ -177,16 +190,12 @@ def _epsilon_stated_for(sentence, run_dir):
     return float(match.group(1))
 
 
-def test_a_chain_of_sources_is_followed_to_its_end(setup, target_run, tmp_path):
+def test_a_chain_of_sources_is_followed_to_its_end(setup, target_run):
     """The target run (DP) started from the source (SGD on seed 0's corpus): a run on that corpus
     starting from the target depends on its private data through the source, two links down.
     The sentence states the DP link's own epsilon."""
     _, target_dir, _ = target_run
-    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=target_dir,
-                         data_dir=setup["same"])
-    run_dir = str(tmp_path / "run")
-    sentence = _assert_not_private(
-        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    sentence = _decided(setup, target_dir, "same")
     target_epsilon = read(target_dir, "privacy.json")["epsilon"]
     assert 0 < target_epsilon < float("inf")
     assert _epsilon_stated_for(sentence, target_dir) == pytest.approx(target_epsilon, rel=1e-3)
@@ -195,15 +204,11 @@ def test_a_chain_of_sources_is_followed_to_its_end(setup, target_run, tmp_path):
 
 
 def test_a_dp_source_on_this_runs_data_is_a_release_this_epsilon_does_not_include(
-        setup, target_run, tmp_path):
+        setup, target_run):
     """The target run trained with DP on the other corpus: a run on that corpus starting from it
     has spent the target's epsilon on the same data too, which its own epsilon does not count."""
     _, target_dir, _ = target_run
-    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=target_dir,
-                         data_dir=setup["other"])
-    run_dir = str(tmp_path / "run")
-    sentence = _assert_not_private(
-        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    sentence = _decided(setup, target_dir, "other")
     shared = sentence.split("But this run's training split")[1]
     assert f"{target_dir} trained on the train split of {setup['other']} with differential " \
            "privacy (epsilon" in shared, sentence
@@ -228,15 +233,11 @@ def subspace_chain(setup, tmp_path_factory):
     return first, second
 
 
-def test_a_public_subspace_corpus_down_the_chain_is_followed(setup, subspace_chain, tmp_path):
+def test_a_public_subspace_corpus_down_the_chain_is_followed(setup, subspace_chain):
     """A run on the other corpus starting from B: B's weights depend on A's, and A projected its
     updates onto gradients of this run's training split, used without noise."""
     first, second = subspace_chain
-    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=second,
-                         data_dir=setup["other"])
-    run_dir = str(tmp_path / "run")
-    sentence = _assert_not_private(
-        run_dir, training.train(config, run_dir, strategy=strategy(1), export=False))
+    sentence = _decided(setup, second, "other")
     head, shared = sentence.split("But this run's training split")
     for corpus_name in (f"{second} trained on the train split of {setup['third']} with "
                         "differential privacy",

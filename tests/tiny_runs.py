@@ -1,7 +1,9 @@
 """Tiny training runs for the trainer's tests: a config shrunk to seconds, the process-wide
-strategy, the synthetic corpus of a config, and that corpus as a joint-format directory."""
+strategy, the synthetic corpus of a config, that corpus as a joint-format directory, and
+NLU-Evaluation-Data CSV rows."""
 import json
 import os
+import pathlib
 
 import edp_tf
 from edp_nlu.configs.base import base_config
@@ -71,3 +73,23 @@ def write_joint_dir(path, splits, schema: bool = False) -> str:
                                 ("label", [u.intent for u in utterances])):
             (path / name / filename).write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+# NLU-Evaluation-Data CSV files (edp_nlu/data/nlu_csv.py): the header of its per-scenario files.
+CSV_HEADER = "answerid;scenario;intent;answer_annotation;answer_from_anno;answer_from_user\n"
+
+
+def csv_row(answer_id, scenario, intent, annotation):
+    return f'{answer_id};{scenario};{intent};"{annotation}";"x";"x"\n'
+
+
+def write_csv(path: pathlib.Path, rows, header=CSV_HEADER) -> pathlib.Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + "".join(rows), encoding="utf-8")
+    return path
+
+
+def many_csv_rows(scenario, intent, count, start=0):
+    """`count` rows of one intent, each with a time and a date slot."""
+    return [csv_row(start + i, scenario, intent, f"wake me at [time : {i} am] [date : today]")
+            for i in range(count)]

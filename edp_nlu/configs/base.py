@@ -60,6 +60,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    after `B-X` / `I-X`; rules from the tag names, so free in epsilon) or
                    "viterbi" (the unconstrained best path, the results tables' SER).
                    The run reports the test metrics of both (metrics.json test_by_decoding)
+  label_selection  without a label schema: "private" (private runs select the label sets with DP,
+                   charged to the ledger), "training" (as they are: not private) or "schema"
+                   (refuse); label_selection_noise / _max_labels / _delta_share set the selection
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
@@ -91,8 +94,23 @@ def base_config() -> ml_collections.ConfigDict:
     c.data_seed = 0
     # A label schema file (edp_nlu/data/schema.py); "": schema.json or JointBERT's label files in
     # the data directory, the generator's labels for the synthetic corpus, else the training
-    # split's labels (then reported as not covered by epsilon).
+    # split's labels (as label_selection says).
     c.label_schema = ""
+    # Without a schema: "private" (private runs select the label sets from the training split
+    # with DP partition selection, charged to the ledger: edp_nlu/pipeline/label_selection.py;
+    # plain training takes them as they are), "training" (taken as they are even in a private
+    # run: not covered by epsilon, so not private) or "schema" (refuse to run without one). A
+    # given schema always wins and costs nothing.
+    c.label_selection = "private"
+    # The selection: Gaussian noise of this std on each label's count of training examples
+    # (users at user level), each counting towards at most label_selection_max_labels of its
+    # labels (intent and slot types), the threshold spending label_selection_delta_share of the
+    # run's delta. A label counted 50 times is kept with probability 1 - 1.2e-6 at SNIPS's size
+    # (SNIPS keeps all 46 labels, ATIS those with >= ~40-50 examples; docs/privacy.md); the
+    # default run's calibrated z0 rises 2.5-2.6% to pay for it.
+    c.label_selection_noise = 5.0
+    c.label_selection_max_labels = 4
+    c.label_selection_delta_share = 0.1
     c.synthetic_size = 3000
     c.synthetic_canaries = 0
     c.synthetic_canary_repeats = 10

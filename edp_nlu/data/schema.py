@@ -8,7 +8,8 @@ split is reported in the ledger's `not_covered`.
 
 Sources, in order: `--config.label_schema=<file>`; `schema.json` in the data directory; JointBERT's
 `intent_label.txt` + `slot_label.txt` (SNIPS and ATIS ship them); the synthetic corpus's generator;
-else the training split (not covered).
+else the training split: selected with DP in a private run (edp_nlu/pipeline/label_selection.py,
+`selection` records how; covered by epsilon), taken as it is otherwise (not covered).
 
 schema.json: {"intents": ["...", ...], "slot_types": ["...", ...]}
 """
@@ -28,10 +29,16 @@ _RESERVED = {"UNK", "PAD", "[UNK]", "[PAD]", OUTSIDE}
 
 @dataclasses.dataclass(frozen=True)
 class LabelSchema:
+    """The label sets and where they come from. `from_training_data`: taken from the training
+    split as they are (outside epsilon). `selection`: chosen from the training split by DP
+    partition selection, its parameters (edp_tf.partition_selection.GaussianThresholding's
+    to_dict()); such a schema is covered by the run's epsilon, which charges the selection."""
+
     intents: tuple
     slot_types: tuple
     source: str
     from_training_data: bool = False
+    selection: Optional[dict] = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         for name in ("intents", "slot_types"):
@@ -45,6 +52,9 @@ class LabelSchema:
             object.__setattr__(self, name, values)
         if not self.intents:
             raise ValueError(f"label schema ({self.source}): no intents")
+        if self.from_training_data and self.selection is not None:
+            raise ValueError("a label schema is either taken from the training split as it is "
+                             "or selected from it privately, not both")
 
     @property
     def tags(self) -> tuple:
@@ -58,7 +68,8 @@ class LabelSchema:
 
     @property
     def intent_vocabulary(self) -> LabelVocabulary:
-        """`UNKNOWN_INTENT` at id 0 (a class no training example has), then the intents."""
+        """`UNKNOWN_INTENT` at id 0, then the intents. No training example has id 0, except,
+        with privately selected labels, the utterances whose intent was not selected."""
         return LabelVocabulary((UNKNOWN_INTENT, *self.intents))
 
     def to_dict(self) -> dict:
@@ -122,10 +133,34 @@ def write_schema(path: str, schema: LabelSchema) -> None:
         json.dump(schema.to_dict(), f, indent=2)
 
 
+def origin_sentence(schema: LabelSchema) -> str:
+    """Where the label sets come from, in one sentence for privacy.json."""
+    if schema.selection is not None:
+        s = schema.selection
+        return (
+            f"The label sets ({len(schema.intents)} intents, {len(schema.slot_types)} slot types) "
+            "were selected from the training split with differential privacy (Gaussian "
+            "thresholding, edp_tf/partition_selection.py): each training "
+            f"{s.get('unit', 'example')} counts towards at most {s['max_partitions']} of its "
+            "labels (its intents and slot types, a random subset when it has more), each label's "
+            f"count gets Gaussian noise of std {s['noise_stddev']:g}, and the labels whose noisy "
+            f"count exceeds {s['threshold']:.4g} are kept. Charged as the extra event "
+            f"'{s.get('event', 'label_selection')}' (noise multiplier "
+            f"{s['effective_noise_multiplier']:.4g}, delta {s['delta']:.3g} spent from the run's "
+            f"delta). Utterances of unselected intents train the {UNKNOWN_INTENT} intent; tags "
+            f"of unselected slot types are {OUTSIDE}.")
+    if schema.from_training_data:
+        return ("The label sets were taken from the training split as they are: epsilon does not "
+                "cover them.")
+    return f"The label sets come from a schema: {schema.source}."
+
+
 def not_covered(schema: LabelSchema) -> Sequence[str]:
     if not schema.from_training_data:
         return []
     return ["The intent and slot label sets were derived from the training split and are sized "
             "into the output layers and exported (preprocessor.json, the SavedModel): a label that "
             "only training utterances carry is revealed. Epsilon does not cover the label sets; "
-            "give a schema (--config.label_schema or schema.json in the data directory)."]
+            "give a schema (--config.label_schema or schema.json in the data directory), or let "
+            "a private run select them with DP (--config.label_selection=private, the "
+            "default)."]

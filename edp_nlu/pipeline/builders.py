@@ -7,7 +7,9 @@ Privacy choices made here, by default:
   vocabulary learnt from the training text would put training words (names, numbers) into the
   exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
 * label names (intents, slot types) come from a schema (edp_nlu/data/schema.py); when none is
-  given they come from the training split and the ledger says that epsilon does not cover them.
+  given a private run selects them from the training split with DP partition selection, charged
+  to its ledger (edp_nlu/pipeline/label_selection.py); only `label_selection="training"` takes
+  them as they are, and the ledger then says that epsilon does not cover them.
 """
 from __future__ import annotations
 
@@ -122,6 +124,9 @@ def check_config(config) -> None:
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
     _check_augmentation(config, bad)
+    from edp_nlu.pipeline import label_selection
+
+    label_selection.check_config(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
         dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
     if config.get("decoding", "viterbi") not in DECODINGS:
@@ -387,18 +392,19 @@ def vocabulary_not_covered(preprocessor) -> list:
     return []
 
 
+def given_label_schema(config):
+    """A label schema the run is given, or None (edp_nlu/pipeline/label_selection.py)."""
+    from edp_nlu.pipeline import label_selection
+
+    return label_selection.given_schema(config)
+
+
 def label_schema(config, splits: loading.Splits):
-    """The run's labels (edp_nlu/data/schema.py): given, shipped with the data, or from train."""
+    """The run's labels without private selection: given, else the training split's (not
+    covered by epsilon; edp_nlu/pipeline/label_selection.py selects them privately instead)."""
     from edp_nlu.data import schema
 
-    if config.label_schema:
-        return schema.read_schema_file(config.label_schema)
-    if not config.data_dir:
-        from edp_nlu.data import synthetic
-
-        return synthetic.label_schema()
-    return (schema.read_data_dir_schema(config.data_dir)
-            or schema.schema_from_training_data(splits.train))
+    return given_label_schema(config) or schema.schema_from_training_data(splits.train)
 
 
 def rows(x: dict) -> int:
@@ -502,18 +508,20 @@ def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
 
 def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
                 n: int, delta: float, steps: int, noise_multiplier=None,
-                not_covered=()) -> tuple:
+                not_covered=(), releases=()) -> tuple:
     """(DPConfig, PrivacyPlan) of the run, decided once before the first step: the mechanism of
     the config on the batches fit will see, the sampling and length of the run, the planned
-    extra query and what the statement does not cover. With a target epsilon z0 is calibrated
-    through the plan (or is `noise_multiplier`, the z0 a resumed run calibrated before).
+    extra query, the `releases` already made on the training data (the private label selection)
+    and what the statement does not cover. With a target epsilon z0 is calibrated through the
+    plan, releases included (or is `noise_multiplier`, the z0 a resumed run calibrated before).
     PrivateModel runs the plan's mechanism; the ledger reports it."""
     dp = dp_config(config, k, expected_batch, fixed_seed)
     rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
     extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
               if dp.scaling == "private" else ())
     plan = edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
-                              int(config.epochs), steps, extras, tuple(not_covered))
+                              int(config.epochs), steps, extras, tuple(not_covered),
+                              tuple(releases))
     if config.target_epsilon > 0 and noise_multiplier is None:
         plan = plan.calibrated(config.target_epsilon)
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",

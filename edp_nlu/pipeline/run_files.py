@@ -201,5 +201,8 @@ def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
             "nonfinite_microbatches), train_encoding, membership_inference and "
             "membership_inference_dev (training losses)",
             "tensorboard/ (the same training statistics)"]
+    from edp_nlu.data.schema import origin_sentence
+
     return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics,
-            "release_covered": not from_training and not weights_outside_epsilon}
+            "release_covered": not from_training and not weights_outside_epsilon,
+            "label_sets": origin_sentence(labels)}

@@ -22,8 +22,8 @@ import edp_tf
 from edp_tf import accounting
 from edp_nlu.data import loading
 from edp_nlu.data import schema as schema_lib
-from edp_nlu.pipeline import (builders, checkpoints, public_subspace, recipes, run_files, timing,
-                               warm_start)
+from edp_nlu.pipeline import (builders, checkpoints, label_selection, public_subspace, recipes,
+                               run_files, timing, warm_start)
 from edp_nlu.pipeline import callbacks as callbacks_lib
 from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
@@ -42,7 +42,8 @@ class _Data:
     splits: loading.Splits
     units: int  # n: training examples, or users for user-level privacy
     users: Optional[list]  # the user of each training row (user-level privacy), else None
-    labels: object
+    delta: float  # the run's delta (config.delta, else 0.1 / n)
+    labels: object  # edp_nlu.data.schema.LabelSchema; privately selected ones restrict `splits`
     unseen: dict
     preprocessor: object
     vectors: object
@@ -70,8 +71,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
     with phases.phase("data"):
-        data = _load_data(config, splits, resume)
-    config, n = data.config, data.units
+        data = _load_data(config, splits, resume, run_dir, strategy, fixed_seed)
+    config, n, delta = data.config, data.units, data.delta
     restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
     source = (warm_start.prepare(config, data.splits.train)
@@ -79,7 +80,6 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if source is not None:  # kept in state.json: a resumed run states it without the source
         state["warm_start"] = source.facts()
     warm = state.get("warm_start")
-    delta = config.delta or accounting.default_delta(n)
     private = config.mechanism != "sgd"
     k = builders.microbatch_size(config)
     with phases.phase("build"):
@@ -93,7 +93,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                 // strategy.num_replicas_in_sync)
             dp, plan = builders.private_run(
                 config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
-                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm))
+                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
+                _releases(data, run_dir, resume))
         model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
                                             source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
@@ -175,7 +176,8 @@ def _strategy(config, strategy):
     return strategy
 
 
-def _load_data(config, splits, resume: bool) -> _Data:
+def _load_data(config, splits, resume: bool, run_dir: str, strategy,
+               fixed_seed: Optional[int]) -> _Data:
     splits = splits or builders.load_splits(config)
     units, users = builders.privacy_units(config, splits.train)
     if users is not None:  # user level: dev and test hold no training user's utterances
@@ -190,7 +192,11 @@ def _load_data(config, splits, resume: bool) -> _Data:
         if config.model == "bert":  # private runs may have taken the bert.private_ fields
             _log.info("%s run: bert.finetune=%s, bert.dropout=%s", config.mechanism,
                       config.bert.finetune, config.bert.dropout)
-    labels = builders.label_schema(config, splits)
+    delta = config.delta or accounting.default_delta(units)
+    labels = _labels(config, splits, users, delta, run_dir, resume, strategy, fixed_seed)
+    if labels.selection is not None:  # unselected labels: [UNK] and O (label_selection.py)
+        splits = dataclasses.replace(splits,
+                                     train=label_selection.restrict(splits.train, labels))
     unseen = {name: loading.conform(getattr(splits, name), labels.tag_vocabulary,
                                     labels.intent_vocabulary, name)[1].to_dict()
               for name in ("dev", "test")}
@@ -199,10 +205,40 @@ def _load_data(config, splits, resume: bool) -> _Data:
     def encode(part):
         return preprocessor.encode([u.tokens for u in part])[0] if part else None
 
-    return _Data(config, splits, units, users, labels, unseen, preprocessor, vectors,
+    return _Data(config, splits, units, users, delta, labels, unseen, preprocessor, vectors,
                  builders.encode(preprocessor, splits.train, "train",
                                  builders.training_counts_in_logs(config)), encode(splits.dev),
                  encode(splits.test))
+
+
+def _labels(config, splits, users, delta: float, run_dir: str, resume: bool, strategy,
+            fixed_seed: Optional[int]):
+    """The run's label schema (edp_nlu/pipeline/label_selection.py): a resumed run's own
+    privately selected one; a given schema; a DP selection from the training split in a private
+    run without one; else the training split's labels."""
+    if resume:
+        saved = label_selection.resumed(run_dir)
+        if saved is not None:
+            return saved
+    if label_selection.choice(config) == "schema" and builders.given_label_schema(config) is None:
+        raise ValueError("--config.label_selection=schema: no label schema was given "
+                         "(--config.label_schema, or schema.json or JointBERT's intent_label.txt "
+                         "and slot_label.txt in the data directory)")
+    if not label_selection.selects_privately(config):
+        return builders.label_schema(config, splits)
+    seed = fixed_seed  # a fixed seed leaves the run not private anyway
+    if seed is None and edp_tf.multi_worker.is_multi_worker(strategy):
+        seed = edp_tf.multi_worker.shared_key(strategy)  # every worker must select the same
+    return label_selection.select(config, splits.train, users, delta, seed)
+
+
+def _releases(data: _Data, run_dir: str, resume: bool) -> tuple:
+    """The releases made before the first step that the ledger must charge: the private label
+    selection, unless a resumed run's ledger has charged it already."""
+    event = label_selection.event(data.labels)
+    if event is None or (resume and label_selection.charged(run_dir, event.name)):
+        return ()
+    return (event,)
 
 
 def _restart_point(run_dir: str, state: dict) -> Optional[checkpoints.Committed]:
@@ -271,7 +307,8 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
     write_json(os.path.join(run_dir, "preprocessor.json"), data.preprocessor.get_config())
     write_json(os.path.join(run_dir, "label_schema.json"),
                dict(data.labels.to_dict(), source=data.labels.source,
-                    from_training_data=data.labels.from_training_data))
+                    from_training_data=data.labels.from_training_data,
+                    selection=data.labels.selection))
     write_json(os.path.join(run_dir, CONFIG_FILE), {
         "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
         "delta": delta})
@@ -280,8 +317,12 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
 def _not_covered(data: _Data, warm: Optional[dict]) -> list:
     """What the run's statement does not cover: a vocabulary or label names from the training
     text, a pretraining source's corpora (`warm`: Source.facts(); they go into the PrivacyPlan)."""
+    seeded = data.labels.selection is not None and int(data.config.seed) >= 0
     return (builders.vocabulary_not_covered(data.preprocessor)
             + list(schema_lib.not_covered(data.labels))
+            + ([f"The label selection's noise was seeded (seed={int(data.config.seed)}): the "
+                "selected label sets are predictable, so the run is not private."]
+               if seeded else [])
             + ([warm["not_covered"]] if warm else []))
 
 

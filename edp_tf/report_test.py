@@ -1,0 +1,50 @@
+"""The privacy report: epsilon recomputed from the records, every section, both formats."""
+import base64
+import re
+
+import pytest
+
+from edp_tf import accounting, report
+
+RECORDS = [accounting.EpochRecord(t, 10, 1.2, 1.2) for t in range(3)]
+
+
+def _ledger(**changes):
+    epsilon = accounting.compute_epsilon(RECORDS, 0.05, 1e-5)
+    return {"delta": 1e-5, "sampling": "poisson", "sampling_rate": 0.05, "dataset_size": 2000,
+            "batch_size": 100.0, "replicas": 2, "microbatch_size": 1, "noise_mode": "calibrated",
+            "l2_norm_clip": 1.0, "sensitivity": 1, "privacy_unit": "example",
+            "epochs": [r.to_dict() for r in RECORDS], "extra_events": [], "epsilon": epsilon,
+            "epsilon_pld": epsilon, "epsilon_rdp": epsilon * 1.1, "private": True,
+            "assumes": ["n is public"], "not_covered": ["a vocabulary from training text"],
+            "artifacts": {"covered": ["privacy.json"], "not_covered": ["tensorboard/"]},
+            **changes}
+
+
+def test_the_html_page_holds_every_section_and_the_recomputed_curve(tmp_path):
+    ledger = _ledger()
+    path = report.write(ledger, str(tmp_path / "r.html"))
+    page = open(path).read()
+    for heading in ("The guarantee", "Epsilon over the epochs", "The mechanism",
+                    "What epsilon assumes", "What epsilon does not cover", "Each artifact",
+                    "Checking the mechanism"):
+        assert f"<h2>{heading}</h2>" in page
+    assert f"({ledger['epsilon']:.3g}, 1e-05)-differentially private" in page
+    assert "NOT covered: tensorboard/" in page and "n is public" in page
+    assert "--mechanism=dpsgd" in page  # per-example: the dpsgd audit
+    curve = report.epsilon_curve(ledger)
+    assert [k for k, _ in curve] == [1, 2, 3]
+    assert curve[-1][1] == pytest.approx(ledger["epsilon"])
+    assert curve[0][1] < curve[1][1] < curve[2][1]
+    assert page.count("<circle") == 3 and "<script" not in page
+
+
+def test_markdown_embeds_the_plot_and_a_non_private_or_edited_ledger_says_so(tmp_path):
+    text = report.render(_ledger(private=False, microbatch_size=4), "md")
+    assert "NOT reported as private" in text and "--mechanism=default" in text
+    data = re.search(r"data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", text).group(1)
+    assert base64.b64decode(data).startswith(b"<svg")
+    edited = report.render(_ledger(epsilon=0.5), "md")
+    assert "WARNING: privacy.json states epsilon 0.5" in edited
+    with pytest.raises(ValueError, match="format"):
+        report.render(_ledger(), "pdf")
