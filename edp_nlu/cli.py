@@ -108,4 +108,14 @@ def run(main) -> None:
             print(f"error: {error}", file=sys.stderr, flush=True)
             sys.exit(2)
 
-    app.run(wrapped)
+    app.run(wrapped, flags_parser=_parse_flags)
+
+
+def _parse_flags(argv):
+    """absl's parser, with a bad flag as one `error:` line and exit code 2 (absl's own prints
+    "FATAL Flags parsing error" and exits 1); its suggestions ("Did you mean ...?") are kept."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+        sys.exit(2)

@@ -259,6 +259,10 @@ def define_flags() -> None:
     """Flags are defined only when run as a command: edp_nlu.train defines some of the same
     names, and both modules may be imported by one test process."""
     flags.DEFINE_string("run_dir", None, "A run directory holding privacy.json.")
+    flags.DEFINE_string("report", None, "With --run_dir: also write a self-contained privacy "
+                        "report for a reviewer to this file (.html, else Markdown): the "
+                        "guarantee, epsilon over the epochs, the mechanism, what it assumes "
+                        "and does not cover, each artifact, the audit command.")
     flags.DEFINE_integer("dataset_size", None, "n, training examples (planned run).")
     flags.DEFINE_float("batch_size", None, "Expected (Poisson) or fixed global batch.")
     flags.DEFINE_integer("epochs", None, "Epochs (planned run).")
@@ -295,8 +299,15 @@ def main(argv):
     if f.run_dir:
         from edp_tf import ledger
 
-        print(statement_from_ledger(ledger.read_ledger(f.run_dir), f.delta))
+        led = ledger.read_ledger(f.run_dir)
+        print(statement_from_ledger(led, f.delta))
+        if f.report:
+            from edp_tf import report
+
+            print(f"wrote {report.write(led, f.report, f'Privacy report of {f.run_dir}')}")
         return
+    if f.report:
+        raise app.UsageError("--report needs --run_dir (the report of a run's ledger)")
     if f.sampling_table:
         if f.dataset_size is None or f.target_epsilon is None:
             raise app.UsageError("--sampling_table needs --dataset_size and --target_epsilon")

@@ -120,7 +120,7 @@ def _resumed_config(config, run_dir: str):
     (the ledger still refuses any epoch over the budget)."""
     from edp_nlu.pipeline import recipes, run_files
 
-    saved = run_files.load_run_config(run_dir)
+    saved = run_files.load_run_config(run_dir, "--resume: --run_dir")
     requested = _requested_fields()
     given_file = None
     if flags.FLAGS["config"].present:  # compared as it ran: private_ fields in their places

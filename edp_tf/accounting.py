@@ -80,7 +80,7 @@ def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int
     """PLD epsilon at delta = 1/n and 1e-6, keyed by the delta's label, for the statement
     (inf at a delta the extra events' own deltas already exhaust)."""
     extras = as_extra_events(extra_events)
-    spent = math.fsum(e.delta for e in extras if e.steps)
+    spent = math.fsum(e.delta * e.steps for e in extras)
     out = {}
     for label in REPORTED_DELTAS:
         delta = 1.0 / dataset_size if label == "1/n" else float(label)
@@ -125,8 +125,9 @@ class ExtraEvent:
     `noise_multiplier` is the noise std in units of `sensitivity`'s unit; sampling_rate None
     means no amplification is claimed (the examples were chosen deterministically). `delta` is
     an additive delta the query spends besides its Gaussian part (a threshold's, as in
-    edp_tf/partition_selection.py): epsilon is then computed at the run's delta minus the extra
-    events' deltas, since the run is (eps, delta_gaussian(eps) + sum of those deltas)-DP.
+    edp_tf/partition_selection.py), once per step: epsilon is then computed at the run's delta
+    minus the extra events' deltas times their steps, since the run is
+    (eps, delta_gaussian(eps) + sum of those deltas)-DP.
     """
 
     name: str
@@ -177,12 +178,13 @@ def as_extra_events(events: Iterable) -> tuple:
 def gaussian_delta(delta: float, extras: Sequence[ExtraEvent]) -> float:
     """The delta left for the Gaussian parts once the extra events' own deltas are spent;
     ValueError when nothing is left (no finite epsilon holds at `delta`)."""
-    spent = math.fsum(e.delta for e in extras if e.steps)
+    spent = math.fsum(e.delta * e.steps for e in extras)
     if not spent:
         return delta
     left = delta - spent
     if left <= 0:
-        names = ", ".join(f"{e.name} ({e.delta:.3g})" for e in extras if e.steps and e.delta)
+        names = ", ".join(f"{e.name} ({e.delta * e.steps:.3g})" for e in extras
+                          if e.steps and e.delta)
         raise ValueError(f"delta={delta:.3g} is not above the delta the extra events spend "
                          f"({names}: {spent:.3g} in all): no epsilon holds at this delta")
     return left

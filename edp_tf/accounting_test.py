@@ -336,3 +336,16 @@ def test_an_old_ledger_event_without_delta_reads_and_round_trips():
         acc.ExtraEvent("x", 1.0, delta=1.0)
     with pytest.raises(ValueError, match="delta"):
         acc.ExtraEvent("x", 1.0, delta=-1e-9)
+
+
+def test_an_extra_events_delta_is_spent_once_per_step():
+    """Three releases of a thresholded query spend three times its delta: one event with
+    steps=3 is refused exactly where three separate events are."""
+    records = acc.plan_schedule(1.0, 1, 10)
+    one = acc.ExtraEvent("threshold", 5.0, delta=3e-4)
+    three = acc.ExtraEvent("threshold", 5.0, steps=3, delta=3e-4)
+    assert acc.gaussian_delta(1e-3, [three]) == pytest.approx(1e-3 - 9e-4)
+    assert acc.gaussian_delta(1e-3, [one, one, one]) == pytest.approx(1e-3 - 9e-4)
+    with pytest.raises(ValueError, match="not above"):
+        acc.compute_epsilon(records, 0.1, 8e-4, [three])
+    acc.compute_epsilon(records, 0.1, 8e-4, [one])  # one release fits

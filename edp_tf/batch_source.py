@@ -4,25 +4,27 @@ Why this exists: epsilon composes Poisson-subsampled Gaussians, so it is a bound
 step's batch is a Poisson sample drawn by one of the library's samplers. Keras' own batching of
 arrays (shuffled, cut into fixed batches, every example in every epoch exactly once), a tf.data
 pipeline built by hand, or a sampler's dataset reshaped afterwards (`.shuffle`, `.unbatch()`,
-`.filter`, `.batch`) are other samplings, for which that number bounds nothing. A sampler marks
-the datasets it makes (`mark`); `PrivateModel.fit` describes what it was given (`describe`); the
-ledger compares that with the sampler it accounts for.
+`.filter`, `.batch`) are other samplings, for which that number bounds nothing. A sampler
+registers the datasets it makes (`_mark`, in a registry a dataset cannot carry elsewhere);
+`PrivateModel.fit` describes what it was given (`describe`); the ledger compares that with the
+sampler it accounts for.
 
-A mark survives only the library's own transformations: `repeat=True` of `dataset()`, and
-`map_batches` for a parse that acts on each row on its own (the sensitivity argument needs one
-example to change one micro-batch; a map that mixes rows would break it, which the statement
-then names as an assumption).
+A registration survives only the library's own transformations: `repeat=True` of `dataset()`,
+and `map_rows`, which parses a sampler's batches one row at a time and puts the sampler's mask
+back, so that one example still changes one micro-batch by construction.
 """
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
 from edp_tf import iterators
 
-_MARK = "_edp_tf_batch_source"
+# dataset -> its BatchSource; weak keys: a registration lives exactly as long as its dataset
+_SAMPLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,35 +57,52 @@ class BatchSource:
                 "sampler": type(self.sampler).__name__ if self.sampler is not None else None}
 
 
-def mark(dataset: tf.data.Dataset, sampler, row_maps: tuple = ()) -> tf.data.Dataset:
-    """Marks `dataset` as the batches `sampler` drew (the samplers call this, nobody else)."""
-    setattr(dataset, _MARK, BatchSource("sampler", sampler, tuple(row_maps)))
+def _mark(dataset: tf.data.Dataset, sampler, row_maps: tuple = ()) -> tf.data.Dataset:
+    """Registers `dataset` as the batches `sampler` drew (the samplers call this)."""
+    _SAMPLED[dataset] = BatchSource("sampler", sampler, tuple(row_maps))
     return dataset
 
 
-def map_batches(dataset: tf.data.Dataset, fn: Callable, name: Optional[str] = None
-                ) -> tf.data.Dataset:
-    """`dataset.map(fn)` that keeps a sampler's mark: for parsing a sampler's batches (records
-    to features, with the mask kept), e.g. `StreamingPoissonSampler.record_dataset`.
+def map_rows(dataset: tf.data.Dataset, fn: Callable, name: Optional[str] = None
+             ) -> tf.data.Dataset:
+    """A sampler's batches with `fn` applied to each row, the sampler's mask kept: for parsing
+    what a sampler draws (records to features, `StreamingPoissonSampler.record_dataset`).
 
-    `fn` receives a whole padded batch and must act on each row on its own (row i of the output
-    depends on row i of the input only, and the mask is passed through): then one example still
-    changes one micro-batch. The privacy statement names the map as that assumption.
+    `fn` takes one row of the sampler's batch without its mask (`x, y` of `dataset()`, or the
+    record of `record_dataset()`) and returns the row's `(x, y)`. The batches are unbatched,
+    mapped row by row and batched again at the sampler's `max_batch_size`, with the mask
+    zipped back: a row's output depends on that row alone, and the padding keeps mask 0, so one
+    example still changes one micro-batch whatever `fn` does.
     """
-    source = getattr(dataset, _MARK, None)
+    source = _SAMPLED.get(dataset)
     if source is None:
-        raise ValueError("map_batches keeps the mark of a sampler's dataset; this dataset has "
-                         "none (make it with a PoissonSampler's dataset() or record_dataset())")
-    mapped = iterators.without_autotune(
-        dataset.map(fn, num_parallel_calls=iterators.PARALLEL_CALLS, deterministic=True))
+        raise ValueError("map_rows keeps the registration of a sampler's dataset; this dataset "
+                         "has none (make it with a PoissonSampler's dataset() or "
+                         "record_dataset())")
+
+    def row(*element):
+        *parts, mask = element
+        mapped = fn(*parts)
+        if not isinstance(mapped, (tuple, list)) or len(mapped) != 2:
+            raise ValueError("map_rows: fn must return one row's (x, y); the mask is the "
+                             "sampler's and is kept")
+        return tuple(mapped) + (mask,)
+
+    size = source.sampler.max_batch_size
+    mapped = dataset.unbatch().map(row, num_parallel_calls=iterators.PARALLEL_CALLS,
+                                   deterministic=True).batch(size, drop_remainder=True)
     label = name or getattr(fn, "__name__", None) or type(fn).__name__
-    return mark(mapped, source.sampler, source.row_maps + (str(label),))
+    return _mark(iterators.without_autotune(mapped), source.sampler,
+                 source.row_maps + (str(label),))
 
 
 def describe(x) -> BatchSource:
     """The source of the batches `fit(x, ...)` will train on."""
-    source = getattr(x, _MARK, None)
-    if isinstance(source, BatchSource):
+    try:
+        source = _SAMPLED.get(x)
+    except TypeError:  # unhashable (a dict of arrays): not a registered dataset
+        source = None
+    if source is not None:
         return source
     if isinstance(x, tf.data.Dataset):
         return BatchSource("dataset")

@@ -92,13 +92,13 @@ def test_arrays_under_a_ledger_without_its_sampler_are_not_private(strategy, dat
 
 
 def test_the_samplers_batches_are_accounted_on_every_accepted_path(strategy, data, tmp_path):
-    """repeat=True with steps_per_epoch, a row-wise map_batches, validation_data, a later
+    """repeat=True with steps_per_epoch, a row-wise map_rows, validation_data, a later
     initial_epoch, and a ledger made without the sampler that verifies it from the batches."""
     x, y = data
     sampler = sampling.PoissonSampler(N_EX, Q, replicas=REPLICAS)
     model = _model(strategy, sampler)
-    batches = batch_source.map_batches(sampler.dataset(x, y, repeat=True),
-                                       lambda a, b, w: (a * 1.0, b, w), name="scale_rows")
+    batches = batch_source.map_rows(sampler.dataset(x, y, repeat=True),
+                                    lambda a, b: (a * 1.0, b), name="scale_rows")
     led = ledger.PrivacyLedger(str(tmp_path), N_EX, DELTA)  # the sampler comes with the batches
     history = model.fit(batches, epochs=2, steps_per_epoch=3, verbose=0, callbacks=[led],
                         validation_data=(x[:16], y[:16]))
@@ -106,7 +106,7 @@ def test_the_samplers_batches_are_accounted_on_every_accepted_path(strategy, dat
     assert content["private"] is True and content["not_covered"] == []
     assert [e["steps"] for e in content["epochs"]] == [3, 3]  # what ran, not the sampler's 4
     assert ledger.VALIDATION_SENTENCE in content["assumes"]
-    assert any("mapped by scale_rows" in s for s in content["assumes"])
+    assert content["batch_source"]["row_maps"] == ["scale_rows"]
     # the training statistics are hidden by default; the validation loss is shown (assumed)
     assert set(history.history) == {"noise_multiplier", "val_loss"}
 
@@ -129,7 +129,7 @@ def test_training_statistics_shown_are_listed_as_not_covered(strategy, data, tmp
     assert edp_tf.private_model.TRAINING_STATISTICS_SENTENCE in content["not_covered"]
     # the library's run writes its ledger alone, and its artifact list names what fit showed
     assert os.listdir(tmp_path) == ["privacy.json"]
-    assert "privacy.json" in content["artifacts"]["covered"]
+    assert "the ledger (privacy.json when run_dir is given)" in content["artifacts"]["covered"]
     assert any("loss, metrics and clipping statistics" in a
                for a in content["artifacts"]["not_covered"])
     with pytest.raises(ValueError, match="training_statistics"):
@@ -137,6 +137,21 @@ def test_training_statistics_shown_are_listed_as_not_covered(strategy, data, tmp
                      DPConfig(), training_statistics="yes")
 
 
-def test_map_batches_needs_a_samplers_dataset():
+def test_map_rows_keeps_the_mask_and_the_rows_whatever_fn_does(data):
+    """fn sees one row without its mask and cannot drop, duplicate, mix rows or touch the mask:
+    padding rows keep mask 0 and every batch keeps the sampler's size."""
+    x, y = data
+    sampler = sampling.PoissonSampler(N_EX, Q, replicas=REPLICAS, seed=3)
+    plain = list(sampler.dataset(x, y))
+    mapped = list(batch_source.map_rows(sampler.dataset(x, y), lambda a, b: (a * 2.0, b)))
+    assert len(mapped) == len(plain)
+    for (px, py, pw), (mx, my, mw) in zip(plain, mapped):
+        assert mx.shape[0] == sampler.max_batch_size
+        np.testing.assert_array_equal(mw.numpy(), pw.numpy())  # the sampler's mask, untouched
+        np.testing.assert_allclose(mx.numpy(), 2.0 * px.numpy())
+    with pytest.raises(ValueError, match="one row's"):
+        batch_source.map_rows(sampler.dataset(x, y), lambda a, b: (a, b, tf.ones([])))
     with pytest.raises(ValueError, match="has none"):
-        batch_source.map_batches(tf.data.Dataset.range(3), lambda t: t)
+        batch_source.map_rows(tf.data.Dataset.range(3), lambda t: t)
+    # a registration does not travel: another dataset object is not the sampler's
+    assert batch_source.describe(sampler.dataset(x, y).take(2)).kind == "dataset"

@@ -119,16 +119,11 @@ def library_artifacts(facts: dict) -> dict:
     if facts.get("validation_data"):
         not_covered.append("fit's logs (History, progress bar, callbacks): val_* of "
                            "validation_data, without noise (assumed not training data)")
-    return {"covered": [FILENAME, "the wrapped model's weights and the optimizer's state, "
+    return {"covered": [f"the ledger ({FILENAME} when run_dir is given)",
+                        "the wrapped model's weights and the optimizer's state, "
                         "however the caller saves or exports them",
                         "fit's logs: noise_multiplier (a function of the schedule)"],
             "not_covered": not_covered}
-
-
-def _row_maps_sentence(names: Iterable[str]) -> str:
-    return (f"The sampler's batches were mapped by {', '.join(names)} "
-            "(edp_tf.batch_source.map_batches), assumed to act on each row on its own, so that "
-            "one example still changes one micro-batch.")
 
 
 def _merge_sentences(*lists: Iterable[str]) -> list:
@@ -259,7 +254,7 @@ class PrivacyLedger(keras.callbacks.Callback):
                 f"PrivacyLedger for a {type(self.sampler).__name__}: fit was given {what}, "
                 "and the ledger's epsilon holds only for the sampler's Poisson batches. Train on "
                 "fit(sampler.dataset(x, y), ...) (repeat=True for an infinite stream; "
-                "edp_tf.batch_source.map_batches to parse its batches row by row), or keep "
+                "edp_tf.batch_source.map_rows to parse its batches row by row), or keep "
                 "these batches with PrivacyLedger(..., sampling='shuffle'), which reports the "
                 "run as not private.")
         if source.sampler != self.sampler:
@@ -334,9 +329,9 @@ class PrivacyLedger(keras.callbacks.Callback):
             [PUBLIC_SIZE_SENTENCE]
             + ([PUBLIC_USERS_SENTENCE] if facts.get("privacy_unit") == "user" else []),
             led.get("assumes", []),
-            [VALIDATION_SENTENCE] if facts.get("validation_data") else [],
-            [_row_maps_sentence(source.row_maps)] if source is not None and source.row_maps
-            else [])
+            [VALIDATION_SENTENCE] if facts.get("validation_data") else [])
+        # informational: where this fit's batches came from (a sampler, and any row-wise parse)
+        led["batch_source"] = source.to_dict() if source is not None else None
         void = (facts.get("seed_fixed") or self.sampling_seed_fixed
                 or facts.get("scaling") == "first_batch" or self.sampling == "shuffle"
                 or unverified or (self.artifacts or {}).get("release_covered") is False)
@@ -374,6 +369,24 @@ class PrivacyLedger(keras.callbacks.Callback):
             self.ledger["in_progress"] = None
             self._write()
 
+    def close_interrupted(self) -> None:
+        """Charges the epoch a fit left open when an exception ended it in this process: the
+        steps counted, plus the one that may have run past its last callback (never more than
+        the epoch's planned steps). A crash of the process is charged on resume instead."""
+        if self._open_epoch is None:
+            return
+        planned = self._planned_steps()
+        steps = self._steps + 1 if planned is None else min(self._steps + 1, planned)
+        record = self.record_for(self._open_epoch, steps)
+        led = self.ledger
+        led["epochs"] = list(led["epochs"]) + [record.to_dict()]
+        led["in_progress"] = None
+        self._open_epoch = None
+        self._refresh_epsilon()
+        self._write()
+        logging.warning("privacy ledger: epoch %d was interrupted after %d step(s): charged %d",
+                        record.epoch, self._steps, record.steps)
+
     def close_epoch(self, epoch: int, logs: Optional[dict] = None) -> None:
         """Charges the finished epoch and rewrites privacy.json (idempotent)."""
         if self._open_epoch != epoch:
@@ -402,9 +415,12 @@ class PrivacyLedger(keras.callbacks.Callback):
             return  # on_epoch_end of the previous epoch already predicted this one
         records = self.records
         steps = self._planned_steps() or (records[-1].steps if records else None)
-        if steps is None:
-            logging.warning("privacy budget: steps of epoch %d unknown: not checked", epoch)
-            return
+        if steps is None:  # an infinite stream: the epoch would never end to be checked
+            self.cancel_epoch(epoch)
+            raise ValueError(
+                f"privacy budget: epoch {epoch + 1}'s length is unknown (an infinite dataset, "
+                "such as sampler.dataset(x, y, repeat=True)): give fit steps_per_epoch, so that "
+                "the budget can be checked before each epoch")
         predicted = self._predict(epoch, steps)
         if predicted > self.target_epsilon:
             self.cancel_epoch(epoch)

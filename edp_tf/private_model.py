@@ -99,7 +99,10 @@ class PrivateModel(keras.Model):
         self._loop_reported = False  # the automatic per-example loop is said once
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
-        self._noise_generator = noise.make_generator(config.seed)
+        # held outside Keras' and TensorFlow's tracking: a checkpoint or SavedModel of the
+        # wrapper must not hold the Philox state (it would predict the next draws and
+        # recompute past ones, and a restored copy would replay the same noise)
+        self._noise = _Untracked(noise.make_generator(config.seed))
         self._rng = np.random.default_rng(config.seed)  # the private-scaling query (host side)
         self._layer_scales: Optional[tuple] = None
         self._mechanism: Optional[Mechanism] = None
@@ -600,9 +603,11 @@ class PrivateModel(keras.Model):
             updates = self._subspace.project(updates)
         self.optimizer.apply_gradients(zip(updates, variables))
 
-        self._record_metrics(grads.losses, clip, z_t, w)
-        if self._compile_metrics is not None:
-            self._compile_metrics.update_state(y, grads.y_pred, w)
+        self._metric_trackers["noise_multiplier"].update_state(z_t)
+        if self._training_statistics:  # else nothing of the private batches is kept, anywhere
+            self._record_metrics(grads.losses, clip, w)
+            if self._compile_metrics is not None:
+                self._compile_metrics.update_state(y, grads.y_pred, w)
         return self._step_logs()
 
     def _noisy_sum(self, clip: clipping.ClipResult, std) -> list:
@@ -613,23 +618,23 @@ class PrivateModel(keras.Model):
         dense = [i for i in range(len(clip.clipped_sum)) if i not in sparse]
         noisy = list(clip.clipped_sum)
         for i, t in zip(dense, noise.add_owned_noise(
-                [noisy[i] for i in dense], std, self._noise_generator,
+                [noisy[i] for i in dense], std, self._noise.value,
                 [self._noise_owners[i] for i in dense], n)):
             noisy[i] = t
         if sparse:
-            chosen = selection.select(clip.counts, plan.selection, self._noise_generator, n)
+            chosen = selection.select(clip.counts, plan.selection, self._noise.value, n)
             replica = tf.distribute.get_replica_context().replica_id_in_sync_group
             for i, mask in zip(sparse, chosen):
                 draws = None if n == 1 else tf.equal(replica, self._noise_owners[i])
                 rows = selection.noisy_selected_rows(
-                    noisy[i], mask, std * math.sqrt(n), self._noise_generator, draws)
+                    noisy[i], mask, std * math.sqrt(n), self._noise.value, draws)
                 # sparse on any number of replicas: Adam and momentum leave the other rows be,
                 # and with several replicas the all-reduce carries only the selected rows
                 noisy[i] = rows
             self._metric_trackers["selected_rows"].update_state(selection.selected_fraction(chosen))
         return noisy
 
-    def _record_metrics(self, losses, clip: clipping.ClipResult, z_t, w) -> None:
+    def _record_metrics(self, losses, clip: clipping.ClipResult, w) -> None:
         # clipping statistics over the micro-batches that hold a real row: under Poisson sampling
         # the padding rows' zero gradients would count as unclipped (ATIS BERT: 0.76 "clipped"
         # when every real example was), hiding whether real examples fall below C
@@ -641,7 +646,6 @@ class PrivateModel(keras.Model):
         replica_share = self._mechanism.expected_microbatches / self.num_replicas
         safe_losses = tf.where(tf.math.is_finite(losses), losses, tf.zeros_like(losses))
         self._loss_tracker.update_state(tf.reduce_sum(safe_losses) / replica_share)
-        self._metric_trackers["noise_multiplier"].update_state(z_t)
         self._metric_trackers["clipped_fraction"].update_state(tf.reduce_sum(clipped) / count)
         self._metric_trackers["preclip_norm"].update_state(tf.reduce_sum(safe_norms) / count)
         finite = tf.cast(clip.finite, tf.float32)
@@ -666,6 +670,15 @@ class PrivateModel(keras.Model):
             self._compile_metrics.update_state(y, y_pred, w)
         return {m.name: m.result() for m in [self._loss_tracker]} | (
             self._compile_metrics.result() if self._compile_metrics is not None else {})
+
+
+class _Untracked:
+    """A plain holder: tracking sees neither it nor what it holds."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
 
 
 def _sum_over_replicas(updates: list) -> list:

@@ -69,9 +69,12 @@ class AutoPrivateModel(PrivateModel):
     @property
     def epsilon(self) -> float:
         """Epsilon spent so far (0 before the first epoch)."""
-        if self._ledger is None or not self._ledger.records:
+        if self._ledger is None:
             return 0.0
-        return float(self._ledger.ledger["epsilon"])
+        try:
+            return float(self._ledger.ledger["epsilon"])  # extra events too
+        except RuntimeError:  # no fit has started
+            return 0.0
 
     def privacy_statement(self) -> dict:
         """The ledger: epsilon, delta, the mechanism, what it assumes and does not cover, and
@@ -126,11 +129,16 @@ class AutoPrivateModel(PrivateModel):
             raise ValueError(f"the {self._budget.epochs} planned epochs have run (epsilon "
                              f"{self.epsilon:.3g}): pass epochs= to train more, which the "
                              "budget then decides")
-        with self.distribute_strategy.scope():
-            history = super().fit(dataset, epochs=initial + more,
-                                  callbacks=[self._ledger] + list(callbacks or []), **kwargs)
-        self._epochs_done = initial + len(history.epoch)
-        return history
+        try:
+            with self.distribute_strategy.scope():
+                return super().fit(dataset, epochs=initial + more,
+                                   callbacks=[self._ledger] + list(callbacks or []), **kwargs)
+        except BaseException:
+            self._ledger.close_interrupted()  # what ran is charged before anything else
+            raise
+        finally:  # the next fit follows the last epoch the ledger charged
+            records = self._ledger.records
+            self._epochs_done = max((r.epoch for r in records), default=-1) + 1
 
     # ------------------------------------------------------------------ the first fit
     def _start(self, x, y) -> None:
@@ -157,6 +165,9 @@ class AutoPrivateModel(PrivateModel):
         n = sampler.dataset_size
         delta = (self._budget.delta if self._budget.delta is not None
                  else accounting.default_delta(n))
+        if delta >= 1.0 / n:  # a mechanism that publishes one random record is (0, 1/n)-DP
+            raise ValueError(f"make_private: delta={delta:.3g} must be well below 1/n = "
+                             f"{1.0 / n:.3g} (the default is 0.1/n)")
         cfg = cfg.replace(expected_batch_size=sampler.expected_batch_size)
         extras = ([accounting.ExtraEvent("private_layer_scales", cfg.scaling_noise_multiplier)]
                   if cfg.scaling == "private" else ())

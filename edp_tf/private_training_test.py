@@ -98,3 +98,52 @@ def test_saving_the_wrapper_names_the_way_and_leaves_no_file(tmp_path):
     assert not os.path.exists(tmp_path / "p.keras")
     private.wrapped_model.save(str(tmp_path / "m.keras"))  # the way it names works
     assert keras.models.load_model(str(tmp_path / "m.keras")).count_params() == model.count_params()
+
+
+class _StopAt(keras.callbacks.Callback):
+    def __init__(self, step):
+        super().__init__()
+        self.step = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.step:
+            raise KeyboardInterrupt
+
+
+def test_an_interrupted_fit_is_charged_what_ran_and_the_next_fit_follows_it():
+    """Ctrl-C after 3 steps of epoch 0: the ledger charges 4 steps (the counted 3 and one that
+    may have run past its callback), epsilon is no longer 0, and the next fit trains epoch 1."""
+    x, y = _data()
+    _, private = _private()
+    with pytest.raises(KeyboardInterrupt):
+        private.fit(x, y, epochs=1, verbose=0, callbacks=[_StopAt(2)])
+    statement = private.privacy_statement()
+    assert [(e["epoch"], e["steps"]) for e in statement["epochs"]] == [(0, 4)]
+    assert statement["in_progress"] is None and private.epsilon > 0
+    private.fit(x, y, epochs=1, verbose=0)
+    assert [e["epoch"] for e in private.privacy_statement()["epochs"]] == [0, 1]
+
+
+def test_an_infinite_stream_needs_steps_per_epoch_under_a_budget_and_delta_below_1_over_n():
+    x, y = _data()
+    _, private = _private()
+    stream = edp_tf.PoissonSampler(N_EX, BATCH / N_EX).dataset(x, y, repeat=True)
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        private.fit(stream, epochs=1, verbose=0)
+    _, loose = _private(delta=1.0 / N_EX)
+    with pytest.raises(ValueError, match="well below 1/n"):
+        loose.fit(x, y, epochs=1, verbose=0)
+
+
+def test_the_wrappers_checkpoint_holds_no_noise_state_and_hidden_statistics_stay_unkept(
+        tmp_path):
+    """A checkpoint of the wrapper would otherwise carry the Philox state (the next draws, and
+    the past ones); with statistics hidden, no metric variable holds the training loss."""
+    x, y = _data()
+    _, private = _private()
+    private.fit(x, y, epochs=1, verbose=0)
+    path = tf.train.Checkpoint(model=private).write(str(tmp_path / "ckpt"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert names and not [n for n in names if "generator" in n.lower() or "state" in n.lower()]
+    kept = {k: float(v) for k, v in private.get_metrics_result().items()}
+    assert set(kept) >= {"loss", "noise_multiplier"} and kept["loss"] == 0.0

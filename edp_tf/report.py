@@ -39,9 +39,13 @@ def audit_mechanism(ledger: dict) -> str:
 def epsilon_curve(ledger: dict) -> list:
     """[(epochs done, epsilon after them)], recomputed from the records (PLD)."""
     records = [EpochRecord.from_dict(e) for e in ledger.get("epochs", [])]
+    interrupted = ledger.get("in_progress")
+    if interrupted and interrupted.get("steps") is not None:  # charged in full on resume
+        records.append(EpochRecord.from_dict(interrupted))
     extras = accounting.as_extra_events(ledger.get("extra_events", []))
     if not records:
-        return []
+        return [(0, accounting.compute_epsilon((), ledger["sampling_rate"], ledger["delta"],
+                                               extras))] if extras else []
     stride = max(1, math.ceil(len(records) / _MAX_POINTS))
     ends = sorted(set(range(stride, len(records) + 1, stride)) | {len(records)})
     return [(k, accounting.compute_epsilon(records[:k], ledger["sampling_rate"],
@@ -63,8 +67,12 @@ def sections(ledger: dict) -> list:
                f"The run is NOT reported as private: the epsilon below ({epsilon:.3g} at delta "
                f"{ledger['delta']:.3g}) is what the accountant computes, but the proof does not "
                "apply as run (see what is not covered).")
+    interrupted = ledger.get("in_progress")
+    if interrupted:
+        verdict += (f" Epoch {interrupted['epoch']} was interrupted: it is charged in full here "
+                    "(and in the ledger when the run resumes).")
     recorded = ledger.get("epsilon")
-    if recorded is not None and curve and not math.isclose(recorded, epsilon, rel_tol=1e-6,
+    if recorded is not None and curve and not interrupted and not math.isclose(recorded, epsilon, rel_tol=1e-6,
                                                            abs_tol=1e-9):
         verdict += (f" WARNING: privacy.json states epsilon {recorded:.6g}, recomputed "
                     f"{epsilon:.6g}: the file was edited or written by another version.")
@@ -83,7 +91,11 @@ def sections(ledger: dict) -> list:
         f"{ledger.get('epsilon_rdp', float('nan')):.4g}; the same run at other deltas: "
         + (", ".join(f"{v['epsilon']:.4g} at delta = {label}" for label, v in others.items())
            or "not recorded"),
-    ] + [f"Extra event charged: {e['name']} (Gaussian, z = {e['noise_multiplier']:g})"
+    ] + [f"Extra event charged: {e['name']} (Gaussian, z = {e['noise_multiplier']:g} on "
+         f"sensitivity {e.get('sensitivity', 1.0):g}, "
+         + ("no sampling" if e.get("sampling_rate") is None else f"q = {e['sampling_rate']:g}")
+         + f", {e.get('steps', 1)} time(s)"
+         + (f", spending delta {e['delta']:.3g} each" if e.get("delta") else "") + ")"
          for e in ledger.get("extra_events", [])]
     artifacts = ledger.get("artifacts") or {}
     files = ([f"covered: {a}" for a in artifacts.get("covered", [])]

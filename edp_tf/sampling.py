@@ -163,7 +163,7 @@ class PoissonSampler:
         if repeat:
             batches = batches.repeat()
         batches = batches.prefetch(iterators.PREFETCHED)
-        return batch_source.mark(iterators.without_autotune(batches), self)
+        return batch_source._mark(iterators.without_autotune(batches), self)
 
 
 def _placed(units: int, q: float, size: int, seeds, what: str) -> tf.Tensor:

@@ -48,8 +48,8 @@ class StreamingPoissonSampler(PoissonSampler):
     Usage:
         sampler = StreamingPoissonSampler(dataset_size=n, sampling_rate=q, replicas=2)
         batches = sampler.record_dataset(lambda: read_lines(shards))   # (records [M], mask [M])
-        model.fit(edp_tf.batch_source.map_batches(batches, parse), epochs=E)
-        # parse: strings -> features per row, the mask kept; a plain .map() loses the mark
+        model.fit(edp_tf.batch_source.map_rows(batches, parse), epochs=E)
+        # parse: one record -> (x, y); the mask is kept. A plain .map() loses the registration
         # that tells the ledger these are Poisson batches (edp_tf.batch_source)
     """
 
@@ -106,7 +106,7 @@ class StreamingPoissonSampler(PoissonSampler):
             tf.TensorSpec([size], tf.string), tf.TensorSpec([size], tf.float32)))
         # Keras then knows an epoch's length and re-iterates (a fresh epoch) without warning.
         count = self.steps_per_epoch if steps is None else steps
-        return batch_source.mark(iterators.without_autotune(
+        return batch_source._mark(iterators.without_autotune(
             dataset.apply(tf.data.experimental.assert_cardinality(count))), self)
 
     # ------------------------------------------------------------------ the two passes

@@ -127,10 +127,10 @@ def test_private_fit_on_streamed_records_with_its_ledger(tmp_path):
     sampler = StreamingPoissonSampler(64, 0.25, replicas=2)
     strategy = edp_tf.make_strategy(2)
 
-    def parse(records, mask):
-        filled = tf.where(records == "", "0 0 0 0", records)
-        values = tf.strings.to_number(tf.strings.split(filled).to_tensor(), tf.float32)
-        return values[:, :3], values[:, 3:], mask
+    def parse(record):  # one text line -> (x, y); padding rows are b"" (mask 0)
+        filled = tf.where(record == "", "0 0 0 0", record)
+        values = tf.strings.to_number(tf.strings.split(filled), tf.float32)
+        return values[:3], values[3:]
 
     with strategy.scope():
         model = edp_tf.PrivateModel(
@@ -139,11 +139,12 @@ def test_private_fit_on_streamed_records_with_its_ledger(tmp_path):
                             expected_batch_size=sampler.expected_batch_size))
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
     led = ledger.PrivacyLedger.for_sampler(str(tmp_path), sampler, 1 / 64)
-    batches = batch_source.map_batches(sampler.record_dataset(lambda: iter(lines)), parse)
+    batches = batch_source.map_rows(sampler.record_dataset(lambda: iter(lines)), parse)
     history = model.fit(batches, epochs=3, verbose=0, callbacks=[led])
     content = ledger.read_ledger(str(tmp_path))
     assert len(history.history["noise_multiplier"]) == 3 and content["private"] is True
-    assert any("mapped by parse" in s for s in content["assumes"])
+    assert content["batch_source"] == {"kind": "sampler", "row_maps": ["parse"],
+                                       "sampler": "StreamingPoissonSampler"}
     assert content["sampling"] == "poisson" and content["sampling_rate"] == 0.25
     assert [e["steps"] for e in content["epochs"]] == [4, 4, 4]
 

@@ -22,6 +22,24 @@ def test_a_bad_flag_value_is_one_line_naming_it_and_exit_2():
         "error: --batch_size must be in (0, dataset_size], got -4.0"]
 
 
+def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2():
+    """absl's own parser prints "FATAL Flags parsing error" and exits 1."""
+    proc = _privacy("--dataset_sise=3000")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: Unknown command line flag 'dataset_sise'")
+    assert "Did you mean: dataset_size" in line
+
+
+def test_a_run_directory_that_is_not_one_names_the_commands_flag(tmp_path):
+    from edp_nlu.pipeline import run_files
+
+    import pytest
+
+    with pytest.raises(ValueError, match=r"^--run_dir=.*missing: the directory does not exist"):
+        run_files.load_run_config(str(tmp_path / "missing"))
+
+
 def test_quiet_by_default_and_verbose_shows_everything():
     quiet = _privacy("--batch_size=64", *PLANNED)
     assert quiet.returncode == 0, quiet.stderr[-2000:]
@@ -41,7 +59,8 @@ def test_train_is_quiet_too(tmp_path):
                           timeout=300)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        f"error: --resume: no config.json in run directory {tmp_path}"]
+        f"error: --resume: --run_dir={tmp_path}: the directory holds no config.json, so it is "
+        "not a run directory (edp-train writes one)"]
 
 
 def _allocator_probe(env):

@@ -77,6 +77,17 @@ def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path):
                                            if ln.strip()[:1].isdigit()]) == 2
     tampered = dict(content, epsilon=content["epsilon"] / 2)
     assert "WARNING" in privacy.statement_from_ledger(tampered)
+    # the reviewer's page: the same statement, written beside the command's output
+    import subprocess
+
+    page = tmp_path / "report.html"
+    out = subprocess.run([sys.executable, "-m", "edp_nlu.privacy", f"--run_dir={tmp_path}",
+                          f"--report={page}"], capture_output=True, text=True, timeout=120,
+                         cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    html = page.read_text()
+    assert f"({content['epsilon']:.3g}, {content['delta']:.3g})-differentially private" in html
+    assert "<h2>Each artifact</h2>" in html and "--mechanism=default" in html
 
 
 def test_statement_of_a_run_with_private_label_selection(tmp_path):

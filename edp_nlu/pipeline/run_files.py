@@ -28,10 +28,13 @@ def default_run_dir(config) -> str:
     return os.path.join("runs", f"{config.name}-{config.mechanism}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def load_run_config(run_dir: str) -> ml_collections.ConfigDict:
+def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.ConfigDict:
+    """The run's resolved config; `flag` names the command's flag that gave `run_dir`."""
     path = os.path.join(run_dir, CONFIG_FILE)
     if not os.path.isfile(path):
-        raise ValueError(f"--resume: no {CONFIG_FILE} in run directory {run_dir}")
+        what = "does not exist" if not os.path.isdir(run_dir) else f"holds no {CONFIG_FILE}"
+        raise ValueError(f"{flag}={run_dir}: the directory {what}, so it is not a run directory "
+                         "(edp-train writes one)")
     return ml_collections.ConfigDict(read_run_file(run_dir, CONFIG_FILE)["config"])
 
 

@@ -158,8 +158,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
 
 
 def _open_run_dir(run_dir: str, resume: bool) -> dict:
-    """The state of the run to resume ({} for a new run); refuses to overwrite a run."""
-    os.makedirs(run_dir, exist_ok=True)
+    """The state of the run to resume ({} for a new run); refuses to overwrite a run. A new
+    run's directory is made by its first file (`_write_run_files`), so a run that fails to
+    start leaves no empty directory behind."""
     state = read_json(os.path.join(run_dir, STATE_FILE), {}) if resume else {}
     if resume and not state:
         raise ValueError(f"--resume: {run_dir} has no {STATE_FILE}: nothing to resume")

@@ -111,7 +111,7 @@ def _read_run(run_dir: str):
     checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
         _bad(run_dir, "no intact committed checkpoint in checkpoints/")
-    return run_files.load_run_config(run_dir), checkpoint
+    return run_files.load_run_config(run_dir, "--config.init_from"), checkpoint
 
 
 def _training_corpus(config) -> str:
