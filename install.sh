@@ -10,7 +10,7 @@ PY=${PYTHON:-python3.11}
 # seqeval (test extra) exists only as an sdist that reads its version through setuptools-scm:
 # built without build isolation and without setuptools-scm it installs as 0.0.0 and pip refuses it.
 .venv/bin/python -m pip install -q -c requirements.txt setuptools setuptools-scm
-# Editable: `python -m trainers.train` in this checkout and the edp-* commands run the same code.
+# Editable: `python -m edp_nlu.train` in this checkout and the edp-* commands run the same code.
 # No build isolation: the venv's own setuptools builds it, so the build needs no download.
 PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -c requirements.txt --no-build-isolation \
     -e '.[nlu,test]'

@@ -322,8 +322,8 @@ def unmet_imports(root: Path, graph: dict[str, Target]) -> list[str]:
 
 
 def layering_violations(graph: dict[str, Target], rules: dict[str, tuple[str, ...]]) -> list[str]:
-    """rules: directory -> directories its libraries must never bring in (docs/design.md,
-    layout)."""
+    """rules: directory -> directories (or files) its libraries must never bring in
+    (docs/design.md, layout)."""
     problems = []
     for target in graph.values():
         pkg = target.label[2:].split(":")[0]
@@ -332,6 +332,6 @@ def layering_violations(graph: dict[str, Target], rules: dict[str, tuple[str, ..
         for owner, forbidden in rules.items():
             if pkg == owner or pkg.startswith(owner + "/"):
                 bad = sorted(f for f in closure_files(graph, target.label)
-                             if any(f.startswith(d + "/") for d in forbidden))
+                             if any(f == d or f.startswith(d + "/") for d in forbidden))
                 problems += [f"{target.label}: brings in {f} ({owner} must not depend on it)" for f in bad]
     return problems

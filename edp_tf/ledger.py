@@ -3,7 +3,7 @@
 Why a ledger on disk, rewritten after every epoch: a privacy review needs the epsilon of what was
 actually run (steps counted, not planned), and a run resumed from a checkpoint must continue the
 same account. Epsilon is recomputed from the recorded epochs (edp_tf.accounting), so the file is
-self-contained: `python -m trainers.privacy --run_dir=...` re-derives it.
+self-contained: `python -m edp_nlu.privacy --run_dir=...` re-derives it.
 
 Resuming is conservative: epochs already in the ledger are never dropped (re-running epoch t
 after restoring an older checkpoint is charged again, since it queried the data again), a gap of

@@ -1,5 +1,5 @@
 """`Mechanism`: the private step described once, for the step, calibration, the ledger and
-`trainers.privacy` alike (plain Python: no TensorFlow).
+`edp_nlu.privacy` alike (plain Python: no TensorFlow).
 
 The formulas the step and the accountant share live here and nowhere else (docs/design.md,
 mechanism):

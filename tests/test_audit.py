@@ -1,4 +1,4 @@
-"""`python -m trainers.audit`: its plan's errors, and the audits of the real step (its measured
+"""`python -m tools.audit`: its plan's errors, and the audits of the real step (its measured
 signal-to-noise matches the ledger's; without noise every guess is right; the Gaussian audit's
 limits bracket the ledger's mu, refute the paper's accounting, and resume from cached runs)."""
 import json
@@ -7,7 +7,7 @@ import math
 import pytest
 
 from edp_tf.strategy import make_strategy
-from trainers import audit as audit_cmd
+from tools import audit as audit_cmd
 
 
 def test_plan_errors_name_the_flag():

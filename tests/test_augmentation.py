@@ -1,4 +1,4 @@
-"""Augmentation multiplicity in the trainer: the copies (trainers/data/augment.py) keep tags
+"""Augmentation multiplicity in the trainer: the copies (edp_nlu/data/augment.py) keep tags
 aligned and BIO well-formed, the configs it cannot serve are refused naming the field, and a
 tiny private run with 2 copies per example is charged exactly as one without.
 
@@ -11,9 +11,9 @@ import random
 import pytest
 
 from tests.tiny_runs import corpus, read, strategy, tiny_config
-from trainers.data import augment, synthetic
-from trainers.data.corpus import Utterance, bio_error
-from trainers.pipeline import builders, training
+from edp_nlu.data import augment, synthetic
+from edp_nlu.data.corpus import Utterance, bio_error
+from edp_nlu.pipeline import builders, training
 
 
 def _snips_like():

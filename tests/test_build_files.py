@@ -11,13 +11,22 @@ from bazel import build_graph
 
 # Under Bazel this file is a runfiles symlink: resolve() leads back to the source tree.
 REPO = Path(__file__).resolve().parents[1]
-SOURCE_DIRS = ("edp_tf", "models", "trainers", "tests", "configs")
+SOURCE_DIRS = ("edp_tf", "edp_nlu", "experiments", "benchmarks", "tools", "tests")
+TOOLING = ("experiments", "benchmarks", "tools")  # research tools, outside the wheel
 # The commands a user runs; each needs a py_binary.
-TRAINER_ENTRY_POINTS = ("train", "evaluate", "privacy", "benchmark", "audit", "lira", "experiment")
-# docs/design.md, layout: the library imports neither models nor trainers; models never import
-# trainers; trainers' corpora and label schemas never import its training run or scoring.
-LAYERING = {"edp_tf": ("models", "trainers"), "models": ("trainers",),
-            "trainers/data": ("trainers/pipeline", "trainers/scoring")}
+ENTRY_POINTS = ("edp_nlu/train", "edp_nlu/evaluate", "edp_nlu/privacy", "benchmarks/benchmark",
+                "tools/audit", "tools/lira", "experiments/experiment")
+# edp_nlu/models depends on nothing else of edp_nlu: not its sub-packages, not its commands
+# (edp_nlu/__init__.py, the namespace, is all it shares).
+NLU_BESIDE_MODELS = tuple(sorted(
+    p.relative_to(REPO).as_posix() for p in (REPO / "edp_nlu").iterdir()
+    if p.name not in ("models", "__init__.py", "BUILD", "__pycache__")))
+# docs/design.md, layout: the library imports neither the application nor the tools; the
+# application imports none of the tools; its models import nothing else of it; its corpora and
+# label schemas never import its training run or scoring.
+LAYERING = {"edp_tf": ("edp_nlu",) + TOOLING, "edp_nlu": TOOLING,
+            "edp_nlu/models": NLU_BESIDE_MODELS,
+            "edp_nlu/data": ("edp_nlu/pipeline", "edp_nlu/scoring")}
 RUNNER = "bazel/pytest_runner.py"
 
 
@@ -35,13 +44,14 @@ def test_every_module_with_a_main_block_has_a_py_binary(graph):
     assert build_graph.entry_points_without_binary(REPO, graph, dirs) == []
 
 
-@pytest.mark.parametrize("name", TRAINER_ENTRY_POINTS)
-def test_trainer_entry_point_has_a_py_binary(graph, name):
-    if not (REPO / "trainers" / f"{name}.py").exists():
-        pytest.skip(f"trainers/{name}.py does not exist yet: no //trainers:{name} target")
-    target = graph.get(f"//trainers:{name}")
+@pytest.mark.parametrize("path", ENTRY_POINTS)
+def test_entry_point_has_a_py_binary(graph, path):
+    package, name = path.rsplit("/", 1)
+    if not (REPO / f"{path}.py").exists():
+        pytest.skip(f"{path}.py does not exist yet: no //{package}:{name} target")
+    target = graph.get(f"//{package}:{name}")
     assert target is not None and target.kind == "py_binary"
-    assert target.main == f"trainers/{name}.py"
+    assert target.main == f"{path}.py"
 
 
 def test_every_py_test_runs_its_own_file_through_pytest(graph):
@@ -175,7 +185,7 @@ def _module_imports(package: str) -> dict:
     return graph
 
 
-@pytest.mark.parametrize("package", ["edp_tf", "models", "trainers"])
+@pytest.mark.parametrize("package", ["edp_tf", "edp_nlu", *TOOLING])
 def test_no_import_cycles(package):
     """A cycle makes import order matter and hides which module owns what (the mechanism
     and the accountant once imported each other)."""

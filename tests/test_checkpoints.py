@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from edp_tf import ledger as ledger_lib
-from trainers.pipeline import checkpoints, run_files
+from edp_nlu.pipeline import checkpoints, run_files
 
 
 def _state_writer(run_dir):

@@ -1,4 +1,4 @@
-"""The commands' shared behaviour (trainers/cli.py): quiet output, one-line errors, --verbose."""
+"""The commands' shared behaviour (edp_nlu/cli.py): quiet output, one-line errors, --verbose."""
 import os
 import subprocess
 import sys
@@ -11,7 +11,7 @@ NATIVE_NOISE = ("oneDNN", "cuInit", "cpu_feature_guard", "absl::InitializeLog")
 
 def _privacy(*args):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    return subprocess.run([sys.executable, "-m", "trainers.privacy", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "edp_nlu.privacy", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -32,7 +32,7 @@ def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2():
 
 
 def test_a_run_directory_that_is_not_one_names_the_commands_flag(tmp_path):
-    from trainers.pipeline import run_files
+    from edp_nlu.pipeline import run_files
 
     import pytest
 
@@ -54,7 +54,7 @@ def test_quiet_by_default_and_verbose_shows_everything():
 def test_train_is_quiet_too(tmp_path):
     """train imports ml_collections, which imports TensorFlow: the quieting must come first."""
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    proc = subprocess.run([sys.executable, "-m", "trainers.train", f"--run_dir={tmp_path}",
+    proc = subprocess.run([sys.executable, "-m", "edp_nlu.train", f"--run_dir={tmp_path}",
                            "--resume"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2
@@ -69,7 +69,7 @@ def _allocator_probe(env):
     With oneDNN off only the BFC allocator keeps stats (malloc raises); with oneDNN on (TensorFlow
     turns it on by itself on AVX-512 CPUs) stats exist under either allocator, so the probe turns
     oneDNN off: the signal then identifies the allocator on every x86 machine."""
-    code = ("from trainers import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
+    code = ("from edp_nlu import cli; cli.quiet_unless_verbose([]); import os, tensorflow as tf\n"
             "try:\n    tf.config.experimental.get_memory_info('CPU:0'); bfc = True\n"
             "except Exception:\n    bfc = False\n"
             "print(os.environ['TF_CPU_ALLOCATOR_USE_BFC'], bfc)")
@@ -81,7 +81,7 @@ def _allocator_probe(env):
 
 
 def test_commands_set_the_bfc_cpu_allocator_and_keep_the_users_choice(monkeypatch):
-    from trainers import cli
+    from edp_nlu import cli
     monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
     cli.use_bfc_cpu_allocator()
     assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
@@ -96,3 +96,23 @@ def test_commands_run_on_the_bfc_cpu_allocator_unless_the_user_chose():
     env["PYTHONPATH"] = str(REPO)
     assert _allocator_probe(env) == ["true", "True"]
     assert _allocator_probe(dict(env, TF_CPU_ALLOCATOR_USE_BFC="false")) == ["false", "False"]
+
+
+def test_a_config_is_a_path_or_a_packaged_configs_name(tmp_path):
+    """`--config=snips_clc` is edp_nlu/configs/snips_clc.py from any directory (an installed
+    package has no configs/ beside the user's files); a path stays a path."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from edp_nlu.configs import DIRECTORY, accept_names, config_file
+
+    assert config_file("snips_clc") == os.path.join(DIRECTORY, "snips_clc.py")
+    assert config_file("snips_clc:x") == os.path.join(DIRECTORY, "snips_clc.py") + ":x"
+    for as_given in ("edp_nlu/configs/snips_clc.py", "snips_clc.py", "no_such_config", ""):
+        assert config_file(as_given) == as_given
+    values = flags.FlagValues()
+    argv = ["cmd", "--config=atis_clc", "--config.mechanism=sgd"]
+    holder = accept_names(config_flags.DEFINE_config_file(
+        "config", config_file("default"), "", flag_values=values, sys_argv=argv), values)
+    values(argv)
+    assert holder.value.data_dir.endswith("atis") and holder.value.mechanism == "sgd"

@@ -4,9 +4,9 @@ import pathlib
 
 import pytest
 
-from models.labels import LabelVocabulary
-from trainers.data import loading, schema
-from trainers.data.corpus import DataFormatError, Utterance
+from edp_nlu.models.labels import LabelVocabulary
+from edp_nlu.data import loading, schema
+from edp_nlu.data.corpus import DataFormatError, Utterance
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SECRET = "zanzibarquux"  # A token that must never appear in an error or log message.
@@ -132,7 +132,7 @@ def test_conform_maps_unseen_labels_counts_and_logs_without_text(caplog):
            Utterance(("a", "b", "c"), ("B-x", "I-x", "I-x"), "three"),   # unseen intent
            Utterance(("a", "b", "c"), ("B-q", "I-y", "O"), "two"),       # seen I-y loses B-q
            Utterance(("a", "b"), ("B-z", "I-z"), "one"))                 # I-z never in train
-    with caplog.at_level(logging.WARNING, logger="trainers.data.loading"):
+    with caplog.at_level(logging.WARNING, logger="edp_nlu.data.loading"):
         conformed, counts = loading.conform(dev, tags, intents, "dev")
     assert [u.tags for u in conformed] == [("O", "O", "B-x"), ("B-x", "I-x", "I-x"),
                                            ("O", "B-y", "O"), ("B-z", "O")]
@@ -148,7 +148,7 @@ def test_conform_maps_unseen_labels_counts_and_logs_without_text(caplog):
 
 def test_conform_is_silent_and_identity_on_train(caplog):
     labels = schema.schema_from_training_data(TRAIN)
-    with caplog.at_level(logging.WARNING, logger="trainers.data.loading"):
+    with caplog.at_level(logging.WARNING, logger="edp_nlu.data.loading"):
         conformed, counts = loading.conform(TRAIN, labels.tag_vocabulary, labels.intent_vocabulary,
                                             "train")
     assert conformed == TRAIN
@@ -236,7 +236,7 @@ def test_atis_counts_and_unseen_labels_match_source_md():
 
 
 def test_user_level_dev_and_test_hold_no_training_user():
-    from trainers.data.corpus import Splits
+    from edp_nlu.data.corpus import Splits
 
     def said(user, word):
         return Utterance((word,), ("O",), "greet", user)

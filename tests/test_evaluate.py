@@ -1,4 +1,4 @@
-"""`trainers.evaluate` scores the exported SavedModel; it must agree with the in-memory model.
+"""`edp_nlu.evaluate` scores the exported SavedModel; it must agree with the in-memory model.
 
 The run's metrics.json was computed in memory (the Keras model right after training); evaluate_run
 reloads the serving SavedModel and scores raw utterance strings. Equal metrics (every count) on
@@ -13,10 +13,10 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from configs.base import base_config
-from trainers import evaluate
-from trainers.data import synthetic
-from trainers.pipeline import training
+from edp_nlu.configs.base import base_config
+from edp_nlu import evaluate
+from edp_nlu.data import synthetic
+from edp_nlu.pipeline import training
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBERS = ("ser", "intent_accuracy", "slot_f1", "slot_precision", "slot_recall",
@@ -105,7 +105,7 @@ def test_unfinished_or_missing_runs_are_refused(finished, tmp_path):
 def test_command_line_prints_and_writes_the_metrics(finished, tmp_path):
     output = tmp_path / "scores.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainers.evaluate", f"--run_dir={finished['run_dir']}",
+        [sys.executable, "-m", "edp_nlu.evaluate", f"--run_dir={finished['run_dir']}",
          f"--output={output}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     written = json.loads(output.read_text())

@@ -1,4 +1,4 @@
-"""The experiment command: cells run as trainers.train processes, resumably, into tables and plots."""
+"""The experiment command: cells run as edp_nlu.train processes, resumably, into tables and plots."""
 import csv
 import json
 import os
@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from configs.grids.common import cell, grid
+from experiments.grids.common import cell, grid
 from edp_tf import attacks
-from trainers import experiment
+from experiments import experiment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=8",
@@ -20,10 +20,10 @@ TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "
 
 def tiny_grid(tmp_path):
     g = grid("tiny", [
-        cell("clc_sgd", "SGD", "sgd", "configs/default.py", "mechanism=sgd", *TINY),
-        cell("clc_dpsgd", "per-example eps 8", "per-example", "configs/default.py",
+        cell("clc_sgd", "SGD", "sgd", "edp_nlu/configs/default.py", "mechanism=sgd", *TINY),
+        cell("clc_dpsgd", "per-example eps 8", "per-example", "edp_nlu/configs/default.py",
              "mechanism=dpsgd", "target_epsilon=8.0", *TINY),
-        cell("clc_never", "not run", "per-example", "configs/default.py", "mechanism=dpsgd", *TINY),
+        cell("clc_never", "not run", "per-example", "edp_nlu/configs/default.py", "mechanism=dpsgd", *TINY),
     ], schedule_reference="clc_dpsgd")
     g.results_dir = str(tmp_path / "results")
     g.runs_dir = str(tmp_path / "runs")
@@ -49,7 +49,7 @@ def test_cells_collect_the_runs_numbers(finished):
         assert r["test"] == metrics["test_by_decoding"]["viterbi"]
         assert r["test_bio"] == metrics["test"] == metrics["test_by_decoding"]["bio"]
         assert 0 <= r["membership_inference"]["auc"] <= 1
-        assert r["command"].startswith("python -m trainers.train --config=configs/default.py")
+        assert r["command"].startswith("python -m edp_nlu.train --config=edp_nlu/configs/default.py")
     assert sgd["epsilon"] == float("inf") and sgd["private"] is False
     with open(os.path.join(g.runs_dir, "clc_dpsgd", "privacy.json")) as f:
         privacy = json.load(f)
@@ -59,8 +59,8 @@ def test_cells_collect_the_runs_numbers(finished):
 
 def test_a_cell_with_overrides_resumes_with_its_own_settings(finished):
     """A cell whose run directory has a checkpoint is resumed from the run's own config: its
-    config file alone (here configs/default.py without synthetic_size=240, ...) would ask for
-    another run, which trainers.train refuses."""
+    config file alone (here edp_nlu/configs/default.py without synthetic_size=240, ...) would ask for
+    another run, which edp_nlu.train refuses."""
     g, (_, dp) = finished
     command = experiment.cell_command(g, g.cells[1], sys.executable, resume=True)
     assert "--resume" in command and not any(a.startswith("--config") for a in command)
@@ -113,12 +113,12 @@ def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path
     g, _ = finished
     grid_file = tmp_path / "grid.py"
     grid_file.write_text(
-        "from configs.grids.common import cell, grid\n"
+        "from experiments.grids.common import cell, grid\n"
         "def get_config():\n"
-        f"    g = grid('tiny', [cell('clc_sgd', 'SGD', 'sgd', 'configs/default.py')])\n"
+        f"    g = grid('tiny', [cell('clc_sgd', 'SGD', 'sgd', 'edp_nlu/configs/default.py')])\n"
         f"    g.results_dir = {g.results_dir!r}\n    g.runs_dir = {g.runs_dir!r}\n    return g\n")
     run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "trainers.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
+        [sys.executable, "-m", "experiments.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
         capture_output=True, text=True, timeout=300)
     out = run()
     assert out.returncode == 0, out.stderr[-2000:]
@@ -189,7 +189,7 @@ def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
 # ------------------------------------------------------------------------------ --select
 def test_select_plans_the_schedule_the_trainer_charges(finished):
     """A candidate's schedule is planned before training (the selection's bound must cover
-    every candidate first); the plan is what trainers.train then recorded, and a ledger that
+    every candidate first); the plan is what edp_nlu.train then recorded, and a ledger that
     differs from its plan is caught (the candidate would be discarded)."""
     from edp_tf.accounting import EpochRecord
     from edp_tf.ledger import read_ledger
@@ -218,7 +218,7 @@ def test_select_refuses_candidates_that_would_select_their_labels_privately(tmp_
     from tests.tiny_runs import many_csv_rows, write_csv
 
     corpus = write_csv(tmp_path / "data.csv", many_csv_rows("alarm", "set", 40))
-    candidate = cell("csv", "per-example", "per-example", "configs/default.py",
+    candidate = cell("csv", "per-example", "per-example", "edp_nlu/configs/default.py",
                      "mechanism=dpsgd", f"data_dir={corpus}", *TINY)
     with pytest.raises(ValueError, match="give the candidates a label schema"):
         experiment.planned_run(experiment.cell_config(candidate))
@@ -278,7 +278,7 @@ def _tiny_selection_grid(tmp_path, candidates):
 def test_select_releases_the_best_kept_candidate_and_resumes_its_draw(finished, tmp_path,
                                                                       monkeypatch):
     g, _ = finished
-    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "configs/default.py",
+    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "edp_nlu/configs/default.py",
                 "mechanism=dpsgd", "target_epsilon=8.0", *TINY)
     candidates = [g.cells[1], twin]
     dev_ser = {i: 0.5 - 0.01 * i for i in range(40)}  # later candidates score better...
@@ -327,7 +327,7 @@ def test_accounted_tuning_releases_nothing_that_tells_k_or_the_other_candidates(
     from edp_tf import tuning
 
     g, _ = finished
-    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "configs/default.py",
+    twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "edp_nlu/configs/default.py",
                 "mechanism=dpsgd", "target_epsilon=8.0", *TINY)
     candidates = [g.cells[1], twin]
     k = 5  # K is drawn as always, from OS entropy; here it is fixed to know what to look for
@@ -393,14 +393,14 @@ def test_a_draw_saved_with_index_names_continues_under_token_names(finished, tmp
 def test_select_command_line(tmp_path):
     grid_file = tmp_path / "grid.py"
     grid_file.write_text(
-        "from configs.grids.common import cell, grid\n"
+        "from experiments.grids.common import cell, grid\n"
         "def get_config():\n"
-        f"    g = grid('tiny', [cell('dp', 'dp', 'dp', 'configs/default.py', "
+        f"    g = grid('tiny', [cell('dp', 'dp', 'dp', 'edp_nlu/configs/default.py', "
         f"*{('mechanism=dpsgd', 'target_epsilon=8.0') + TINY!r})])\n"
         f"    g.results_dir = {str(tmp_path / 'results')!r}\n"
         f"    g.runs_dir = {str(tmp_path / 'runs')!r}\n    return g\n")
     run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "trainers.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
+        [sys.executable, "-m", "experiments.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
         capture_output=True, text=True, timeout=300)
     out = run("--select", "--plan_only", "--mu=4", "--distribution=logarithmic")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -1,15 +1,15 @@
-"""A private run faulted from the inside at steps a seed picks (trainers/faults.py): a graceful
+"""A private run faulted from the inside at steps a seed picks (tools/faults.py): a graceful
 SIGTERM, a SIGKILL between a checkpoint's files and its commit, a damaged newest checkpoint and
 an exception in the input pipeline; resumed after each, it finishes with an export that serves
 and a ledger that charges every step that ran (the soak with every fault kind is the command
-`python -m trainers.faults`, docs/faults.md).
+`python -m tools.faults`, docs/faults.md).
 
 The runs are subprocesses, as a user runs them (see test_workers.py for why)."""
 import json
 import os
 import random
 
-from trainers import faults
+from tools import faults
 
 EPOCHS = 3
 # 1,200 synthetic utterances, 960 to train on at batch 32: q = 1/30, 30 steps an epoch

@@ -1,7 +1,7 @@
-"""Offline LiRA scoring (trainers.lira): the attack itself, on synthetic log-likelihoods."""
+"""Offline LiRA scoring (tools.lira): the attack itself, on synthetic log-likelihoods."""
 import numpy as np
 
-from trainers import lira
+from tools import lira
 
 
 def _likelihoods(masks, member_bonus, rng):

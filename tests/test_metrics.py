@@ -4,8 +4,8 @@ import random
 import pytest
 from seqeval.metrics.sequence_labeling import get_entities
 
-from trainers.data.corpus import Utterance
-from trainers.scoring import metrics
+from edp_nlu.data.corpus import Utterance
+from edp_nlu.scoring import metrics
 
 
 def test_slot_spans_bio_and_lenient_conll_chunks():

@@ -10,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from models import testing
-from models.bert.bert_joint import BertJoint
-from models.bert.bert_preprocessor import BertPreprocessor
-from models.clc.clc_joint import CLCJoint
-from models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 
 REPLICAS = 2
 MODES = [pytest.param(None, id="edp"), pytest.param(1, id="per_example")]
@@ -31,7 +31,7 @@ def _clc(strategy):
     )
     with strategy.scope():
         # One BiLSTM layer over 4 words: the unrolled graph is traced per replica and, for the
-        # per-example path, vectorised; the two-layer model is covered in models/clc.
+        # per-example path, vectorised; the two-layer model is covered in edp_nlu/models/clc.
         model = CLCJoint.from_preprocessor(pre, **{**testing.TINY_CLC, "num_lstm_layers": 1})
     return pre, model
 
@@ -77,6 +77,6 @@ def test_clc_trains_privately(strategy, microbatch_size):
 @pytest.mark.parametrize("microbatch_size", MODES)
 def test_bert_trains_privately(strategy, microbatch_size):
     # The per-example step uses edp_tf's default method (ghost norms), which runs with oneDNN on;
-    # plain vectorised per-example gradients of BERT are checked in models/bert/bert_joint_test.py.
+    # plain vectorised per-example gradients of BERT are checked in edp_nlu/models/bert/bert_joint_test.py.
     pre, model = _bert(strategy)
     _train_privately(strategy, pre, model, microbatch_size)

@@ -1,5 +1,6 @@
-"""`pip install .` gives a user the library and the edp-* commands: the wheel is built from a copy
-of the tree, its contents and entry points checked, then installed apart and run outside the repo.
+"""`pip install .` gives a user the library and the edp-* commands, under two namespaces of their
+own (edp_tf, edp_nlu) and without tests or research tools: the wheel is built from a copy of the
+tree, its contents and entry points checked, then installed apart and run outside the repo.
 """
 import os
 import shutil
@@ -11,18 +12,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("edp_tf", "models", "trainers", "configs")
-COMMANDS = ("train", "evaluate", "privacy", "audit", "lira", "experiment", "benchmark")
+PACKAGES = ("edp_tf", "edp_nlu", "experiments", "benchmarks", "tools")  # copied; two are built
+COMMANDS = ("train", "evaluate", "privacy")
+TOOLS = ("audit", "lira", "experiment", "benchmark")  # `python -m tools.audit` etc., from a checkout
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
     for package in PACKAGES:  # a copy: the build writes build/ and *.egg-info beside its sources
         shutil.copytree(REPO / package, src / package,
-                        ignore=shutil.ignore_patterns("__pycache__", "BUILD"))
+                        ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                            "-q", "-w", str(out), str(src)], capture_output=True, text=True,
@@ -39,12 +41,16 @@ def test_the_wheel_holds_the_library_the_application_and_its_commands(wheel):
         entry_points = z.read(info).decode()
         metadata = z.read(info.replace("entry_points.txt", "METADATA")).decode()
     for module in ("edp_tf/__init__.py", "edp_tf/private_model.py", "edp_tf/ghost/__init__.py",
-                   "models/crf.py", "models/bert/bert_joint.py", "trainers/train.py",
-                   "trainers/console.py", "configs/default.py", "configs/grids/snips.py"):
+                   "edp_nlu/models/crf.py", "edp_nlu/models/bert/bert_joint.py", "edp_nlu/train.py",
+                   "edp_nlu/console.py", "edp_nlu/configs/default.py", "edp_nlu/configs/snips_clc.py"):
         assert module in names, module
-    assert not [n for n in names if n.split("/")[0] in ("tests", "results", "docs", "bazel")]
+    assert {n.split("/")[0] for n in names if not n.startswith("edp_tf-")} == {"edp_tf", "edp_nlu"}
+    assert not [n for n in names if n.endswith("_test.py") or n.endswith("conftest.py")
+                or n.endswith("/BUILD")]
     for command in COMMANDS:
-        assert f"edp-{command} = trainers.console:{command}" in entry_points
+        assert f"edp-{command} = edp_nlu.console:{command}" in entry_points
+    for tool in TOOLS:
+        assert f"edp-{tool} " not in entry_points
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     library = [r for r in requires if "extra ==" not in r]
     assert {r.split()[1].split("==")[0] for r in library} >= {"tensorflow", "keras",
@@ -60,8 +66,10 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(target))
-    where = subprocess.run([sys.executable, "-c", "import edp_tf, trainers; "
-                            "print(edp_tf.__file__); print(trainers.__file__)"],
+    where = subprocess.run([sys.executable, "-c", "import edp_tf, edp_nlu; "
+                            "print(edp_tf.__file__); print(edp_nlu.__file__); "
+                            "from edp_nlu.configs import config_file; "
+                            "print(config_file('snips_clc'))"],  # --config=snips_clc
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert where.returncode == 0, where.stderr[-3000:]
     assert all(line.startswith(str(target)) for line in where.stdout.split())
@@ -78,7 +86,7 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
 
 
 def test_a_command_without_the_nlu_extra_says_how_to_get_it(monkeypatch):
-    from trainers import console
+    from edp_nlu import console
 
     def missing(name):
         raise ModuleNotFoundError("No module named 'ml_collections'", name="ml_collections")

@@ -1,5 +1,5 @@
 """Per-class scores against hand-worked examples, the frequency buckets, the list of lost classes,
-and `trainers.evaluate --per_class` on a tiny run beside a stub model."""
+and `edp_nlu.evaluate --per_class` on a tiny run beside a stub model."""
 import json
 import os
 import subprocess
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from tests import tiny_runs
-from trainers.scoring import metrics
-from trainers.scoring import per_class as pc
-from trainers.scoring.per_class import INTENT, SLOT, ClassScore
+from edp_nlu.scoring import metrics
+from edp_nlu.scoring import per_class as pc
+from edp_nlu.scoring.per_class import INTENT, SLOT, ClassScore
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -260,9 +260,9 @@ def runs(tmp_path_factory):
 def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
     prefix = str(tmp_path / "results" / "tiny_clc")
     proc = subprocess.run(
-        [sys.executable, "-m", "trainers.evaluate", f"--run_dir={runs['prior']}",
+        [sys.executable, "-m", "edp_nlu.evaluate", f"--run_dir={runs['prior']}",
          f"--compare_to={runs['oracle']}", "--per_class", f"--per_class_results={prefix}",
-         "--command=python -m trainers.train --config=tiny"],
+         "--command=python -m edp_nlu.train --config=tiny"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -308,8 +308,8 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
     assert "rank correlation of training count with the gap" in out
 
     md = open(prefix + ".md").read()
-    assert md.count("not a DP release") == 1 and "python -m trainers.train --config=tiny" in md
-    assert "python -m trainers.evaluate --run_dir=" in md
+    assert md.count("not a DP release") == 1 and "python -m edp_nlu.train --config=tiny" in md
+    assert "python -m edp_nlu.evaluate --run_dir=" in md
     assert os.path.getsize(prefix + ".png") > 1000
     # no training utterance text in anything the command printed or wrote
     texts = {" ".join(u.tokens) for u in train if len(u.tokens) >= 3}
@@ -318,7 +318,7 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
 
 
 def test_per_class_run_alone_and_its_output_path(runs, tmp_path):
-    from trainers import evaluate
+    from edp_nlu import evaluate
 
     result = evaluate.per_class_run(runs["oracle"], split="dev")
     assert result["split"] == "dev" and "compare_to" not in result
@@ -332,7 +332,7 @@ def test_per_class_run_alone_and_its_output_path(runs, tmp_path):
 
 
 def test_a_comparison_on_other_data_is_refused(runs, tmp_path):
-    from trainers import evaluate
+    from edp_nlu import evaluate
 
     other = tmp_path / "other"
     os.makedirs(other)
@@ -344,14 +344,14 @@ def test_a_comparison_on_other_data_is_refused(runs, tmp_path):
 
 
 def evaluate_command(*args):
-    return subprocess.run([sys.executable, "-m", "trainers.evaluate", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "edp_nlu.evaluate", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
 
 
 def test_a_private_run_is_not_scored_on_its_training_split(runs):
     """Exact scores of a private run on its training split, overall or per class, are unnoised
     statistics of the data epsilon protects: refused with one line, exit code 2."""
-    from trainers import evaluate
+    from edp_nlu import evaluate
 
     private = runs["private"]
     for args in (["--per_class"], []):
@@ -374,7 +374,7 @@ def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, 
     """per_class.json holds per-class training counts, unnoised: by default it goes beside the
     run directory, and a private run's directory (which privacy.json lists file by file) is
     refused as its place."""
-    from trainers import evaluate
+    from edp_nlu import evaluate
 
     private = runs["private"]
     before = sorted(os.listdir(private))

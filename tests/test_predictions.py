@@ -1,9 +1,9 @@
-"""trainers.scoring.predictions.per_example_losses: every row scored once, in order, with a
+"""edp_nlu.scoring.predictions.per_example_losses: every row scored once, in order, with a
 single trace."""
 import numpy as np
 import tensorflow as tf
 
-from trainers.scoring import predictions
+from edp_nlu.scoring import predictions
 
 
 class _SumModel:

@@ -1,4 +1,4 @@
-"""`python -m trainers.privacy`: the planned statement per noise mode, the command itself, and the
+"""`python -m edp_nlu.privacy`: the planned statement per noise mode, the command itself, and the
 statement re-derived from a real run's privacy.json (with a tampered copy flagged)."""
 import sys
 
@@ -9,7 +9,7 @@ import pytest
 import edp_tf
 from edp_tf import accounting as acc
 from edp_tf import ledger
-from trainers import privacy
+from edp_nlu import privacy
 
 
 def test_planned_statement_shows_both_modes_per_epoch():
@@ -43,7 +43,7 @@ def test_privacy_command_runs(tmp_path):
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, "-m", "trainers.privacy", "--dataset_size=3000", "--batch_size=64",
+        [sys.executable, "-m", "edp_nlu.privacy", "--dataset_size=3000", "--batch_size=64",
          "--epochs=2", "--replicas=4", "--noise_multiplier=1.0", "--microbatch_size=1"],
         capture_output=True, text=True, timeout=120,
         cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
@@ -81,7 +81,7 @@ def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path):
     import subprocess
 
     page = tmp_path / "report.html"
-    out = subprocess.run([sys.executable, "-m", "trainers.privacy", f"--run_dir={tmp_path}",
+    out = subprocess.run([sys.executable, "-m", "edp_nlu.privacy", f"--run_dir={tmp_path}",
                           f"--report={page}"], capture_output=True, text=True, timeout=120,
                          cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
@@ -143,7 +143,7 @@ def test_sampling_table_command(tmp_path):
     import subprocess
 
     root = os.path.dirname(os.path.dirname(__file__))
-    base = [sys.executable, "-m", "trainers.privacy", "--dataset_size=1000", "--sampling_table",
+    base = [sys.executable, "-m", "edp_nlu.privacy", "--dataset_size=1000", "--sampling_table",
             "--sampling_rates=0.1", "--passes=2"]
     out = subprocess.run(base + ["--target_epsilon=4"], capture_output=True, text=True,
                          timeout=120, cwd=root)

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import edp_tf
 from tests import tiny_runs
-from trainers.pipeline import builders, training
+from edp_nlu.pipeline import builders, training
 
 
 def _config(**overrides):

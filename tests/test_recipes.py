@@ -1,12 +1,12 @@
-"""Automatic defaults (trainers/pipeline/recipes.py) and the learning-rate schedule
-(trainers/pipeline/optimizers.py)."""
+"""Automatic defaults (edp_nlu/pipeline/recipes.py) and the learning-rate schedule
+(edp_nlu/pipeline/optimizers.py)."""
 import math
 
 import numpy as np
 import pytest
 
-from configs.base import base_config
-from trainers.pipeline import optimizers, recipes
+from edp_nlu.configs.base import base_config
+from edp_nlu.pipeline import optimizers, recipes
 
 
 def config(**overrides):
@@ -153,7 +153,7 @@ def dict_update(c, **kw):
 
 
 def test_auto_max_words_is_a_public_constant_per_data_kind():
-    from trainers.data import synthetic
+    from edp_nlu.data import synthetic
 
     assert recipes.resolve(config(max_words=0), n=1000).max_words == 20
     assert recipes.resolve(config(max_words=0, data_dir="/some/corpus"), n=1000).max_words == 32
@@ -174,7 +174,7 @@ def test_user_level_batches_count_users_in_multiples_of_the_replicas():
 
 def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_finetuning():
     """The recipe results/pilot_snips_bert chose: the grids' pinned rows depend on it."""
-    from configs.snips_bert import get_config
+    from edp_nlu.configs.snips_bert import get_config
 
     private = recipes.resolve(get_config(), n=13_084)
     assert (private.bert.finetune, private.bert.dropout, private.learning_rate) == (
@@ -190,7 +190,7 @@ def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_
 def test_dataset_configs_pass_the_trainers_checks(name):
     import importlib
 
-    from trainers.pipeline import builders
+    from edp_nlu.pipeline import builders
 
     config = importlib.import_module(f"configs.{name}").get_config()
     for mechanism in ("sgd", config.mechanism):

@@ -1,12 +1,12 @@
-"""Label schemas (trainers/data/schema.py): where the label sets come from, and what epsilon
+"""Label schemas (edp_nlu/data/schema.py): where the label sets come from, and what epsilon
 covers."""
 import json
 import os
 
 import pytest
 
-from trainers.data import schema, synthetic
-from trainers.data.corpus import Utterance
+from edp_nlu.data import schema, synthetic
+from edp_nlu.data.corpus import Utterance
 
 SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
                       "shared", "data")
@@ -69,7 +69,7 @@ def test_snips_ships_its_schema():
 
 # ------------------------------------------------------------ labels selected with DP (no schema)
 def test_each_unit_contributes_its_intent_and_slot_types():
-    from trainers.pipeline import label_selection
+    from edp_nlu.pipeline import label_selection
 
     train = [Utterance(("call", "ann", "now"), ("O", "B-name", "B-time"), "call", "u1"),
              Utterance(("ann", "smith"), ("B-name", "I-name"), "call", "u1"),
@@ -84,7 +84,7 @@ def test_each_unit_contributes_its_intent_and_slot_types():
 
 
 def test_unselected_labels_become_unk_and_o_keeping_the_user():
-    from trainers.pipeline import label_selection
+    from edp_nlu.pipeline import label_selection
 
     selected = schema.LabelSchema(("call",), ("name",), label_selection.SOURCE,
                                   selection={"noise_stddev": 5.0})
@@ -97,7 +97,7 @@ def test_unselected_labels_become_unk_and_o_keeping_the_user():
 
 def test_a_resumed_run_keeps_its_selected_labels_and_is_charged_once(tmp_path):
     from edp_tf.partition_selection import GaussianThresholding
-    from trainers.pipeline import label_selection
+    from edp_nlu.pipeline import label_selection
 
     assert label_selection.resumed(str(tmp_path)) is None
     assert not label_selection.charged(str(tmp_path))
@@ -123,7 +123,7 @@ def test_private_run_on_a_csv_corpus_without_schema_selects_its_labels_privately
 
     from edp_tf import accounting
     from tests.tiny_runs import csv_row, many_csv_rows, read, strategy, tiny_config, write_csv
-    from trainers.pipeline import training
+    from edp_nlu.pipeline import training
 
     rare = csv_row(9000, "iot", "hue_off", "turn off the [device_type : lamp]")
     path = write_csv(tmp_path / "corpus" / "data.csv", many_csv_rows("alarm", "set", 120)

@@ -3,11 +3,11 @@ import collections
 
 import pytest
 
-from trainers.data import synthetic
-from trainers.data.corpus import bio_error
-from trainers.data.loading import conform, describe
-from trainers.data.schema import schema_from_training_data
-from trainers.scoring.metrics import slot_spans
+from edp_nlu.data import synthetic
+from edp_nlu.data.corpus import bio_error
+from edp_nlu.data.loading import conform, describe
+from edp_nlu.data.schema import schema_from_training_data
+from edp_nlu.scoring.metrics import slot_spans
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The run's wall-time breakdown: phases add up, the first step's tracing is told apart."""
 import time
 
-from trainers.pipeline import timing
+from edp_nlu.pipeline import timing
 
 
 def test_phases_add_up_to_the_total_with_the_rest_as_other():

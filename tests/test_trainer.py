@@ -1,4 +1,4 @@
-"""End-to-end tests of the trainer (`trainers.pipeline.training.train`, `python -m trainers.train`)
+"""End-to-end tests of the trainer (`edp_nlu.pipeline.training.train`, `python -m edp_nlu.train`)
 at tiny sizes.
 
 Each training run costs tens of CPU-seconds (tracing the step, the export), so runs are shared
@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs.base import base_config
+from edp_nlu.configs.base import base_config
 from edp_tf import accounting
 from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
-from trainers.pipeline import builders, recipes, run_files, training
-from trainers.scoring import predictions
+from edp_nlu.pipeline import builders, recipes, run_files, training
+from edp_nlu.scoring import predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EPSILON = 4.0
@@ -111,13 +111,13 @@ def resumed_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
-    """`python -m trainers.train` (default config, GloVe, with eDP-SGD) with planted canaries."""
+    """`python -m edp_nlu.train` (default config, GloVe, with eDP-SGD) with planted canaries."""
     run_dir = str(tmp_path_factory.mktemp("cli") / "run")
     overrides = dict(synthetic_size=SIZE, synthetic_canaries=2, synthetic_canary_repeats=3,
                      batch_size=BATCH, max_words=8)
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
-    argv = ([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}", "--replicas=1",
+    argv = ([sys.executable, "-m", "edp_nlu.train", f"--run_dir={run_dir}", "--replicas=1",
              "--mechanism=edp",  # the default job is per-example: eDP is tested here
              "--verbose",  # all of the output, TensorFlow's too, is checked for utterances
              "--epochs=1"] + [f"--config.{k}={v}" for k, v in overrides.items()]
@@ -445,7 +445,7 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
 
 def _resume(run_dir, *flags):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's
-    return subprocess.run([sys.executable, "-m", "trainers.train", f"--run_dir={run_dir}",
+    return subprocess.run([sys.executable, "-m", "edp_nlu.train", f"--run_dir={run_dir}",
                            "--resume", *flags], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
 
@@ -471,9 +471,9 @@ def test_resume_refuses_a_command_that_asks_for_another_run(cli_run):
 
 
 def test_resume_compares_a_config_file_as_it_ran():
-    """A private run resumed with its config file given again (as `trainers.experiment` does):
+    """A private run resumed with its config file given again (as `experiments.experiment` does):
     config.json records what ran, a private_ field in place of its plain field, so the file is
-    compared with its private_ fields in their places (trainers/train.py); compared raw, it was
+    compared with its private_ fields in their places (edp_nlu/train.py); compared raw, it was
     refused (bert.finetune 'lora' vs 'no_embeddings')."""
     file = tiny_config("bert", "dpsgd", replicas=1)
     file.bert.update(finetune="no_embeddings", private_finetune="lora", dropout=0.1,
@@ -501,7 +501,7 @@ def test_a_damaged_run_file_is_named_with_the_way_out(tmp_path):
 
 
 def test_public_progress_shows_no_statistic_of_the_private_batches(capsys):
-    from trainers.pipeline.callbacks import PublicProgress
+    from edp_nlu.pipeline.callbacks import PublicProgress
 
     bar = PublicProgress()
     bar.set_params({"verbose": 2, "epochs": 1, "steps": 2})
@@ -603,7 +603,7 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
 
 
 def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path):
-    """trainers.lira trains shadow models on subsets: `splits` replaces the corpus, the hook sees
+    """tools.lira trains shadow models on subsets: `splits` replaces the corpus, the hook sees
     the trained model, and export=False leaves no SavedModel."""
     config = tiny_config("clc", "sgd", replicas=1)
     full = corpus(config)
@@ -648,7 +648,7 @@ def test_user_level_run_accounts_users(tmp_path):
     assert any(a.startswith("metrics.json: test metrics (user level")
                for a in led["artifacts"]["not_covered"])
     assert not any(a.startswith("metrics.json: test") for a in led["artifacts"]["covered"])
-    from trainers.privacy import statement_from_ledger
+    from edp_nlu.privacy import statement_from_ledger
 
     statement = statement_from_ledger(led)
     assert "add/remove-one-user (all of that user's data)" in statement
@@ -687,7 +687,7 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
         assert e["effective_noise_multiplier"] == pytest.approx(
             (e["noise_multiplier"] ** -2 + 3.0 ** -2) ** -0.5)
     assert TARGET_EPSILON * 0.95 < led["epsilon"] <= TARGET_EPSILON
-    from trainers.privacy import statement_from_ledger
+    from edp_nlu.privacy import statement_from_ledger
 
     assert "DP-AdaFEST" in statement_from_ledger(led)
 

@@ -1,5 +1,5 @@
 """`--config.init_from`: a run's backbone starts from another run's
-(trainers/pipeline/warm_start.py).
+(edp_nlu/pipeline/warm_start.py).
 
 A tiny CLC source run trains without DP on the synthetic corpus (seed 0); targets train on
 joint-format directories: seed 1's corpus without any of the source's training utterances (a
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
-from trainers.pipeline import run_files, training, warm_start
+from edp_nlu.pipeline import run_files, training, warm_start
 
 
 def config_with(vectors, **overrides):

@@ -1,8 +1,8 @@
-"""`python -m trainers.train --workers=2`: two worker processes, one run, one ledger; a worker
+"""`python -m edp_nlu.train --workers=2`: two worker processes, one run, one ledger; a worker
 killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger.
 
-The command runs in subprocesses: importing trainers.train here would define its flags a second
-time beside trainers.benchmark's (absl's DuplicateFlagError)."""
+The command runs in subprocesses: importing edp_nlu.train here would define its flags a second
+time beside benchmarks.benchmark's (absl's DuplicateFlagError)."""
 import json
 import os
 import signal
@@ -15,7 +15,7 @@ import pytest
 
 from edp_tf import accounting
 from tests.tiny_runs import SMALL_CLC_FLAGS
-from trainers.pipeline import worker_processes
+from edp_nlu.pipeline import worker_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2  # killed in the second, resumed to the end
@@ -23,7 +23,7 @@ FLAGS = [*SMALL_CLC_FLAGS, f"--epochs={EPOCHS}"]
 
 
 def command(run_dir, *extra):
-    return [sys.executable, "-m", "trainers.train", "--workers=2", f"--run_dir={run_dir}",
+    return [sys.executable, "-m", "edp_nlu.train", "--workers=2", f"--run_dir={run_dir}",
             *FLAGS, *extra]
 
 

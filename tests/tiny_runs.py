@@ -6,8 +6,8 @@ import os
 import pathlib
 
 import edp_tf
-from configs.base import base_config
-from trainers.data import synthetic
+from edp_nlu.configs.base import base_config
+from edp_nlu.data import synthetic
 
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
 
@@ -60,7 +60,7 @@ def write_joint_dir(path, splits, schema: bool = False) -> str:
     `schema`, the synthetic generator's public label schema beside them (schema.json), so that
     the labels are not derived from the training split."""
     if schema:
-        from trainers.data import schema as schema_lib
+        from edp_nlu.data import schema as schema_lib
 
         os.makedirs(path, exist_ok=True)
         schema_lib.write_schema(os.path.join(path, schema_lib.SCHEMA_FILE),
@@ -75,7 +75,7 @@ def write_joint_dir(path, splits, schema: bool = False) -> str:
     return str(path)
 
 
-# NLU-Evaluation-Data CSV files (trainers/data/nlu_csv.py): the header of its per-scenario files.
+# NLU-Evaluation-Data CSV files (edp_nlu/data/nlu_csv.py): the header of its per-scenario files.
 CSV_HEADER = "answerid;scenario;intent;answer_annotation;answer_from_anno;answer_from_user\n"
 
 

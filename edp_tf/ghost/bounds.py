@@ -3,7 +3,7 @@
 Why: ||a^T dz||^2 = <A A^T, dZ dZ^T> sums signed terms. Taken naively in float32 it came out 2.1%
 below the true norm in a constructed case, and then an example passes the clip with more than C.
 Float64 Grams avoid that, but they run on Eigen rather than oneDNN: the per-example CLC step took
-1.51x plain training with them against 1.20x with float32 ones (`trainers.benchmark`). So the Grams
+1.51x plain training with them against 1.20x with float32 ones (`benchmarks.benchmark`). So the Grams
 are float32 matmuls, and each norm is raised by a bound of their rounding error (Higham's
 gamma_n, which holds for a dot product summed in any order):
 

@@ -37,8 +37,8 @@ def with_lora(build, rank=2):
 
 
 class _MatrixLoRA(keras.layers.EinsumDense):
-    """A [contracted axes, r], B [r, output axes]: models/bert/finetuning.py's layout, rebuilt
-    here (edp_tf's tests import nothing from models/)."""
+    """A [contracted axes, r], B [r, output axes]: edp_nlu/models/bert/finetuning.py's layout, rebuilt
+    here (edp_tf's tests import nothing from edp_nlu/models/)."""
 
     @property
     def kernel(self):

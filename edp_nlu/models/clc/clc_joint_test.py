@@ -1,0 +1,206 @@
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from edp_nlu.models import testing
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors
+
+
+@pytest.fixture(scope="module")
+def data():
+    pre = CLCPreprocessor.from_training_data(
+        testing.TOKENS, testing.TAGS, testing.INTENTS, max_words=6, max_word_length=5
+    )
+    x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
+    return pre, x, y
+
+
+def test_outputs_and_parameter_count(data):
+    pre, x, y = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    out = model(x)
+    assert out["intent_logits"].shape == (8, len(pre.intent_vocabulary))
+    assert out["tag_potentials"].shape == (8, 6, len(pre.tag_vocabulary))
+    np.testing.assert_array_equal(out["tag_mask"].numpy(), x["word_ids"] > 0)
+    assert model.per_example_loss(y, out).shape == (8,)
+    # Two BiLSTM layers: 2 directions x 4 gates x units x (inputs + units + 1).
+    units, features = 8, 8 + 4
+    lstm = 2 * 4 * units * (features + units + 1) + 2 * 4 * units * (2 * units + units + 1)
+    lstm_params = sum(int(np.prod(v.shape)) for v in model.backbone.weights if "lstm" in v.path)
+    assert lstm_params == lstm
+
+
+def test_trains_and_reduces_loss(data):
+    pre, x, y = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    model.compile(optimizer=keras.optimizers.Adam(0.02))
+    before = float(tf.reduce_mean(model.per_example_loss(y, model(x))))
+    model.fit(x, y, batch_size=8, epochs=15, verbose=0)
+    after = float(tf.reduce_mean(model.per_example_loss(y, model(x))))
+    assert after < 0.7 * before, (before, after)
+    predicted = model.predict_labels(x)
+    assert predicted["tag_ids"].shape == (8, 6)
+
+
+def test_pretrained_vectors_initialise_and_can_be_frozen(data):
+    pre, x, _ = data
+    rng = np.random.default_rng(0)
+    vectors = WordVectors(("call", "jazz"), rng.normal(size=(2, 6)).astype(np.float32))
+    model = CLCJoint.from_preprocessor(
+        pre, word_vectors=vectors, word_embeddings_trainable=False, **testing.TINY_CLC
+    )
+    table = model.backbone.word_embedding.embeddings.numpy()
+    assert table.shape[1] == 6
+    np.testing.assert_allclose(table[pre.word_vocabulary.index("call")], vectors.vectors[0])
+    assert not model.backbone.word_embedding.trainable
+    trainable = {v.path for v in model.trainable_variables}
+    assert not any("word_embedding" in p for p in trainable)
+
+
+def test_per_example_gradients_vectorise_without_fallback(data):
+    """The private path: each example's gradient inside tf.vectorized_map (pfor, no while_loop
+    fallback) must equal that example's gradient computed alone."""
+    pre, x, y = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    variables = [v.value for v in model.trainable_variables]
+
+    def one(args):
+        xi, yi = tf.nest.map_structure(lambda t: t[None], args)
+        with tf.GradientTape() as tape:
+            loss = model.per_example_loss(yi, model(xi, training=True))[0]
+        grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        return [tf.convert_to_tensor(g) for g in grads]
+
+    @tf.function
+    def vectorized(x, y):
+        return tf.vectorized_map(one, (x, y), fallback_to_while_loop=False)
+
+    stacked = vectorized(x, y)
+    for i in (0, 5):
+        single = one(tf.nest.map_structure(lambda t: t[i], (x, y)))
+        for got, want in zip(stacked, single):
+            # float32 sums in a different order: 1e-5 relative to the gradient scale
+            np.testing.assert_allclose(got[i].numpy(), want.numpy(), atol=1e-5 * (1 + np.abs(want).max()))
+
+
+@pytest.mark.parametrize("unroll", [True, False])
+def test_the_backward_direction_reads_the_later_words_of_a_padded_utterance(data, unroll):
+    """Each word's backward LSTM features depend on the words after it, also in utterances
+    shorter than max_words (Keras' unrolled go_backwards zeroing made them all zero), and the
+    padded positions are zero in both directions."""
+    pre, x, _ = data
+    backbone = CLCJoint.from_preprocessor(  # one layer: its forward half sees earlier words only
+        pre, unroll=unroll, num_lstm_layers=1, **testing.TINY_CLC).backbone
+    row = 0  # "call mum at 0123": 4 of 6 words
+    changed = {k: np.array(v) for k, v in x.items()}
+    changed["word_ids"][row, 3] = changed["word_ids"][1, 0]
+    changed["char_ids"][row, 3] = changed["char_ids"][1, 0]
+    units = testing.TINY_CLC["lstm_units"]
+    before = backbone(x)["sequence_output"].numpy()[row]
+    after = backbone(changed)["sequence_output"].numpy()[row]
+    # every word before the changed one: some backward feature is non-zero and changes
+    assert np.abs(before[:3, units:] - after[:3, units:]).max(axis=1).min() > 0
+    assert np.abs(before[:4, units:]).max(axis=1).min() > 0
+    np.testing.assert_array_equal(before[:3, :units], after[:3, :units])
+    np.testing.assert_array_equal(before[4:], 0.0)
+
+
+def _op_types(function, *args) -> set:
+    return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
+
+
+def test_inference_runs_the_unrolled_lstms_as_loops_with_the_same_outputs(data):
+    """`infer` (prediction, serving, the membership losses) traces the LSTMs as loops: the
+    outputs equal the unrolled call's, and training keeps its unrolled layers."""
+    pre, x, _ = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    unrolled = tf.function(lambda inputs: model(inputs, training=False))
+    rolled = tf.function(model.infer)
+    assert not {"While", "StatelessWhile"} & _op_types(unrolled, x)
+    assert {"While", "StatelessWhile"} & _op_types(rolled, x)
+    want, got = unrolled(x), rolled(x)
+    for key in ("intent_logits", "tag_potentials"):
+        # the same float32 operations in the same order per position: rounding only
+        np.testing.assert_allclose(got[key].numpy(), want[key].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(
+        model.predict_labels(x)["tag_ids"].numpy(),
+        model.crf.decode(want["tag_potentials"], want["tag_mask"], constrained=True)[0].numpy())
+    layers = [layer for layer in model._flatten_layers() if isinstance(layer, keras.layers.RNN)]
+    assert layers and all(layer.unroll for layer in layers)
+    assert not {"While", "StatelessWhile"} & _op_types(
+        tf.function(lambda inputs: model(inputs, training=True)), x)
+
+
+def test_config_round_trip(data):
+    pre, x, _ = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    clone = CLCJoint.from_config(model.get_config())
+    clone.set_weights(model.get_weights())
+    np.testing.assert_allclose(clone(x)["tag_potentials"], model(x)["tag_potentials"], atol=1e-6)
+
+
+def test_rejects_mismatched_embeddings(data):
+    pre, _, _ = data
+    vectors_matrix = np.zeros((3, 4), np.float32)
+    from edp_nlu.models.clc.clc_backbone import CLCBackbone
+
+    with pytest.raises(ValueError, match="word_embeddings has 3 rows"):
+        CLCBackbone(word_vocabulary_size=10, char_vocabulary_size=5, word_embeddings=vectors_matrix)
+
+
+def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
+    pre, x, _ = data
+    model = CLCJoint.from_preprocessor(pre, **testing.TINY_CLC)
+    labels = pre.tag_vocabulary.labels
+    # Transitions that make every "I-" tag attractive after anything: unconstrained Viterbi
+    # then emits I-x after O or after another type; the BIO decoding must not.
+    bias = np.array([3.0 if t.startswith("I-") else 0.0 for t in labels], np.float32)
+    model.crf.transitions.assign(np.zeros((len(labels),) * 2, np.float32) + bias)
+    model.crf.start_scores.assign(bias)
+
+    def ill_formed(out):
+        count = 0
+        for row, kept in zip(out["tag_ids"].numpy(), out["tag_mask"].numpy().sum(axis=1)):
+            tags = [labels[t] for t in row[:kept]]
+            count += sum(t.startswith("I-") and (i == 0 or tags[i - 1][2:] != t[2:])
+                         for i, t in enumerate(tags))
+        return count
+
+    assert model.decoding == "bio" and ill_formed(model.predict_labels(x)) == 0
+    assert ill_formed(model.predict_labels(x, decoding="viterbi")) > 0
+    # one forward pass, both decodings: the same as two calls (evaluation traces it once)
+    both = model.predict_labels_by_decoding(x, model.decodings())
+    assert set(both) == {"bio", "viterbi"} == set(model.decodings())
+    for decoding, out in both.items():
+        alone = model.predict_labels(x, decoding=decoding)
+        for key in alone:
+            np.testing.assert_array_equal(out[key].numpy(), alone[key].numpy(), err_msg=key)
+    clone = CLCJoint.from_config(model.get_config())
+    assert clone.tag_labels == labels and clone.decoding == "bio" and clone.crf.constrained
+    plain = CLCJoint.from_preprocessor(pre, decoding="viterbi", **testing.TINY_CLC)
+    assert CLCJoint.from_config(plain.get_config()).decoding == "viterbi"
+    # a config saved before the BIO decoding existed: no labels, the unconstrained decoding
+    older = {k: v for k, v in model.get_config().items() if k not in ("tag_labels", "decoding")}
+    older = CLCJoint.from_config(older)
+    assert older.decoding == "viterbi" and not older.crf.constrained
+    assert older.decodings() == ("viterbi",)
+    with pytest.raises(ValueError, match="needs the tag labels"):
+        older.predict_labels(x, decoding="bio")
+    with pytest.raises(ValueError, match="decoding must be one of"):
+        model.predict_labels(x, decoding="greedy")
+
+
+@pytest.mark.parametrize("kernel_size", [1, 3, 4])
+def test_char_windows_are_zero_padded_same_convolution_windows(kernel_size):
+    """The character CNN is a Dense layer on these windows: entry [.., e, i * d + j] must be
+    character e + i - left's feature j, zero outside the word ('same' padding)."""
+    from edp_nlu.models.clc.clc_backbone import _char_windows
+
+    chars = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
+    left = (kernel_size - 1) // 2
+    padded = np.pad(chars, [(0, 0), (0, 0), (left, kernel_size - 1 - left), (0, 0)])
+    want = np.concatenate([padded[:, :, i:i + 5, :] for i in range(kernel_size)], axis=-1)
+    np.testing.assert_array_equal(_char_windows(tf.constant(chars), kernel_size).numpy(), want)

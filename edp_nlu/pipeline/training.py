@@ -1,0 +1,400 @@
+"""One training run: data -> model -> (private) fit -> metrics, ledger, checkpoints, export.
+
+`train` is the sequence; the pieces live in `builders` (data, model, dataset, optimizer, DPConfig),
+`callbacks` (their resume order), `edp_nlu.scoring.predictions` (predictions, scores, the
+membership attack) and `run_files` (the files). Resuming: the ledger charges an epoch before its
+checkpoint is saved (callbacks.in_resume_order), so an interruption can only over-count epsilon.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import signal
+import time
+from typing import Optional
+
+import keras
+import tensorflow as tf
+
+import edp_tf
+from edp_tf import accounting
+from edp_nlu.data import loading
+from edp_nlu.data import schema as schema_lib
+from edp_nlu.pipeline import (builders, checkpoints, label_selection, public_subspace, recipes,
+                               run_files, timing, warm_start)
+from edp_nlu.pipeline import callbacks as callbacks_lib
+from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
+                                         write_json)
+from edp_nlu.scoring import predictions
+
+_log = logging.getLogger(__name__)
+_WARM_START_OUTSIDE = ("the starting weights came from a run that used this run's training data "
+                       "outside its epsilon (privacy.json's not_covered names it)")
+
+
+@dataclasses.dataclass
+class _Data:
+    """The corpus and its encodings, once per run."""
+
+    config: object  # resolved (automatic fields filled)
+    splits: loading.Splits
+    units: int  # n: training examples, or users for user-level privacy
+    users: Optional[list]  # the user of each training row (user-level privacy), else None
+    delta: float  # the run's delta (config.delta, else 0.1 / n)
+    labels: object  # edp_nlu.data.schema.LabelSchema; privately selected ones restrict `splits`
+    unseen: dict
+    preprocessor: object
+    vectors: object
+    train: builders.Encoded
+    dev_x: Optional[dict]
+    test_x: Optional[dict]
+
+
+def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(),
+          splits: Optional[loading.Splits] = None, after_training=None,
+          export: bool = True) -> dict:
+    """Runs (or resumes) the run described by `config` in `run_dir`; returns the summary.
+
+    `callbacks` are extra Keras callbacks (appended after the run's own). `splits` replaces the
+    corpus of `config.data_dir` (e.g. a subset, for shadow models); `after_training(model,
+    preprocessor)` runs on the trained model and its result is the summary's "after_training";
+    `export=False` skips the SavedModel.
+    """
+    started = time.time()
+    phases = timing.Phases()
+    builders.check_config(config)
+    state = _open_run_dir(run_dir, resume)
+    strategy = _strategy(config, strategy)
+    fixed_seed = int(config.seed) if config.seed >= 0 else None
+    if fixed_seed is not None:
+        keras.utils.set_random_seed(fixed_seed)
+    with phases.phase("data"):
+        data = _load_data(config, splits, resume, run_dir, strategy, fixed_seed)
+    config, n, delta = data.config, data.units, data.delta
+    restored = _restart_point(run_dir, state) if resume else None
+    # read and checked once, on a new run: a resumed one restores its own checkpoint
+    source = (warm_start.prepare(config, data.splits.train)
+              if config.get("init_from") and restored is None else None)
+    if source is not None:  # kept in state.json: a resumed run states it without the source
+        state["warm_start"] = source.facts()
+    warm = state.get("warm_start")
+    private = config.mechanism != "sgd"
+    k = builders.microbatch_size(config)
+    with phases.phase("build"):
+        ds, steps, q, expected_batch, sampler = builders.datasets(
+            config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
+        dp = plan = None
+        if private:  # chunked clipping bounds the step's memory (recipes.chunk_rows)
+            config.physical_batch_size = recipes.chunk_rows(
+                config, (k or 1) * builders.augment_copies(config),
+                (sampler.max_batch_size if sampler else int(config.batch_size))
+                // strategy.num_replicas_in_sync)
+            dp, plan = builders.private_run(
+                config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
+                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
+                _releases(data, run_dir, resume))
+        model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
+                                            source)
+    z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
+    state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
+    if not resume:
+        _write_run_files(run_dir, config, data, n, delta, state)
+    ledger = _ledger(config, data, run_dir, sampler, n, delta, q, warm) if private else None
+    if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
+        phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
+                            "privacy accounting")
+    graceful = callbacks_lib.GracefulStop()
+    epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
+                                       data.dev_x, checkpoint, state, trainer if private else None,
+                                       bool(config.diagnostics), graceful, phases)
+    tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
+    initial_epoch = int(state.get("epochs_done", 0))
+    if initial_epoch < config.epochs:
+        try:
+            trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
+                        steps_per_epoch=steps, verbose="auto", shuffle=False,  # ds: drawn already
+                        callbacks=callbacks_lib
+                        .in_resume_order(ledger, epoch_end, tensorboard,
+                                         (timing.StepTimes(phases), *callbacks),
+                                         bool(config.diagnostics)))
+        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
+            _log.warning("no further epoch fits the budget: %s", error)
+        if graceful.signum is not None:
+            done = int(state.get("epochs_done", initial_epoch))
+            raise callbacks_lib.StoppedBySignal(graceful.signum, (
+                f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
+                f"epochs are checkpointed in {run_dir}; every step that ran is charged in "
+                f"privacy.json. Continue with: python -m edp_nlu.train --run_dir={run_dir} "
+                "--resume"))
+    # The averaged weights, also when fit had nothing left to run or stopped; not before the
+    # first step (the averages would still be the zeros they start as).
+    if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
+        trainer.optimizer.finalize_variable_values(model.trainable_variables)
+    with phases.phase("test metrics"):
+        record, test, attack = _final_metrics(run_dir, config, data, model,
+                                              epoch_end.predict_step)
+    if export:
+        from edp_nlu.models.export import export_serving_model
+
+        with phases.phase("export"):
+            run_files.write_directory_atomically(
+                os.path.join(run_dir, "saved_model"),
+                lambda path: export_serving_model(model, data.preprocessor, path))
+    state["finished"] = True  # after the export: a run killed before it is not finished
+    write_json(os.path.join(run_dir, STATE_FILE), state)
+    privacy = _statement(ledger, run_dir)
+    extra = ({"after_training": after_training(model, data.preprocessor)}
+             if after_training else {})
+    return extra | {
+        "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
+        "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
+        "test": test, "decoding": model.decoding, "membership_inference": attack,
+        "epsilon": privacy.get("epsilon", math.inf if not private else None),
+        "delta": delta, "private": bool(privacy.get("private", False)),
+        "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
+    }
+
+
+def _open_run_dir(run_dir: str, resume: bool) -> dict:
+    """The state of the run to resume ({} for a new run); refuses to overwrite a run. A new
+    run's directory is made by its first file (`_write_run_files`), so a run that fails to
+    start leaves no empty directory behind."""
+    state = read_json(os.path.join(run_dir, STATE_FILE), {}) if resume else {}
+    if resume and not state:
+        raise ValueError(f"--resume: {run_dir} has no {STATE_FILE}: nothing to resume")
+    if not resume and os.path.exists(os.path.join(run_dir, CONFIG_FILE)):
+        raise ValueError(f"{run_dir} already holds a run: pass --resume or another --run_dir")
+    return state
+
+
+def _strategy(config, strategy):
+    strategy = strategy or edp_tf.make_strategy(int(config.replicas))
+    if strategy.num_replicas_in_sync != config.replicas:
+        raise ValueError(f"strategy has {strategy.num_replicas_in_sync} replicas, config "
+                         f"asks for {config.replicas}")
+    return strategy
+
+
+def _load_data(config, splits, resume: bool, run_dir: str, strategy,
+               fixed_seed: Optional[int]) -> _Data:
+    splits = splits or builders.load_splits(config)
+    units, users = builders.privacy_units(config, splits.train)
+    if users is not None:  # user level: dev and test hold no training user's utterances
+        splits, dropped = loading.without_training_users(splits)
+        if dropped and builders.training_counts_in_logs(config):  # which users train: private
+            _log.info("user level: %d dev/test utterances of training users left out", dropped)
+        if not splits.test:
+            raise ValueError("--config.privacy_unit=user: every test utterance belongs to a "
+                             "training user; give splits made by user")
+    if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
+        config = recipes.resolve(config, units)
+        if config.model == "bert":  # private runs may have taken the bert.private_ fields
+            _log.info("%s run: bert.finetune=%s, bert.dropout=%s", config.mechanism,
+                      config.bert.finetune, config.bert.dropout)
+    delta = config.delta or accounting.default_delta(units)
+    labels = _labels(config, splits, users, delta, run_dir, resume, strategy, fixed_seed)
+    if labels.selection is not None:  # unselected labels: [UNK] and O (label_selection.py)
+        splits = dataclasses.replace(splits,
+                                     train=label_selection.restrict(splits.train, labels))
+    unseen = {name: loading.conform(getattr(splits, name), labels.tag_vocabulary,
+                                    labels.intent_vocabulary, name)[1].to_dict()
+              for name in ("dev", "test")}
+    preprocessor, vectors = builders.build_preprocessor(config, splits.train, labels)
+
+    def encode(part):
+        return preprocessor.encode([u.tokens for u in part])[0] if part else None
+
+    return _Data(config, splits, units, users, delta, labels, unseen, preprocessor, vectors,
+                 builders.encode(preprocessor, splits.train, "train",
+                                 builders.training_counts_in_logs(config)), encode(splits.dev),
+                 encode(splits.test))
+
+
+def _labels(config, splits, users, delta: float, run_dir: str, resume: bool, strategy,
+            fixed_seed: Optional[int]):
+    """The run's label schema (edp_nlu/pipeline/label_selection.py): a resumed run's own
+    privately selected one; a given schema; a DP selection from the training split in a private
+    run without one; else the training split's labels."""
+    if resume:
+        saved = label_selection.resumed(run_dir)
+        if saved is not None:
+            return saved
+    if label_selection.choice(config) == "schema" and builders.given_label_schema(config) is None:
+        raise ValueError("--config.label_selection=schema: no label schema was given "
+                         "(--config.label_schema, or schema.json or JointBERT's intent_label.txt "
+                         "and slot_label.txt in the data directory)")
+    if not label_selection.selects_privately(config):
+        return builders.label_schema(config, splits)
+    seed = fixed_seed  # a fixed seed leaves the run not private anyway
+    if seed is None and edp_tf.multi_worker.is_multi_worker(strategy):
+        seed = edp_tf.multi_worker.shared_key(strategy)  # every worker must select the same
+    return label_selection.select(config, splits.train, users, delta, seed)
+
+
+def _releases(data: _Data, run_dir: str, resume: bool) -> tuple:
+    """The releases made before the first step that the ledger must charge: the private label
+    selection, unless a resumed run's ledger has charged it already."""
+    event = label_selection.event(data.labels)
+    if event is None or (resume and label_selection.charged(run_dir, event.name)):
+        return ()
+    return (event,)
+
+
+def _restart_point(run_dir: str, state: dict) -> Optional[checkpoints.Committed]:
+    """The newest intact committed checkpoint of a run being resumed (None: from the start);
+    a damaged one is named and skipped, and the epochs after the one taken train again (the
+    ledger charges them again: they query the data again)."""
+    found, skipped = checkpoints.latest(run_dir, state)
+    for why in skipped:
+        _log.warning("damaged checkpoint skipped: %s", why)
+    if skipped or (found is None and int(state.get("epochs_done", 0))):
+        where = (f"{os.path.basename(found.prefix)} ({found.epochs_done} epochs)" if found
+                 else "the start: no intact checkpoint is left")
+        _log.warning("resuming from %s; later epochs train again and are charged again", where)
+    state["epochs_done"] = found.epochs_done if found else 0
+    state["layer_scales"] = found.layer_scales if found else None
+    state["finished"] = False
+    return found
+
+
+def _build(config, data: _Data, dp, plan, steps: int, strategy,
+           restored: Optional[checkpoints.Committed],
+           source: Optional[warm_start.Source] = None):
+    """(model, what `fit` runs: the PrivateModel or the model, its tf.train.Checkpoint),
+    restored from `restored` when resuming, its backbone from `source` when given."""
+    with strategy.scope():
+        model = builders.build_model(config, data.preprocessor, data.vectors)
+        if source is not None:
+            copied = warm_start.load_backbone(model, data.preprocessor, source)
+            _log.info("backbone: %d variables from %s", copied, source.run_dir)
+        optimizer = builders.optimizer(config, steps)
+        if dp is not None:
+            trainer = edp_tf.PrivateModel(model, dp, plan=plan,
+                                          training_statistics=bool(config.diagnostics))
+            trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
+            _probe_first(config, model, trainer)
+            public_subspace.attach(config, trainer, data.preprocessor)
+        else:
+            trainer = model
+            trainer.compile(optimizer=optimizer)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        if restored is not None:
+            optimizer.build(model.trainable_variables)
+            checkpoint.read(restored.prefix).assert_existing_objects_matched()
+            if dp is not None and restored.layer_scales:
+                trainer.restore_layer_scales(restored.layer_scales)
+    return model, trainer, checkpoint
+
+
+def _probe_first(config, model, trainer) -> None:
+    """--config.probe_epochs: the heads train alone for that many epochs, then the encoder
+    joins (the step leaves the encoder's variables out until then: edp_tf freeze_until)."""
+    probe = int(config.get("probe_epochs", 0))
+    if not probe:
+        return
+    if probe >= int(config.epochs):
+        raise ValueError(f"--config.probe_epochs={probe} is invalid: expected fewer than the "
+                         f"run's {config.epochs} epochs (the encoder would never train)")
+    trainer.freeze_until(probe, model.encoder.trainable_variables)
+
+
+def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
+                     state: dict) -> None:
+    """The run's fixed files and its first state (a run killed in its first epoch resumes from
+    the start); config.json last, since it marks the directory as holding a run."""
+    write_json(os.path.join(run_dir, STATE_FILE), dict(state, epochs_done=0, checkpoints=[]))
+    write_json(os.path.join(run_dir, "preprocessor.json"), data.preprocessor.get_config())
+    write_json(os.path.join(run_dir, "label_schema.json"),
+               dict(data.labels.to_dict(), source=data.labels.source,
+                    from_training_data=data.labels.from_training_data,
+                    selection=data.labels.selection))
+    write_json(os.path.join(run_dir, CONFIG_FILE), {
+        "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
+        "delta": delta})
+
+
+def _not_covered(data: _Data, warm: Optional[dict]) -> list:
+    """What the run's statement does not cover: a vocabulary or label names from the training
+    text, a pretraining source's corpora (`warm`: Source.facts(); they go into the PrivacyPlan)."""
+    seeded = data.labels.selection is not None and int(data.config.seed) >= 0
+    return (builders.vocabulary_not_covered(data.preprocessor)
+            + list(schema_lib.not_covered(data.labels))
+            + ([f"The label selection's noise was seeded (seed={int(data.config.seed)}): the "
+                "selected label sets are predictable, so the run is not private."]
+               if seeded else [])
+            + ([warm["not_covered"]] if warm else []))
+
+
+def _statement(ledger, run_dir: str) -> dict:
+    """The ledger's statement for the summary: the one this fit charged, or, when fit had no
+    epoch left to run (a finished run resumed), the one it left in the run directory."""
+    if ledger is not None and ledger.records:
+        return ledger.ledger
+    return read_json(os.path.join(run_dir, "privacy.json"), {})
+
+
+def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q: float,
+            warm: Optional[dict] = None):
+    """The privacy ledger (with the budget when a target epsilon is set), with what the run
+    directory's files are, for the statement's scope; a warm start whose source used this run's
+    training data outside epsilon (`warm`) leaves the weights uncovered, so the run not private."""
+    from edp_tf.ledger import PrivacyLedger
+
+    budget = config.target_epsilon if config.target_epsilon > 0 else None
+    ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
+              PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,
+                            sampling_rate=q, target_epsilon=budget))
+    ledger.artifacts = run_files.artifacts(
+        bool(config.diagnostics), data.labels,
+        bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)),
+        _WARM_START_OUTSIDE if (warm or {}).get("private_data_use") else "",
+        user_level=data.users is not None)
+    return ledger
+
+
+def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
+    """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
+    splits, diagnostics = data.splits, bool(config.diagnostics)
+    # the dev predictions' trace serves the test split too, both decodings (same batch shapes)
+    by_decoding = (predictions.scores_by_decoding(model, data.preprocessor, splits.test,
+                                                  data.test_x, step=predict_step)
+                   if splits.test else {})
+    test = by_decoding.get(model.decoding, {})
+    record = read_json(os.path.join(run_dir, METRICS_FILE), {"epochs": []})
+    attack = (predictions.membership_attack(model, data.preprocessor, data.train, splits.test)
+              if splits.test and diagnostics else {})
+    # The same attack against the dev split: where the test split is drawn differently from
+    # train, test losses are higher for reasons other than membership. No training step uses dev
+    # and the trainer selects nothing on it, so its utterances are non-members too.
+    attack_dev = (predictions.membership_attack(model, data.preprocessor, data.train, splits.dev,
+                                                "dev")
+                  if splits.dev and diagnostics else {})
+    record.update({"test": test, "decoding": model.decoding, "test_by_decoding": by_decoding,
+                   "unseen_labels": data.unseen})
+    if diagnostics:
+        record.update({"train_encoding": data.train.report, "membership_inference": attack,
+                       "membership_inference_dev": attack_dev})
+    if attack:
+        _log.info("membership inference (loss threshold, %d vs %d): AUC %.3f, TPR %.3f at 1%% FPR",
+                  attack["members"], attack["nonmembers"], attack["auc"],
+                  attack["tpr_at_1pct_fpr"])
+    write_json(os.path.join(run_dir, METRICS_FILE), record)
+    return record, test, attack
+
+
+def summary_line(summary: dict) -> str:
+    test = summary["test"]
+    eps = summary["epsilon"]
+    privacy = ("not private (sgd)" if summary["mechanism"] == "sgd" else
+               f"epsilon {eps:.3g} at delta {summary['delta']:.2g}"
+               + ("" if summary["private"] else " (NOT private: see privacy.json)"))
+    quality = (f"test SER {test['ser']:.4f}, intent acc {test['intent_accuracy']:.4f}, "
+               f"slot F1 {test['slot_f1']:.4f} ({summary.get('decoding', 'viterbi')} decoding)"
+               if test else "no test split")
+    attack = summary.get("membership_inference") or {}
+    if attack:
+        privacy += f"; membership-inference AUC {attack['auc']:.3f}"
+    return (f"{summary['model']} / {summary['mechanism']}: {quality}; {privacy}; "
+            f"{summary['epochs']} epochs in {summary['seconds']:.0f} s -> {summary['run_dir']}")

@@ -1,0 +1,164 @@
+"""`python -m edp_nlu.train`: train a joint intent + slot model, privately by default.
+
+    python -m edp_nlu.train                                  # CLC, per-example DP-SGD, synthetic corpus
+    python -m edp_nlu.train --config=snips_clc --mechanism=sgd --run_dir=runs/snips  # or a file's path
+    python -m edp_nlu.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
+    python -m edp_nlu.train --run_dir=runs/x --resume        # continue an interrupted run
+    python -m edp_nlu.train --workers=2 --run_dir=runs/w     # two worker processes, one run
+
+The run directory holds config.json, metrics.json, privacy.json (the ledger), tensorboard/,
+checkpoints/ and saved_model/ (the serving export). Logs carry counts and metrics only, never
+utterance text.
+"""
+from __future__ import annotations
+
+if __name__ == "__main__":  # before ml_collections imports TensorFlow: its native logs read the
+    from edp_nlu import cli  # setting once, at import
+
+    cli.quiet_unless_verbose()
+
+import sys  # noqa: E402
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from edp_nlu.configs import accept_names, config_file  # noqa: E402
+
+_CONFIG = accept_names(config_flags.DEFINE_config_file(
+    "config", config_file("default"), "Experiment config file, or the name of a packaged one "
+    "(snips_clc: edp_nlu/configs/snips_clc.py)."))
+_RUN_DIR = flags.DEFINE_string("run_dir", None, "Run directory (default: runs/<config name>-<time>).")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.")
+# Shortcuts for the most used config fields (a given flag overrides --config.<field>).
+_MECHANISM = flags.DEFINE_enum("mechanism", None, ["sgd", "edp", "dpsgd"], "Training mechanism.")
+_MODEL = flags.DEFINE_enum("model", None, ["clc", "bert"], "Model.")
+_DATA_DIR = flags.DEFINE_string("data_dir", None, "Joint-format dir or NLU-Evaluation CSV(s).")
+_REPLICAS = flags.DEFINE_integer("replicas", None, "Replicas (GPUs, else logical CPUs).")
+_EPOCHS = flags.DEFINE_integer("epochs", None, "Epochs.")
+_TARGET_EPS = flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon.")
+_NOISE = flags.DEFINE_float("noise_multiplier", None, "z0 (when no target epsilon).")
+_DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "Noise decay.")
+_DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
+_WORKERS = flags.DEFINE_integer(
+    "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
+    "127.0.0.1 (edp_nlu/pipeline/worker_processes.py); on CPUs each worker is one replica.",
+    lower_bound=1)
+_WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
+_RECOMPUTE = flags.DEFINE_bool(
+    "recompute_metrics", False, "With --resume on a finished run: restore its last checkpoint "
+    "and recompute its final metrics (test scores, attacks), instead of printing its summary.")
+
+_SHORTCUTS = {
+    "mechanism": _MECHANISM, "model": _MODEL, "data_dir": _DATA_DIR, "replicas": _REPLICAS,
+    "epochs": _EPOCHS, "target_epsilon": _TARGET_EPS, "noise_multiplier": _NOISE,
+    "decay": _DECAY, "decay_rate": _DECAY_RATE,
+}
+
+
+def main(argv):
+    del argv
+    config = _CONFIG.value
+    with config.unlocked():
+        for field, flag in _SHORTCUTS.items():
+            if flag.value is not None:
+                config[field] = flag.value
+    # The strategy first: logical CPU devices must exist before TensorFlow initialises.
+    from edp_tf import make_strategy
+
+    from edp_nlu.pipeline import callbacks, run_files, timing, training
+
+    run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
+    if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
+        config = _resumed_config(config, run_dir)
+        finished = run_files.finished_summary(run_dir)
+        if (finished is not None and int(config.epochs) <= finished["epochs"]
+                and not _RECOMPUTE.value):
+            print(f"{run_dir} is finished ({finished['epochs']} epochs): nothing to resume. "
+                  "Its summary:", flush=True)
+            print(training.summary_line(finished), flush=True)
+            return
+    if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
+        from edp_nlu.pipeline import worker_processes
+
+        sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
+                                         _WORKERS.value, run_dir, _RESUME.value))
+    if _WORKER_INDEX.value is not None:
+        return _worker(config, run_dir)
+    strategy = make_strategy(int(config.replicas))
+    try:
+        summary = training.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+    except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
+        print(f"{stopped}", file=sys.stderr, flush=True)
+        sys.exit(128 + stopped.signum)
+    except Exception as error:  # noqa: BLE001 (a full disk is told in one line, others raise)
+        if not run_files.disk_full(error):
+            raise
+        print(f"error: the disk is full ({run_files.disk_full(error)}); nothing written so far "
+              f"is lost (every file is replaced whole, and the ledger charges every step that "
+              f"ran). Free space, then continue with: python -m edp_nlu.train "
+              f"--run_dir={run_dir} --resume", file=sys.stderr, flush=True)
+        sys.exit(1)
+    print(training.summary_line(summary), flush=True)
+    print(timing.breakdown_line(summary["timing"]), flush=True)
+
+
+def _requested_fields() -> dict:
+    """The config fields this command line sets: --config.<field>=... and the shortcut flags."""
+    requested = {}
+    for name, value in flags.FLAGS.flag_values_dict().items():
+        if name.startswith("config.") and flags.FLAGS[name].present:
+            requested[name[len("config."):]] = value
+    for field, flag in _SHORTCUTS.items():
+        if flag.present:
+            requested[field] = flag.value
+    return requested
+
+
+def _resumed_config(config, run_dir: str):
+    """The run's own config (config.json); a command that asks for another run is refused in
+    one line naming each differing field, rather than silently ignored. More epochs extend it
+    (the ledger still refuses any epoch over the budget)."""
+    from edp_nlu.pipeline import recipes, run_files
+
+    saved = run_files.load_run_config(run_dir, "--resume: --run_dir")
+    requested = _requested_fields()
+    given_file = None
+    if flags.FLAGS["config"].present:  # compared as it ran: private_ fields in their places
+        private = requested.get("mechanism", config.mechanism) != "sgd"
+        given_file = recipes.with_private_fields(config, private)
+    diffs = run_files.resume_differences(saved, requested, given_file)
+    if diffs:
+        raise ValueError(
+            f"--resume: {run_dir} was made with "
+            + ", ".join(f"{f}={old!r} (asked: {new!r})" for f, old, new in diffs)
+            + ". Resume with the run's own settings (more --epochs may extend it), or start "
+            "a new --run_dir")
+    if "epochs" in requested:
+        with saved.unlocked():
+            saved.epochs = int(requested["epochs"])
+    return saved
+
+
+def _worker(config, run_dir: str) -> None:
+    """One worker of a --workers run: the same training, in its own directory (the chief's is
+    the run's); the replica count is the strategy's (workers x devices per worker)."""
+    from edp_tf import make_multi_worker_strategy
+
+    from edp_nlu.pipeline import training, worker_processes
+
+    strategy = make_multi_worker_strategy()
+    index = _WORKER_INDEX.value
+    own_dir = worker_processes.worker_dir(run_dir, index)
+    if _RESUME.value:  # the chief checked the command; the worker takes its own files
+        config = _resumed_config(config, own_dir)
+    elif config.replicas != strategy.num_replicas_in_sync:
+        with config.unlocked():
+            config.replicas = strategy.num_replicas_in_sync
+    summary = training.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
+                             export=index == 0)
+    if index == 0:
+        print(training.summary_line(summary), flush=True)
+
+
+if __name__ == "__main__":
+    cli.run(main)

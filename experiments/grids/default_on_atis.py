@@ -1,0 +1,12 @@
+"""The default command on ATIS (see experiments/grids/default_on_snips.py).
+
+    python -m experiments.experiment --grid=experiments/grids/default_on_atis.py
+"""
+from experiments.grids.common import grid
+from experiments.grids.default_on_snips import cells
+
+
+def get_config():
+    return grid("default_on_atis", cells("../shared/data/atis"),
+                notes="edp_nlu/configs/default.py unchanged; only "
+                      "--config.data_dir differs.")

@@ -1,5 +1,0 @@
-"""Corpora and label schemas, pure Python (no TensorFlow): `loading.load_data` loads every corpus
-(the joint format, NLU-Evaluation-Data CSV in `nlu_csv`, the built-in `synthetic` one) into the
-`corpus` types; `schema` says where the label sets come from; `streaming_benchmark` writes sharded
-corpora and measures streaming Poisson sampling over them (`python -m trainers.benchmark
---scale`)."""
