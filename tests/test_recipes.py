@@ -192,7 +192,7 @@ def test_dataset_configs_pass_the_trainers_checks(name):
 
     from edp_nlu.pipeline import builders
 
-    config = importlib.import_module(f"configs.{name}").get_config()
+    config = importlib.import_module(f"edp_nlu.configs.{name}").get_config()
     for mechanism in ("sgd", config.mechanism):
         resolved = recipes.resolve(dict_update(config, mechanism=mechanism), n=5_000)
         builders.check_config(resolved)
