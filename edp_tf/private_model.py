@@ -55,6 +55,16 @@ class _EpochSchedule(keras.callbacks.Callback):
         model._unfreeze_if_due(epoch)
 
 
+# Keras turns class_weight into per-row weights multiplied into the loss before the gradient is
+# clipped: an example whose gradient norm exceeds C is clipped back to C whatever its weight, so
+# the weighting silently vanishes for most examples (and, on a sampler's dataset, Keras raises
+# about a sample_weight the user never passed: the mask).
+CLASS_WEIGHT_REFUSED = (
+    "PrivateModel.fit does not take class_weight: each example's gradient is clipped to the "
+    "norm C after its weight is applied, so the weights would be mostly undone without a word. "
+    "A weight inside the loss meets the same cap; rebalance the data instead")
+
+
 class PrivateModel(keras.Model):
     """Wraps `model`; `fit` runs the private step of `config`.
 
@@ -353,6 +363,8 @@ class PrivateModel(keras.Model):
         examples are not among them. The training loss, metrics and clipping statistics are
         hidden unless `PrivateModel(..., training_statistics=True)`.
         """
+        if kwargs.get("class_weight") is not None:
+            raise ValueError(CLASS_WEIGHT_REFUSED)
         iterators.release_device_iterators_promptly()  # under a strategy the user built, too
         callbacks = list(callbacks or [])
         self._batch_source = batch_source.describe(x)

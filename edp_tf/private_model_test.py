@@ -240,3 +240,20 @@ def test_fit_on_a_dataset_does_not_warn_about_shuffling(strategy):
         warnings.simplefilter("always")
         private.fit(dataset, epochs=1, verbose=0)
     assert not [w for w in caught if "shuffle" in str(w.message)]
+
+
+def test_class_weight_is_refused_before_training(strategy):
+    """Keras folds class_weight into the per-row loss weight, which per-example clipping then
+    caps at C: the run would train as if unweighted. The refusal comes before any step."""
+    x, y = small_regression()
+    with strategy.scope():
+        inner = small_model()
+        private = PrivateModel(inner, DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0,
+                                               microbatch_size=1))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    before = [w.copy() for w in inner.get_weights()]
+    with pytest.raises(ValueError, match="class_weight"):
+        private.fit(x, (y > 0).astype("int32"), class_weight={0: 1.0, 1: 5.0}, batch_size=16,
+                    epochs=1, verbose=0)
+    for got, want in zip(inner.get_weights(), before):
+        np.testing.assert_array_equal(got, want)
