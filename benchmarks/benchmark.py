@@ -513,6 +513,7 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     Box-Muller written with TensorFlow's elementwise ops, numpy's ziggurat in two threads, and
     the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
     import tensorflow as tf
+
     from edp_tf import noise
 
     model, _ = build_model(model_name, model_sizes(model_name))

@@ -8,9 +8,17 @@ import pytest
 import tensorflow as tf
 
 from edp_tf import microbatch
-from edp_tf.testing import (data_for, loop_clipped_sum, loop_gradients, mixed_model,
-                            mse, small_model, small_regression, squared_norms_by_ghost,
-                            variable_names)
+from edp_tf.testing import (
+    data_for,
+    loop_clipped_sum,
+    loop_gradients,
+    mixed_model,
+    mse,
+    small_model,
+    small_regression,
+    squared_norms_by_ghost,
+    variable_names,
+)
 
 
 @pytest.mark.parametrize("k", [1, 2])

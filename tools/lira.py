@@ -23,6 +23,7 @@ import time
 import numpy as np
 from absl import app, flags, logging
 
+
 def define_flags() -> None:
     """Defined only when run as a command (other trainers use the same flag names)."""
     flags.DEFINE_enum("mechanism", "sgd", ["sgd", "dpsgd"], "Training of every model.")
@@ -158,9 +159,9 @@ def main(argv):
     del argv
     from ml_collections import config_flags  # noqa: F401  (configs import it)
 
+    from edp_nlu.data import schema as schema_lib
     from edp_tf import make_strategy
     from edp_tf.ledger import write_json_atomically
-    from edp_nlu.data import schema as schema_lib
 
     if flags.FLAGS.models < 17:
         raise app.UsageError(f"--models={flags.FLAGS.models}: LiRA needs >= 17 (16 shadows each)")

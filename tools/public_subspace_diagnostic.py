@@ -16,14 +16,14 @@ import json
 import os
 import sys
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 sys.path.insert(0, os.getcwd())
 from edp_nlu.configs import snips_clc
-from edp_nlu.pipeline import training, builders
 from edp_nlu.data import loading
+from edp_nlu.pipeline import builders, training
 
 run_dir = sys.argv[1]
 epochs_to_measure = {1, 3, 6, 11, 16, 21}

@@ -21,10 +21,16 @@ import logging
 import os
 from typing import Iterable, Sequence
 
-from edp_nlu.models.labels import LabelVocabulary
 from edp_nlu.data import nlu_csv, synthetic
-from edp_nlu.data.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError,  # noqa: F401
-                                  Splits, Utterance, bio_error)
+from edp_nlu.data.corpus import (  # noqa: F401
+    OUTSIDE,
+    UNKNOWN_INTENT,
+    DataFormatError,
+    Splits,
+    Utterance,
+    bio_error,
+)
+from edp_nlu.models.labels import LabelVocabulary
 
 _log = logging.getLogger(__name__)
 DEV_DIR_NAMES = ("dev", "valid")  # JointBERT says `dev`, SlotGated-SLU says `valid`.

@@ -7,7 +7,6 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-
 from edp_nlu.models import crf as crf_lib
 
 NUM_TAGS, LENGTH, BATCH = 3, 4, 7

@@ -6,8 +6,13 @@ import edp_tf
 from edp_nlu.models import testing
 from edp_nlu.models.bert.bert_joint import BertJoint
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
-from edp_nlu.models.bert.finetuning import (FINETUNE, LORA_LAYOUTS, LORA_TARGETS,
-                                    _transformer_projections, set_finetuning)
+from edp_nlu.models.bert.finetuning import (
+    FINETUNE,
+    LORA_LAYOUTS,
+    LORA_TARGETS,
+    _transformer_projections,
+    set_finetuning,
+)
 
 
 @pytest.fixture(scope="module")
