@@ -1,6 +1,7 @@
 """`python -m benchmarks.benchmark`: step time of SGD, eDP-SGD and per-example DP-SGD, side by side.
 
-    python -m benchmarks.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 --output=b.json
+    python -m benchmarks.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 \
+        --output=b.json
     python -m benchmarks.benchmark --model=clc --modes=sgd,edp,dpsgd,edp_k4 --profile_steps=3
 
 Every mode trains the same model (same initial weights) on the same synthetic batch under the same
@@ -13,8 +14,9 @@ Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica
 pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
 `_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
 DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
-BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py): `+no_embeddings`,
-`+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the trainers run:
+BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py):
+`+no_embeddings`, `+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the
+trainers run:
 
     python -m benchmarks.benchmark --bert_size=minilm --batch_size=256 \
         --modes=sgd+no_embeddings,dpsgd+lora_matrix,dpsgd+lora
@@ -24,6 +26,11 @@ Instead of steps: `--recipes` (the shipped recipes against plain training), `--n
 training iterator takes, benchmarks/release_benchmark.py).
 """
 from __future__ import annotations
+
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from edp_nlu import cli
+
+    cli.quiet_unless_verbose()
 
 import concurrent.futures
 import json
@@ -35,6 +42,16 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from absl import flags
+
+import edp_tf
+from benchmarks import release_benchmark, streaming_benchmark
+from edp_nlu.configs.base import base_config
+from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.finetuning import set_finetuning
+from edp_nlu.models.clc.clc_backbone import CLCBackbone
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_tf import noise
 
 _MODEL = flags.DEFINE_enum("model", "bert", ["clc", "bert", "tiny"], "Model to time.")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "Replicas (GPUs if visible, else logical CPUs).")
@@ -61,10 +78,10 @@ _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
 _BERT_SIZE = flags.DEFINE_enum(
-    "bert_size", "compact", ["compact", "minilm", "tiny"], "BERT's shape: edp_nlu/configs/base.py's "
-    "compact BERT (4 layers, 312 wide), MiniLM-L6's (6 layers, 384 wide), which the SNIPS and "
-    "ATIS configs load, or a one-layer, 64-wide smoke test; the weights are random either way "
-    "(speed does not depend on them).")
+    "bert_size", "compact", ["compact", "minilm", "tiny"],
+    "BERT's shape: edp_nlu/configs/base.py's compact BERT (4 layers, 312 wide), MiniLM-L6's "
+    "(6 layers, 384 wide), which the SNIPS and ATIS configs load, or a one-layer, 64-wide smoke "
+    "test; the weights are random either way (speed does not depend on them).")
 _RECIPES = flags.DEFINE_list(
     "recipes", None, "Instead of --modes: each shipped private recipe (RECIPES, or 'all') "
     "against plain training of the same trainable set, at each of --recipe_replicas; prints "
@@ -91,7 +108,8 @@ RECIPES = {
     "clc_default": ("clc", None, "sgd", "dpsgd",
                     "edp_nlu/configs/default.py: CLC, per-example DP-SGD", 1.15),
     "bert_lora": ("bert", "minilm", "sgd+lora_matrix", "dpsgd+lora_matrix",
-                  "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), per-example", 1.15),
+                  "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), "
+                  "per-example", 1.15),
     "bert_tables_dpsgd": ("bert", "compact", "sgd", "dpsgd",
                           "compact BERT, every weight (embedding tables too), per-example", 1.25),
     "bert_tables_edp": ("bert", "compact", "sgd", "edp",
@@ -109,8 +127,6 @@ MODE_HELP = {
 # ------------------------------------------------------------------------------ models and data
 def model_sizes(name: str) -> dict:
     """The sizes the trainers use (edp_nlu/configs/base.py), with the flags' overrides."""
-    from edp_nlu.configs.base import base_config
-
     c = base_config()
     sizes = dict(max_words=_MAX_WORDS.value or c.max_words, num_tags=_NUM_TAGS.value,
                  num_intents=_NUM_INTENTS.value)
@@ -141,9 +157,6 @@ def build_model(name: str, sizes: dict):
     import keras
 
     if name == "clc":
-        from edp_nlu.models.clc.clc_backbone import CLCBackbone
-        from edp_nlu.models.clc.clc_joint import CLCJoint
-
         backbone = CLCBackbone(
             sizes["word_vocabulary"], sizes["chars"], max_words=sizes["max_words"],
             max_word_length=sizes["max_word_length"], word_embedding_dim=sizes["word_dim"],
@@ -153,9 +166,6 @@ def build_model(name: str, sizes: dict):
         model = CLCJoint(backbone, sizes["num_intents"], sizes["num_tags"])
         return model, model.per_example_loss
     if name == "bert":
-        from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
-        from edp_nlu.models.bert.bert_joint import BertJoint
-
         backbone = build_bert_backbone(
             sizes["vocabulary"], sizes["sequence_length"], dropout=sizes["dropout"],
             num_layers=sizes["num_layers"], num_heads=sizes["num_heads"],
@@ -248,8 +258,6 @@ class Mode:
         import keras
         import tensorflow as tf
 
-        import edp_tf
-
         self.name = name
         self.strategy = strategy
         base, finetuning = split_finetuning(name)
@@ -257,8 +265,6 @@ class Mode:
             inner, loss = build()
             inner.set_weights(init_weights)
             if finetuning is not None:  # after set_weights: LoRA adds variables (B = 0)
-                from edp_nlu.models.bert.finetuning import set_finetuning
-
                 set_finetuning(inner, finetuning[0], lora_layout=finetuning[1])
             self.trainable_parameters = int(sum(np.prod(v.shape)
                                                 for v in inner.trainable_variables))
@@ -404,8 +410,6 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
                   mode_names: List[str], profile_steps: int = 0,
                   profile_dir: Optional[str] = None, strategy=None) -> dict:
     """Runs the modes side by side and returns the results dict (see the module docstring)."""
-    import edp_tf
-
     strategy = strategy or edp_tf.make_strategy(replicas)
     import tensorflow as tf
 
@@ -472,8 +476,6 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
 def run_recipes(names: List[str], replica_counts: List[int], batch: int, steps: int,
                 warmup: int) -> list:
     """One row per (recipe, replicas): plain and private ms/step, measured side by side."""
-    import edp_tf
-
     edp_tf.make_strategy(max(replica_counts))  # the logical devices, before TensorFlow starts
     rows = []
     for name in names:
@@ -513,8 +515,6 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     Box-Muller written with TensorFlow's elementwise ops, numpy's ziggurat in two threads, and
     the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
     import tensorflow as tf
-
-    from edp_tf import noise
 
     model, _ = build_model(model_name, model_sizes(model_name))
     variables = list(model.trainable_variables)
@@ -600,8 +600,6 @@ def main(argv):
         print(json.dumps(result, indent=2))
         return
     if _RELEASE_AFTER.value is not None:
-        from benchmarks import release_benchmark
-
         runs = release_benchmark.run(_RELEASE_AFTER.value, _RELEASE_RUNS.value, _REPLICAS.value)
         print(release_benchmark.table(runs, _RELEASE_AFTER.value))
         if _OUTPUT.value:
@@ -622,8 +620,6 @@ def main(argv):
                 json.dump(rows, f, indent=2)
         return
     if _SCALE.value:
-        from benchmarks import streaming_benchmark
-
         directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
         results = streaming_benchmark.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
         print(streaming_benchmark.table(results))
@@ -644,7 +640,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     cli.run(main)

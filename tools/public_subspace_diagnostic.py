@@ -50,8 +50,8 @@ class Diag(keras.callbacks.Callback):
                 xi = {k: v[None] for k, v in xi.items()}
                 yi = {k: v[None] for k, v in yi.items()}
                 with tf.GradientTape() as tape:
-                    l = tf.reduce_sum(loss_fn(yi, model(xi, training=True)))
-                g = tape.gradient(l, variables)
+                    loss = tf.reduce_sum(loss_fn(yi, model(xi, training=True)))
+                g = tape.gradient(loss, variables)
                 return tf.concat([tf.reshape(tf.convert_to_tensor(t), [-1]) for t in g], 0)
             return tf.map_fn(one, (x, y), fn_output_signature=tf.float32)
 

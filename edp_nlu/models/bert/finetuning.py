@@ -125,7 +125,9 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
     (before compiling); `lora_freeze_a` trains only their B (like the other lora_* options,
     unused by the other policies, so that a private LoRA recipe's plain run needs no edit)."""
     if policy not in FINETUNE:
-        raise ValueError(f"--config.bert.finetune={policy!r} is invalid: expected one of {FINETUNE}")
+        raise ValueError(
+            f"--config.bert.finetune={policy!r} is invalid: expected one of {FINETUNE}"
+        )
     if lora_layout not in LORA_LAYOUTS:
         raise ValueError(f"--config.bert.lora_layout={lora_layout!r} is invalid: expected one of "
                          f"{LORA_LAYOUTS}")

@@ -19,9 +19,9 @@ from keras import ops
 
 @keras.saving.register_keras_serializable(package="edp_models")
 class CLCBackbone(keras.Model):
-    """Inputs {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]} (0 = pad);
-    outputs {"sequence_output": [batch, max_words, 2*lstm_units], "pooled_output": [batch, 2*lstm_units],
-    "word_mask": bool [batch, max_words]}."""
+    """Inputs {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]}
+    (0 = pad); outputs {"sequence_output": [batch, max_words, 2*lstm_units],
+    "pooled_output": [batch, 2*lstm_units], "word_mask": bool [batch, max_words]}."""
 
     def __init__(
         self,
@@ -62,7 +62,9 @@ class CLCBackbone(keras.Model):
 
         # === Layers ===
         initializer = (
-            keras.initializers.Constant(word_embeddings) if word_embeddings is not None else "uniform"
+            keras.initializers.Constant(word_embeddings)
+            if word_embeddings is not None
+            else "uniform"
         )
         self.word_embedding = keras.layers.Embedding(
             word_vocabulary_size,
@@ -94,7 +96,8 @@ class CLCBackbone(keras.Model):
 
         words = self.word_embedding(word_ids)
         chars = self.char_dropout(self.char_embedding(char_ids))
-        chars = self.char_conv(_char_windows(chars, char_kernel_size))  # [batch, words, chars, filters]
+        # [batch, words, chars, filters]
+        chars = self.char_conv(_char_windows(chars, char_kernel_size))
         chars = ops.max(ops.where(char_mask, chars, -1e9), axis=2)
         has_chars = ops.any(char_mask, axis=2)
         chars = ops.where(has_chars, chars, 0.0)
