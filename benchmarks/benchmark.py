@@ -413,14 +413,7 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
     strategy = strategy or edp_tf.make_strategy(replicas)
     import tensorflow as tf
 
-    if not any(split_finetuning(name)[0] == "sgd" for name in mode_names):
-        mode_names = ["sgd"] + list(mode_names)
-    for name in mode_names:
-        microbatch_of(name)
-        if split_finetuning(name)[1] is not None and model_name != "bert":
-            raise ValueError(f"--modes: {name!r}: a '+' fine-tuning suffix needs --model=bert")
-    if batch % replicas:
-        raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
+    mode_names = _checked_modes(model_name, mode_names, batch, replicas)
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     sizes = model_sizes(model_name)
     x, y = synthetic_batch(model_name, sizes, batch)
@@ -451,19 +444,7 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
         "modes": summarise(times, batch)}
     for name, r in results["modes"].items():
         r["peak_memory_mb"] = peaks[name]
-        r["first_step_s"] = modes[name].first_step_s
-        mode, finetuning = split_finetuning(name)
-        r["trainable_parameters"] = modes[name].trainable_parameters
-        r["what"] = MODE_HELP.get(mode) or f"micro-batches of {microbatch_of(mode)} examples"
-        if mode.endswith(SPARSE):
-            base = mode[: -len(SPARSE)]
-            r["what"] = (MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} "
-                         "examples") + ", sparse embedding noise (DP-AdaFEST)"
-            r["selected_rows_fraction"] = float(
-                modes[name].model.get_metrics_result()["selected_rows"])
-        if finetuning is not None:
-            r["what"] += f"; trains bert.finetune={finetuning[0]}" + (
-                f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")
+        r.update(_mode_facts(name, modes[name]))
     if profile_steps:
         import tempfile
 
@@ -471,6 +452,39 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
         results["profile"] = profile_modes(modes, profile_steps, logdir)
         results["profile_dir"] = logdir
     return results
+
+
+def _checked_modes(model_name: str, mode_names: List[str], batch: int,
+                   replicas: int) -> List[str]:
+    """`mode_names` with `sgd` first if no plain mode is among them (the ratios' baseline);
+    an unknown mode or a batch the replicas cannot share is refused before anything is built."""
+    if not any(split_finetuning(name)[0] == "sgd" for name in mode_names):
+        mode_names = ["sgd"] + list(mode_names)
+    for name in mode_names:
+        microbatch_of(name)
+        if split_finetuning(name)[1] is not None and model_name != "bert":
+            raise ValueError(f"--modes: {name!r}: a '+' fine-tuning suffix needs --model=bert")
+    if batch % replicas:
+        raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
+    return mode_names
+
+
+def _mode_facts(name: str, mode: "Mode") -> dict:
+    """What a mode's result row says beside its times: what it runs and what it trains."""
+    base, finetuning = split_finetuning(name)
+    facts = {"first_step_s": mode.first_step_s,
+             "trainable_parameters": mode.trainable_parameters,
+             "what": MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} examples"}
+    if base.endswith(SPARSE):
+        dense = base[: -len(SPARSE)]
+        facts["what"] = (MODE_HELP.get(dense) or f"micro-batches of {microbatch_of(dense)} "
+                         "examples") + ", sparse embedding noise (DP-AdaFEST)"
+        facts["selected_rows_fraction"] = float(
+            mode.model.get_metrics_result()["selected_rows"])
+    if finetuning is not None:
+        facts["what"] += f"; trains bert.finetune={finetuning[0]}" + (
+            f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")
+    return facts
 
 
 def run_recipes(names: List[str], replica_counts: List[int], batch: int, steps: int,
@@ -514,11 +528,23 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     normals); decides whether the step should draw its noise fused. Also XLA's generator,
     Box-Muller written with TensorFlow's elementwise ops, numpy's ziggurat in two threads, and
     the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
-    import tensorflow as tf
-
     model, _ = build_model(model_name, model_sizes(model_name))
     variables = list(model.trainable_variables)
     sizes = [int(np.prod(v.shape)) for v in variables]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        draws = {**_tensorflow_draws(variables, sizes),
+                 "numpy_ziggurat": _numpy_ziggurat_draw(variables, sizes, pool)}
+        order = ("per_variable", "fused", "xla", "box_muller_ops", "numpy_ziggurat", "bits_only")
+        times = _round_robin({name: draws[name] for name in order}, steps)
+    return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
+            "load_average": list(os.getloadavg()),
+            "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
+
+
+def _tensorflow_draws(variables: list, sizes: List[int]) -> Dict[str, Callable]:
+    """The noise draws made of TensorFlow ops, each a tf.function adding noise to `variables`."""
+    import tensorflow as tf
+
     generator = tf.random.Generator.from_non_deterministic_state()
 
     @tf.function
@@ -555,11 +581,18 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         parts = tf.split(normals[:sum(sizes)] * 0.1, sizes)
         return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
 
-    # numpy's ziggurat sampler (PCG64 from OS entropy), two threads with a generator each (the
-    # fill releases the GIL): the fastest exact sampler on this stack outside TensorFlow
+    return {"per_variable": per_variable, "fused": fused, "xla": xla,
+            "box_muller_ops": box_muller_ops, "bits_only": bits_only}
+
+
+def _numpy_ziggurat_draw(variables: list, sizes: List[int], pool) -> Callable:
+    """numpy's ziggurat sampler (PCG64 from OS entropy), two threads of `pool` with a generator
+    each (the fill releases the GIL): the fastest exact sampler on this stack outside
+    TensorFlow."""
+    import tensorflow as tf
+
     rngs = [np.random.default_rng() for _ in range(2)]
     owners = noise.noise_owners(sizes, 2)
-    pool = concurrent.futures.ThreadPoolExecutor(2)
 
     def fill(j):
         return {i: rngs[j].standard_normal(v.shape, dtype=np.float32)
@@ -576,9 +609,11 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         normals = tf.numpy_function(numpy_normals, [], [tf.float32] * len(variables))
         return [v + tf.ensure_shape(n, v.shape) * 0.1 for v, n in zip(variables, normals)]
 
-    draws = {"per_variable": per_variable, "fused": fused, "xla": xla,
-             "box_muller_ops": box_muller_ops, "numpy_ziggurat": numpy_ziggurat,
-             "bits_only": bits_only}
+    return numpy_ziggurat
+
+
+def _round_robin(draws: Dict[str, Callable], steps: int) -> Dict[str, List[float]]:
+    """Seconds of each call of each draw (traced first), one call of each in turn per step."""
     times = {name: [] for name in draws}
     for f in draws.values():
         f()
@@ -587,10 +622,7 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
             start = time.perf_counter()
             float(f()[-1].numpy().ravel()[0])
             times[name].append(time.perf_counter() - start)
-    pool.shutdown()
-    return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
-            "load_average": list(os.getloadavg()),
-            "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
+    return times
 
 
 def main(argv):
