@@ -81,17 +81,20 @@ def _match_parts(pattern: list[str], path: list[str]) -> bool:
         return not path
     if pattern[0] == "**":
         return any(_match_parts(pattern[1:], path[i:]) for i in range(len(path) + 1))
-    return bool(path) and fnmatch.fnmatchcase(path[0], pattern[0]) and _match_parts(pattern[1:], path[1:])
+    return (bool(path) and fnmatch.fnmatchcase(path[0], pattern[0])
+            and _match_parts(pattern[1:], path[1:]))
 
 
-def glob_files(root: Path, package: str, include: Iterable[str], exclude: Iterable[str] = ()) -> list[str]:
+def glob_files(root: Path, package: str, include: Iterable[str],
+               exclude: Iterable[str] = ()) -> list[str]:
     """The package-relative files `glob(include, exclude)` returns in package `package`."""
     package_dir = root / package
     include, exclude = list(include), list(exclude)
     found = []
     for path in _walk_files(root, package_dir, stop_at_packages=True):
         rel = path.relative_to(package_dir).as_posix()
-        if any(glob_match(p, rel) for p in include) and not any(glob_match(p, rel) for p in exclude):
+        if (any(glob_match(p, rel) for p in include)
+                and not any(glob_match(p, rel) for p in exclude)):
             found.append(rel)
     return sorted(found)
 
@@ -163,7 +166,8 @@ def _exec_starlark(path: Path, env: dict) -> dict:
 
 
 def _make_load(root: Path, pkg: _Package, into: dict):
-    """Starlark's load(): evaluates a .bzl file (its `native` is `pkg`) and binds symbols in `into`."""
+    """Starlark's load(): evaluates a .bzl file (its `native` is `pkg`) and binds symbols in
+    `into`."""
     def load(bzl_label: str, *symbols: str, **aliases: str):
         path = root / _label_to_path(normalise_label(bzl_label, pkg.package))
         native = type("native", (), {k: staticmethod(v) for k, v in pkg.namespace().items()})
@@ -242,8 +246,10 @@ def has_main_block(path: Path) -> bool:
     return False
 
 
-def entry_points_without_binary(root: Path, graph: dict[str, Target], dirs: Iterable[str]) -> list[str]:
-    binaries = {t.main or (t.srcs[0] if t.srcs else None) for t in graph.values() if t.kind == "py_binary"}
+def entry_points_without_binary(root: Path, graph: dict[str, Target],
+                                dirs: Iterable[str]) -> list[str]:
+    binaries = {t.main or (t.srcs[0] if t.srcs else None) for t in graph.values()
+                if t.kind == "py_binary"}
     return [f"{path}: entry point (has a __main__ block) without a py_binary"
             for path in _python_files(root, dirs)
             if path.endswith(".py") and not is_test_file(path) and path not in binaries
@@ -317,7 +323,8 @@ def unmet_imports(root: Path, graph: dict[str, Target]) -> list[str]:
             for module in imported_modules(root / src, package):
                 needed.update(_module_files(root, module) or [])
             for missing in sorted(needed - available):
-                problems.append(f"{target.label}: {src} needs {missing}, which no dependency provides")
+                problems.append(
+                    f"{target.label}: {src} needs {missing}, which no dependency provides")
     return problems
 
 
@@ -333,5 +340,6 @@ def layering_violations(graph: dict[str, Target], rules: dict[str, tuple[str, ..
             if pkg == owner or pkg.startswith(owner + "/"):
                 bad = sorted(f for f in closure_files(graph, target.label)
                              if any(f == d or f.startswith(d + "/") for d in forbidden))
-                problems += [f"{target.label}: brings in {f} ({owner} must not depend on it)" for f in bad]
+                problems += [f"{target.label}: brings in {f} ({owner} must not depend on it)"
+                             for f in bad]
     return problems

@@ -1,6 +1,7 @@
 """`python -m benchmarks.benchmark`: step time of SGD, eDP-SGD and per-example DP-SGD, side by side.
 
-    python -m benchmarks.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 --output=b.json
+    python -m benchmarks.benchmark --model=bert --replicas=4 --batch_size=32 --steps=20 \
+        --output=b.json
     python -m benchmarks.benchmark --model=clc --modes=sgd,edp,dpsgd,edp_k4 --profile_steps=3
 
 Every mode trains the same model (same initial weights) on the same synthetic batch under the same
@@ -13,8 +14,9 @@ Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica
 pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
 `_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
 DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
-BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py): `+no_embeddings`,
-`+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the trainers run:
+BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py):
+`+no_embeddings`, `+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the
+trainers run:
 
     python -m benchmarks.benchmark --bert_size=minilm --batch_size=256 \
         --modes=sgd+no_embeddings,dpsgd+lora_matrix,dpsgd+lora
@@ -24,6 +26,11 @@ Instead of steps: `--recipes` (the shipped recipes against plain training), `--n
 training iterator takes, benchmarks/release_benchmark.py).
 """
 from __future__ import annotations
+
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from edp_nlu import cli
+
+    cli.quiet_unless_verbose()
 
 import concurrent.futures
 import json
@@ -35,6 +42,16 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 from absl import flags
+
+import edp_tf
+from benchmarks import release_benchmark, streaming_benchmark
+from edp_nlu.configs.base import base_config
+from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.finetuning import set_finetuning
+from edp_nlu.models.clc.clc_backbone import CLCBackbone
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_tf import noise
 
 _MODEL = flags.DEFINE_enum("model", "bert", ["clc", "bert", "tiny"], "Model to time.")
 _REPLICAS = flags.DEFINE_integer("replicas", 1, "Replicas (GPUs if visible, else logical CPUs).")
@@ -61,10 +78,10 @@ _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
 _BERT_SIZE = flags.DEFINE_enum(
-    "bert_size", "compact", ["compact", "minilm", "tiny"], "BERT's shape: edp_nlu/configs/base.py's "
-    "compact BERT (4 layers, 312 wide), MiniLM-L6's (6 layers, 384 wide), which the SNIPS and "
-    "ATIS configs load, or a one-layer, 64-wide smoke test; the weights are random either way "
-    "(speed does not depend on them).")
+    "bert_size", "compact", ["compact", "minilm", "tiny"],
+    "BERT's shape: edp_nlu/configs/base.py's compact BERT (4 layers, 312 wide), MiniLM-L6's "
+    "(6 layers, 384 wide), which the SNIPS and ATIS configs load, or a one-layer, 64-wide smoke "
+    "test; the weights are random either way (speed does not depend on them).")
 _RECIPES = flags.DEFINE_list(
     "recipes", None, "Instead of --modes: each shipped private recipe (RECIPES, or 'all') "
     "against plain training of the same trainable set, at each of --recipe_replicas; prints "
@@ -91,7 +108,8 @@ RECIPES = {
     "clc_default": ("clc", None, "sgd", "dpsgd",
                     "edp_nlu/configs/default.py: CLC, per-example DP-SGD", 1.15),
     "bert_lora": ("bert", "minilm", "sgd+lora_matrix", "dpsgd+lora_matrix",
-                  "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), per-example", 1.15),
+                  "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), "
+                  "per-example", 1.15),
     "bert_tables_dpsgd": ("bert", "compact", "sgd", "dpsgd",
                           "compact BERT, every weight (embedding tables too), per-example", 1.25),
     "bert_tables_edp": ("bert", "compact", "sgd", "edp",
@@ -109,8 +127,6 @@ MODE_HELP = {
 # ------------------------------------------------------------------------------ models and data
 def model_sizes(name: str) -> dict:
     """The sizes the trainers use (edp_nlu/configs/base.py), with the flags' overrides."""
-    from edp_nlu.configs.base import base_config
-
     c = base_config()
     sizes = dict(max_words=_MAX_WORDS.value or c.max_words, num_tags=_NUM_TAGS.value,
                  num_intents=_NUM_INTENTS.value)
@@ -141,9 +157,6 @@ def build_model(name: str, sizes: dict):
     import keras
 
     if name == "clc":
-        from edp_nlu.models.clc.clc_backbone import CLCBackbone
-        from edp_nlu.models.clc.clc_joint import CLCJoint
-
         backbone = CLCBackbone(
             sizes["word_vocabulary"], sizes["chars"], max_words=sizes["max_words"],
             max_word_length=sizes["max_word_length"], word_embedding_dim=sizes["word_dim"],
@@ -153,9 +166,6 @@ def build_model(name: str, sizes: dict):
         model = CLCJoint(backbone, sizes["num_intents"], sizes["num_tags"])
         return model, model.per_example_loss
     if name == "bert":
-        from edp_nlu.models.bert.bert_backbone import BertWordEncoder, build_bert_backbone
-        from edp_nlu.models.bert.bert_joint import BertJoint
-
         backbone = build_bert_backbone(
             sizes["vocabulary"], sizes["sequence_length"], dropout=sizes["dropout"],
             num_layers=sizes["num_layers"], num_heads=sizes["num_heads"],
@@ -248,8 +258,6 @@ class Mode:
         import keras
         import tensorflow as tf
 
-        import edp_tf
-
         self.name = name
         self.strategy = strategy
         base, finetuning = split_finetuning(name)
@@ -257,8 +265,6 @@ class Mode:
             inner, loss = build()
             inner.set_weights(init_weights)
             if finetuning is not None:  # after set_weights: LoRA adds variables (B = 0)
-                from edp_nlu.models.bert.finetuning import set_finetuning
-
                 set_finetuning(inner, finetuning[0], lora_layout=finetuning[1])
             self.trainable_parameters = int(sum(np.prod(v.shape)
                                                 for v in inner.trainable_variables))
@@ -404,19 +410,10 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
                   mode_names: List[str], profile_steps: int = 0,
                   profile_dir: Optional[str] = None, strategy=None) -> dict:
     """Runs the modes side by side and returns the results dict (see the module docstring)."""
-    import edp_tf
-
     strategy = strategy or edp_tf.make_strategy(replicas)
     import tensorflow as tf
 
-    if not any(split_finetuning(name)[0] == "sgd" for name in mode_names):
-        mode_names = ["sgd"] + list(mode_names)
-    for name in mode_names:
-        microbatch_of(name)
-        if split_finetuning(name)[1] is not None and model_name != "bert":
-            raise ValueError(f"--modes: {name!r}: a '+' fine-tuning suffix needs --model=bert")
-    if batch % replicas:
-        raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
+    mode_names = _checked_modes(model_name, mode_names, batch, replicas)
     load_at_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     sizes = model_sizes(model_name)
     x, y = synthetic_batch(model_name, sizes, batch)
@@ -447,19 +444,7 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
         "modes": summarise(times, batch)}
     for name, r in results["modes"].items():
         r["peak_memory_mb"] = peaks[name]
-        r["first_step_s"] = modes[name].first_step_s
-        mode, finetuning = split_finetuning(name)
-        r["trainable_parameters"] = modes[name].trainable_parameters
-        r["what"] = MODE_HELP.get(mode) or f"micro-batches of {microbatch_of(mode)} examples"
-        if mode.endswith(SPARSE):
-            base = mode[: -len(SPARSE)]
-            r["what"] = (MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} "
-                         "examples") + ", sparse embedding noise (DP-AdaFEST)"
-            r["selected_rows_fraction"] = float(
-                modes[name].model.get_metrics_result()["selected_rows"])
-        if finetuning is not None:
-            r["what"] += f"; trains bert.finetune={finetuning[0]}" + (
-                f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")
+        r.update(_mode_facts(name, modes[name]))
     if profile_steps:
         import tempfile
 
@@ -469,11 +454,42 @@ def run_benchmark(model_name: str, replicas: int, batch: int, steps: int, warmup
     return results
 
 
+def _checked_modes(model_name: str, mode_names: List[str], batch: int,
+                   replicas: int) -> List[str]:
+    """`mode_names` with `sgd` first if no plain mode is among them (the ratios' baseline);
+    an unknown mode or a batch the replicas cannot share is refused before anything is built."""
+    if not any(split_finetuning(name)[0] == "sgd" for name in mode_names):
+        mode_names = ["sgd"] + list(mode_names)
+    for name in mode_names:
+        microbatch_of(name)
+        if split_finetuning(name)[1] is not None and model_name != "bert":
+            raise ValueError(f"--modes: {name!r}: a '+' fine-tuning suffix needs --model=bert")
+    if batch % replicas:
+        raise ValueError(f"--batch_size={batch} must be divisible by --replicas={replicas}")
+    return mode_names
+
+
+def _mode_facts(name: str, mode: "Mode") -> dict:
+    """What a mode's result row says beside its times: what it runs and what it trains."""
+    base, finetuning = split_finetuning(name)
+    facts = {"first_step_s": mode.first_step_s,
+             "trainable_parameters": mode.trainable_parameters,
+             "what": MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} examples"}
+    if base.endswith(SPARSE):
+        dense = base[: -len(SPARSE)]
+        facts["what"] = (MODE_HELP.get(dense) or f"micro-batches of {microbatch_of(dense)} "
+                         "examples") + ", sparse embedding noise (DP-AdaFEST)"
+        facts["selected_rows_fraction"] = float(
+            mode.model.get_metrics_result()["selected_rows"])
+    if finetuning is not None:
+        facts["what"] += f"; trains bert.finetune={finetuning[0]}" + (
+            f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")
+    return facts
+
+
 def run_recipes(names: List[str], replica_counts: List[int], batch: int, steps: int,
                 warmup: int) -> list:
     """One row per (recipe, replicas): plain and private ms/step, measured side by side."""
-    import edp_tf
-
     edp_tf.make_strategy(max(replica_counts))  # the logical devices, before TensorFlow starts
     rows = []
     for name in names:
@@ -512,12 +528,23 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
     normals); decides whether the step should draw its noise fused. Also XLA's generator,
     Box-Muller written with TensorFlow's elementwise ops, numpy's ziggurat in two threads, and
     the uniform bits alone (what any exact Gaussian sampler has to draw first)."""
-    import tensorflow as tf
-    from edp_tf import noise
-
     model, _ = build_model(model_name, model_sizes(model_name))
     variables = list(model.trainable_variables)
     sizes = [int(np.prod(v.shape)) for v in variables]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        draws = {**_tensorflow_draws(variables, sizes),
+                 "numpy_ziggurat": _numpy_ziggurat_draw(variables, sizes, pool)}
+        order = ("per_variable", "fused", "xla", "box_muller_ops", "numpy_ziggurat", "bits_only")
+        times = _round_robin({name: draws[name] for name in order}, steps)
+    return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
+            "load_average": list(os.getloadavg()),
+            "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
+
+
+def _tensorflow_draws(variables: list, sizes: List[int]) -> Dict[str, Callable]:
+    """The noise draws made of TensorFlow ops, each a tf.function adding noise to `variables`."""
+    import tensorflow as tf
+
     generator = tf.random.Generator.from_non_deterministic_state()
 
     @tf.function
@@ -554,11 +581,18 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         parts = tf.split(normals[:sum(sizes)] * 0.1, sizes)
         return [v + tf.reshape(p, v.shape) for v, p in zip(variables, parts)]
 
-    # numpy's ziggurat sampler (PCG64 from OS entropy), two threads with a generator each (the
-    # fill releases the GIL): the fastest exact sampler on this stack outside TensorFlow
+    return {"per_variable": per_variable, "fused": fused, "xla": xla,
+            "box_muller_ops": box_muller_ops, "bits_only": bits_only}
+
+
+def _numpy_ziggurat_draw(variables: list, sizes: List[int], pool) -> Callable:
+    """numpy's ziggurat sampler (PCG64 from OS entropy), two threads of `pool` with a generator
+    each (the fill releases the GIL): the fastest exact sampler on this stack outside
+    TensorFlow."""
+    import tensorflow as tf
+
     rngs = [np.random.default_rng() for _ in range(2)]
     owners = noise.noise_owners(sizes, 2)
-    pool = concurrent.futures.ThreadPoolExecutor(2)
 
     def fill(j):
         return {i: rngs[j].standard_normal(v.shape, dtype=np.float32)
@@ -575,9 +609,11 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
         normals = tf.numpy_function(numpy_normals, [], [tf.float32] * len(variables))
         return [v + tf.ensure_shape(n, v.shape) * 0.1 for v, n in zip(variables, normals)]
 
-    draws = {"per_variable": per_variable, "fused": fused, "xla": xla,
-             "box_muller_ops": box_muller_ops, "numpy_ziggurat": numpy_ziggurat,
-             "bits_only": bits_only}
+    return numpy_ziggurat
+
+
+def _round_robin(draws: Dict[str, Callable], steps: int) -> Dict[str, List[float]]:
+    """Seconds of each call of each draw (traced first), one call of each in turn per step."""
     times = {name: [] for name in draws}
     for f in draws.values():
         f()
@@ -586,10 +622,7 @@ def noise_draw_benchmark(model_name: str, steps: int) -> dict:
             start = time.perf_counter()
             float(f()[-1].numpy().ravel()[0])
             times[name].append(time.perf_counter() - start)
-    pool.shutdown()
-    return {"model": model_name, "parameters": sum(sizes), "variables": len(sizes),
-            "load_average": list(os.getloadavg()),
-            "median_ms": {k: 1000 * float(np.median(v)) for k, v in times.items()}}
+    return times
 
 
 def main(argv):
@@ -599,8 +632,6 @@ def main(argv):
         print(json.dumps(result, indent=2))
         return
     if _RELEASE_AFTER.value is not None:
-        from benchmarks import release_benchmark
-
         runs = release_benchmark.run(_RELEASE_AFTER.value, _RELEASE_RUNS.value, _REPLICAS.value)
         print(release_benchmark.table(runs, _RELEASE_AFTER.value))
         if _OUTPUT.value:
@@ -621,8 +652,6 @@ def main(argv):
                 json.dump(rows, f, indent=2)
         return
     if _SCALE.value:
-        from benchmarks import streaming_benchmark
-
         directory = _SCALE_DIR.value or tempfile.mkdtemp(prefix="edp_scale_")
         results = streaming_benchmark.run_scale([int(s) for s in _SCALE_SIZES.value], directory)
         print(streaming_benchmark.table(results))
@@ -643,7 +672,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     cli.run(main)

@@ -14,13 +14,13 @@ import os
 import resource
 import time
 
+from edp_nlu.data import synthetic
+
 LINE = "{tokens}\t{tags}\t{intent}\n"
 
 
 def write_corpus(directory: str, size: int, shards: int = 8, seed: int = 0) -> list:
     """`size` synthetic utterances in `shards` text files; returns their paths."""
-    from edp_nlu.data import synthetic
-
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"shard{i:03d}.txt") for i in range(shards)]
     stream = synthetic.utterances(seed)

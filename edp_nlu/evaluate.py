@@ -19,11 +19,20 @@ split: exact metrics there are unnoised statistics of the data epsilon protects.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from edp_nlu import cli
+
+    cli.quiet_unless_verbose()
+
 import json
 import os
 from typing import Optional
 
 from absl import app, flags
+
+from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
+from edp_nlu.scoring import metrics as metrics_lib
+from edp_nlu.scoring import per_class, predictions
 
 
 def define_flags() -> None:
@@ -81,8 +90,6 @@ def serve_predictions(run_dir: str, utterances, batch_size: int = 256):
 def is_private_run(run_dir: str) -> bool:
     """True for a run trained with a DP mechanism, or whose privacy.json says private: its
     training split is what epsilon protects."""
-    from edp_nlu.pipeline import run_files
-
     if run_files.load_run_config(run_dir).mechanism != "sgd":
         return True
     path = os.path.join(run_dir, "privacy.json")
@@ -119,8 +126,6 @@ def per_class_output(run_dir: str, output: Optional[str], compare_to: Optional[s
 
 
 def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
-    from edp_nlu.pipeline import builders, run_files
-
     config = run_files.load_run_config(run_dir)
     if data_dir is not None:
         with config.unlocked():
@@ -133,8 +138,6 @@ def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
 
 def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
                  batch_size: int = 256) -> dict:
-    from edp_nlu.scoring import metrics as metrics_lib
-
     check_split(run_dir, split)
     config, utterances = _config_and_split(run_dir, data_dir, split)
     intents, tags = serve_predictions(run_dir, utterances, batch_size)
@@ -151,8 +154,6 @@ _DATA_FIELDS = ("data_dir", "data_seed", "synthetic_size", "synthetic_canaries",
 def run_label(run_dir: str) -> str:
     """"<model> <mechanism>[, eps E]" from the run's config and, if private, its ledger (read
     only): the name a per-class table gives the run."""
-    from edp_nlu.pipeline import run_files
-
     config = run_files.load_run_config(run_dir)
     label = f"{config.model} {config.mechanism}"
     path = os.path.join(run_dir, "privacy.json")
@@ -172,9 +173,6 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     The training counts always come from the run's training split (what the model learnt from),
     also when `data_dir` supplies the scored split.
     """
-    from edp_nlu.pipeline import builders, run_files
-    from edp_nlu.scoring import per_class
-
     check_split(run_dir, split)
     if compare_to is not None:
         check_split(compare_to, split)
@@ -228,8 +226,6 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
 
 
 def _scores_from_json(classes: list, key: Optional[str] = None):
-    from edp_nlu.scoring import per_class
-
     def score(d):
         return per_class.ClassScore(d["kind"], d["name"], d["train_count"], d["support"],
                                     d["predicted"], d["correct"])
@@ -247,8 +243,6 @@ def _correlation_lines(result: dict) -> list:
 
 def per_class_text(result: dict) -> str:
     """The printed report: the diagnostic line, the tables, the classes the run loses."""
-    from edp_nlu.scoring import per_class
-
     run = result["run"]
     lines = [result["diagnostic"],
              f"run: {result['run_dir']} ({run}); {result['split']} split of {result['data']}; "
@@ -299,8 +293,6 @@ def write_per_class_results(result: dict, prefix: str, commands: list) -> None:
     import shlex
     import sys
 
-    from edp_nlu.scoring import per_class
-
     directory = os.path.dirname(prefix)
     if directory:
         os.makedirs(directory, exist_ok=True)
@@ -346,9 +338,6 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     data: the model is rebuilt from the run's config, so runs exported before the BIO decoding
     existed get both (their SavedModel serves Viterbi only)."""
     import tensorflow as tf
-
-    from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
-    from edp_nlu.scoring import predictions
 
     check_split(run_dir, split)
     config = run_files.load_run_config(run_dir)
@@ -407,8 +396,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     define_flags()
     cli.run(main)

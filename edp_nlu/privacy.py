@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 from absl import app, flags, logging
 
-from edp_tf import accounting, plan
+from edp_tf import accounting, ledger, plan, report
 from edp_tf.accounting import EpochRecord
 from edp_tf.mechanism import Mechanism
 
@@ -45,7 +45,8 @@ def _table(records: Sequence[EpochRecord], columns: dict) -> list:
     for i, r in enumerate(records):
         line = f"{r.epoch:>5} {r.steps:>6}"
         for recs, rdp, pld in columns.values():
-            line += (f" | {recs[i].noise_multiplier:>16.4g} {recs[i].effective_noise_multiplier:>8.4g}"
+            line += (f" | {recs[i].noise_multiplier:>16.4g}"
+                     f" {recs[i].effective_noise_multiplier:>8.4g}"
                      f" {_fmt(rdp[i]):>9} {_fmt(pld[i]):>9}")
         lines.append(line)
     return lines
@@ -297,13 +298,9 @@ def main(argv):
     # dp-accounting warns for every RDP order it drops at small sigma (the bound stays valid)
     logging.set_verbosity(logging.ERROR)
     if f.run_dir:
-        from edp_tf import ledger
-
         led = ledger.read_ledger(f.run_dir)
         print(statement_from_ledger(led, f.delta))
         if f.report:
-            from edp_tf import report
-
             print(f"wrote {report.write(led, f.report, f'Privacy report of {f.run_dir}')}")
         return
     if f.report:
@@ -324,7 +321,8 @@ def main(argv):
     if missing or (f.noise_multiplier is None and f.target_epsilon is None):
         raise app.UsageError(
             "give --run_dir, or a planned run: --dataset_size --batch_size --epochs and "
-            "--noise_multiplier or --target_epsilon" + (f" (missing: {missing})" if missing else ""))
+            "--noise_multiplier or --target_epsilon"
+            + (f" (missing: {missing})" if missing else ""))
     n, batch, replicas = f.dataset_size, f.batch_size, f.replicas
     delta = f.delta or accounting.default_delta(n)
     z0 = f.noise_multiplier

@@ -6,17 +6,17 @@ One call: `edp_tf.make_private(model, target_epsilon=..., epochs=..., batch_size
 """
 from importlib import metadata as _metadata
 
-from edp_tf import accounting, batch_source, iterators, ledger, multi_worker, plan, report, sampling
+from edp_tf import accounting, batch_source, ledger, multi_worker, plan, report, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
 from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
+from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
 from edp_tf.private_training import AutoPrivateModel, make_private
 from edp_tf.sampling import AugmentedPoissonSampler, PoissonSampler, UserPoissonSampler
-from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 
@@ -27,8 +27,9 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",
-    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
-    "PoissonSampler", "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
+    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy",
+    "make_multi_worker_strategy", "PoissonSampler", "UserPoissonSampler",
+    "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

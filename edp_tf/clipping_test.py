@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import DPConfig, PrivateModel
+from edp_tf import DPConfig, PrivateModel, microbatch
 from edp_tf.testing import mse, per_example_update, small_model, small_regression
 
 
@@ -56,7 +56,6 @@ def test_stacked_clip_bounds_every_contribution():
     stacked = [tf.constant(rng.normal(size=(6, 3, 2)) * 10, tf.float32),
                tf.constant(rng.normal(size=(6, 4)), tf.float32)]
     C = 1.5
-    from edp_tf import microbatch
 
     result = microbatch.StackedGradients(stacked, None, None, [1.0, 1.0]).clip(C)
     norms = np.sqrt(sum(np.sum(s.numpy().reshape(6, -1) ** 2, 1) for s in stacked))

@@ -24,7 +24,8 @@ def model_and_user(seed=0):
 
 
 def plain_local_sgd(model, x, y, w, epochs, batch, lr):
-    """theta - theta_local by assigning a clone's weights step by step (eager, no stateless call)."""
+    """theta - theta_local by assigning a clone's weights step by step (eager, no stateless
+    call)."""
     clone = keras.models.clone_model(model)
     clone.set_weights(model.get_weights())
     for _ in range(epochs):
@@ -32,7 +33,8 @@ def plain_local_sgd(model, x, y, w, epochs, batch, lr):
             xb, yb, wb = x[start:start + batch], y[start:start + batch], w[start:start + batch]
             with tf.GradientTape() as tape:
                 loss = tf.reduce_sum(mse(yb, clone(xb, training=True)) * wb) / max(wb.sum(), 1.0)
-            for v, g in zip(clone.trainable_variables, tape.gradient(loss, clone.trainable_variables)):
+            variables = clone.trainable_variables
+            for v, g in zip(variables, tape.gradient(loss, variables)):
                 v.assign_sub(lr * g)
     return [a - b for a, b in zip(model.get_weights(), clone.get_weights())]
 

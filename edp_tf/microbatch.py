@@ -21,7 +21,8 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping, ghost, local_training, selection as row_selection
+from edp_tf import clipping, ghost, local_training
+from edp_tf import selection as row_selection
 from edp_tf.config import PER_EXAMPLE_METHODS
 
 _log = logging.getLogger(__name__)

@@ -7,10 +7,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import microbatch
-from edp_tf.testing import (data_for, loop_clipped_sum, loop_gradients, mixed_model,
-                            mse, small_model, small_regression, squared_norms_by_ghost,
-                            variable_names)
+from edp_tf import DPConfig, microbatch
+from edp_tf.testing import (
+    data_for,
+    loop_clipped_sum,
+    loop_gradients,
+    mixed_model,
+    mse,
+    small_model,
+    small_regression,
+    squared_norms_by_ghost,
+    variable_names,
+)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -50,8 +58,6 @@ def test_clipped_sum_matches_plain_loop_with_scales_and_a_nonfinite_example(k):
 
 
 def test_per_example_method_names_are_checked():
-    from edp_tf import DPConfig
-
     with pytest.raises(ValueError, match="per_example_method"):
         DPConfig(microbatch_size=1, per_example_method="jacobian")
     with pytest.raises(ValueError, match="per-example method"):

@@ -16,8 +16,8 @@ needs:
 
 On CPUs the strategy gives each worker one replica (TensorFlow's choice: logical CPU devices are
 not used), on GPUs one per GPU. A worker that dies leaves the others blocked in a collective: the
-launcher (`edp_nlu.pipeline.worker_processes`) watches its processes and stops the rest; the run resumes from its
-last checkpoint.
+launcher (`edp_nlu.pipeline.worker_processes`) watches its processes and stops the rest; the run
+resumes from its last checkpoint.
 """
 from __future__ import annotations
 

@@ -124,7 +124,8 @@ class AutoPrivateModel(PrivateModel):
             raise ValueError(f"make_private's fit continues at epoch {initial} (the ledger's "
                              f"next): initial_epoch={kwargs['initial_epoch']} is not taken")
         kwargs["initial_epoch"] = initial
-        more = self._budget.epochs - initial if epochs is None else checks.count("epochs", epochs, 1)
+        more = (self._budget.epochs - initial if epochs is None
+                else checks.count("epochs", epochs, 1))
         if more < 1:
             raise ValueError(f"the {self._budget.epochs} planned epochs have run (epsilon "
                              f"{self.epsilon:.3g}): pass epochs= to train more, which the "

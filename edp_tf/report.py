@@ -72,8 +72,8 @@ def sections(ledger: dict) -> list:
         verdict += (f" Epoch {interrupted['epoch']} was interrupted: it is charged in full here "
                     "(and in the ledger when the run resumes).")
     recorded = ledger.get("epsilon")
-    if recorded is not None and curve and not interrupted and not math.isclose(recorded, epsilon, rel_tol=1e-6,
-                                                           abs_tol=1e-9):
+    if (recorded is not None and curve and not interrupted
+            and not math.isclose(recorded, epsilon, rel_tol=1e-6, abs_tol=1e-9)):
         verdict += (f" WARNING: privacy.json states epsilon {recorded:.6g}, recomputed "
                     f"{epsilon:.6g}: the file was edited or written by another version.")
     others = ledger.get("epsilon_at_other_deltas") or {}

@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import keras
 import tensorflow as tf
 
-from edp_tf import checks
+from edp_tf import checks, ghost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,6 @@ class RowSelection:
 def embedding_table_indices(model, variables: Sequence) -> tuple:
     """Positions in `variables` of the tables of the model's `Embedding` layers (keras-hub's
     `ReversibleEmbedding` and `TokenAndPositionEmbedding` parts included)."""
-    from edp_tf import ghost
-
     tables = {id(layer.embeddings) for layer in ghost.flatten_layers(model)
               if isinstance(layer, keras.layers.Embedding) and hasattr(layer, "embeddings")}
     return tuple(i for i, v in enumerate(variables) if id(v) in tables)

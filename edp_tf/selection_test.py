@@ -167,9 +167,9 @@ def test_with_adam_every_row_selected_is_the_dense_update(strategy):
     (1, "ghost", 4)])
 def test_unselected_rows_stay_exactly_unchanged(strategy, microbatch_size, method, physical):
     """The threshold is 6 count-noise stds (z_c S C1 = 0.125 or 0.25): an untouched row passes
-    with probability 1e-9. Rows 0..9 are touched by most micro-batches: counts of 3 (eDP: 4 replica batches
-    touching all 10 rows, f = C1 / sqrt(10)) to 15 (per example), against a threshold of 0.75
-    (S = 1) or 1.5 (S = 2)."""
+    with probability 1e-9. Rows 0..9 are touched by most micro-batches: counts of 3 (eDP: 4 replica
+    batches touching all 10 rows, f = C1 / sqrt(10)) to 15 (per example), against a threshold of
+    0.75 (S = 1) or 1.5 (S = 2)."""
     before, after, history, private = _fit(strategy, microbatch_size, method,
                                            threshold=6.0,
                                            physical=physical)

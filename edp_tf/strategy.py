@@ -1,4 +1,5 @@
-"""`make_strategy`: a MirroredStrategy over GPUs, or over logical CPU devices when there are none."""
+"""`make_strategy`: a MirroredStrategy over GPUs, or over logical CPU devices when there are
+none."""
 from __future__ import annotations
 
 from typing import Optional
@@ -8,11 +9,11 @@ import tensorflow as tf
 from edp_tf import iterators
 
 # One strategy per device set, each with its own range of collective keys. TensorFlow numbers the
-# collective group and instance keys of every MirroredStrategy from the same start, so two strategies
-# in one process collide: over the same devices their all-reduces get mixed up ("Shape mismatch in
-# the collective instance"), over different device sets the group sizes clash ("joining a group with
-# size 4, but that group has size 2"). TensorFlow's own tests separate them the same way
-# (strategy_combinations._mirrored_strategy_with_collective_key_base).
+# collective group and instance keys of every MirroredStrategy from the same start, so two
+# strategies in one process collide: over the same devices their all-reduces get mixed up ("Shape
+# mismatch in the collective instance"), over different device sets the group sizes clash ("joining
+# a group with size 4, but that group has size 2"). TensorFlow's own tests separate them the same
+# way (strategy_combinations._mirrored_strategy_with_collective_key_base).
 _BY_DEVICES: dict = {}
 _KEY_RANGE = 1_000_000  # group keys one strategy may use (one per device subset it reduces over)
 

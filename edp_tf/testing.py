@@ -9,6 +9,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from edp_tf import microbatch
+from edp_tf.ghost import bounds
+
 
 def mse(y_true, y_pred):
     return tf.reduce_mean(tf.reshape(tf.square(y_true - y_pred), [tf.shape(y_pred)[0], -1]), 1)
@@ -59,8 +62,6 @@ def loop_clipped_sum(grads, alpha, C):
 def squared_norms_by_ghost(model, loss_fn, x, y, w, k, k_e):
     """([m, K] per-micro-batch squared norms from the fast path, indices of the ghost-ruled
     variables): what the clip sees."""
-    from edp_tf import microbatch
-
     variables = model.trainable_variables
     fn = tf.function(lambda: microbatch.per_variable_squared_norms(
         model, loss_fn, variables, x, y, tf.constant(w), k, k_e))
@@ -104,8 +105,6 @@ def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     np.testing.assert_allclose(squares, want, rtol=1e-4, atol=1e-9)
     # The clipped sum the step uses (each rule's weighted sum, in its variable's shape), with
     # C at the median norm so that about half the micro-batches are clipped.
-    from edp_tf import microbatch
-    from edp_tf.ghost import bounds
 
     variables = model.trainable_variables
     alpha = (1.0,) * len(variables)

@@ -21,7 +21,8 @@ PUBLIC_TEXT = [  # public sentences: the vocabulary's only source
     "what is the weather today", "will it rain tomorrow", "is it sunny at home",
 ]
 _WORDS = {
-    "call": (["call", "phone"], ["my mother", "my brother", "the office"], ["now", "at home", "please"]),
+    "call": (["call", "phone"], ["my mother", "my brother", "the office"],
+             ["now", "at home", "please"]),
     "refill": (["refill", "order"], ["my prescription", "the aspirin order", "more medicine"],
                ["please", "now", "today"]),
     "weather": (["what is the weather", "will it rain", "is it sunny"], ["today", "tomorrow"],

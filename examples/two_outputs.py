@@ -9,9 +9,9 @@ import argparse
 
 import keras
 import numpy as np
+from token_tagger import LENGTH, TAGS, WORDS, private_utterances
 
 import edp_tf
-from token_tagger import LENGTH, TAGS, WORDS, private_utterances
 
 INTENTS = ("call_person", "call_later")
 

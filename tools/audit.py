@@ -37,6 +37,11 @@ claimed means the accounting under-counts the noise's job.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from edp_nlu import cli
+
+    cli.quiet_unless_verbose()
+
 import dataclasses
 import json
 import math
@@ -46,6 +51,10 @@ from typing import Optional
 
 import numpy as np
 from absl import flags, logging
+
+from edp_tf import DPConfig, PrivateModel, accounting, auditing, make_strategy
+from edp_tf.ledger import write_json_atomically
+from edp_tf.mechanism import effective_noise_multiplier, sensitivity
 
 MECHANISMS = {
     # name: (microbatch_size, noise_mode, claim, privacy_unit); replicas come from --replicas
@@ -105,8 +114,6 @@ class AuditPlan:
 
     @property
     def sensitivity(self) -> int:
-        from edp_tf.mechanism import sensitivity
-
         if self.privacy_unit == "user":
             return 1  # a user is one clipped micro-batch (fixed denominator)
         return sensitivity(self.rows_per_microbatch)
@@ -138,8 +145,6 @@ class AuditPlan:
 def claimed_records(plan: AuditPlan, z: float, claim: str):
     """The epoch records a claim accounts: `honest` is the ledger's (the noise mode's effective
     multiplier and the mechanism's S); `paper-style` takes z at face value with S = C."""
-    from edp_tf import accounting
-
     if claim == "paper-style":
         return accounting.plan_schedule(z, 1, plan.steps)
     return accounting.plan_schedule(z, 1, plan.steps, noise_mode=plan.noise_mode,
@@ -148,15 +153,11 @@ def claimed_records(plan: AuditPlan, z: float, claim: str):
 
 
 def claimed_epsilon(plan: AuditPlan, z: float, claim: str) -> float:
-    from edp_tf import accounting
-
     return accounting.compute_epsilon(claimed_records(plan, z, claim), 1.0, plan.delta)
 
 
 def calibrated_z(plan: AuditPlan) -> float:
     """z whose claim (plan.claim) is exactly the target epsilon at sampling rate 1."""
-    from edp_tf import accounting
-
     if plan.claim == "paper-style":
         return accounting.calibrate_noise(plan.target_epsilon, plan.delta, 1.0, 1, plan.steps)
     return accounting.calibrate_noise(
@@ -200,8 +201,6 @@ def run_audit(plan: AuditPlan, noise_multiplier: float, strategy, included: np.n
     OS entropy); returns per-canary scores."""
     import keras
     import tensorflow as tf
-
-    from edp_tf import DPConfig, PrivateModel
 
     plan.check()
     m = plan.canaries
@@ -274,8 +273,6 @@ def expected_score_moments(plan: AuditPlan, z: float) -> tuple:
     z_eff S C / D; D the expected micro-batches of a step (one per canary of the block, or half
     the block's users: the expected_batch_size the user-level run is given). z_eff is the
     gradient's own multiplier: AdaFEST's row counts are not in the weights."""
-    from edp_tf.mechanism import effective_noise_multiplier
-
     d = plan.canaries_per_block * (0.5 if plan.privacy_unit == "user" else 1.0)
     z_eff = effective_noise_multiplier(z, plan.noise_mode, plan.replicas, plan.sensitivity)
     step = plan.sensitivity * plan.l2_norm_clip / d
@@ -351,8 +348,6 @@ def audit_mechanism(plan: AuditPlan, strategy, noise_multiplier: Optional[float]
     """One audit: calibrate z to the plan's claim (unless given), train plan.runs times, score,
     bound. The one-run bound uses the first run only (it is a one-run audit); the Gaussian audit
     (gaussian=True) pools the canaries of every run."""
-    from edp_tf import auditing
-
     plan.check()
     z = calibrated_z(plan) if noise_multiplier is None else float(noise_multiplier)
     runs = [one_run(plan, z, strategy, r, cache_dir) for r in range(plan.runs)]
@@ -440,10 +435,10 @@ def write_table(out_dir: str) -> str:
         "in the checks column). A bound above the claimed epsilon refutes the claim.",
         "* **mu claimed**: sqrt(steps) / z_eff of the claim's accounting for a worst-case example; "
         "**mu measured**: (mean score in - out) / pooled std, with its one-sided 95% limits.",
-        "* **std, shift / expected**: the scores' pooled std and their in - out shift over what the "
-        "step should give (noise z_eff S C / D and signal S C / D per step, z_eff the gradient's "
-        "own multiplier), +- one standard error: a wrong noise scale moves the first, a wrong "
-        "sensitivity or normalisation the second.", "",
+        "* **std, shift / expected**: the scores' pooled std and their in - out shift over what "
+        "the step should give (noise z_eff S C / D and signal S C / D per step, z_eff the "
+        "gradient's own multiplier), +- one standard error: a wrong noise scale moves the first, "
+        "a wrong sensitivity or normalisation the second.", "",
         "| mechanism | claim | z | claimed eps | ledger eps | one-run bound | Gaussian bound "
         "(95%) | Gaussian estimate | mu claimed | mu measured [low, high] | runs x canaries "
         "| checks p (normal, equal var) | std, shift / expected | s | command |",
@@ -471,9 +466,9 @@ def write_table(out_dir: str) -> str:
             f"{_number(r['mu_claimed'])} | {gauss[2]} | {gauss[3]} | {gauss[4]} | {gauss[5]} | "
             f"{r['seconds']} | `{command}` |")
     if any(r["mechanism"] in SELECTION_THRESHOLDS for r in rows):
-        lines += ["", "AdaFEST rows: the canaries are rows of an embedding table (micro-batches of 2 "
-                  "with a partner on the same row). The claim charges the joint multiplier of the "
-                  "gradient and the noisy row counts, (z^-2 + z_c^-2)^-1/2 with z_c = "
+        lines += ["", "AdaFEST rows: the canaries are rows of an embedding table (micro-batches "
+                  "of 2 with a partner on the same row). The claim charges the joint multiplier "
+                  "of the gradient and the noisy row counts, (z^-2 + z_c^-2)^-1/2 with z_c = "
                   f"{SELECTION_NOISE_MULTIPLIER:g}; the weights show only the selected rows' noisy "
                   "gradient, never the counts. `adafest` (threshold 3 count-noise stds, the "
                   "default) selects a canary's row in well under 1% of steps, so its scores are "
@@ -489,8 +484,6 @@ def write_table(out_dir: str) -> str:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # strategy and all-reduce chatter
-    from edp_tf import make_strategy
-    from edp_tf.ledger import write_json_atomically
 
     f = flags.FLAGS
     plan = AuditPlan(f.mechanism, f.canaries, f.steps, f.replicas, f.target_epsilon, f.delta,
@@ -517,8 +510,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     define_flags()
     cli.run(main)

@@ -5,10 +5,10 @@
     python -m tools.lira --report               # table of what has finished
 
 A pool of `--pool` SNIPS training utterances (a fixed random subset) and `--models` models, each
-trained (edp_nlu/configs/snips_clc.py's recipe for its data size) on an independent half of the pool:
-every utterance is in about half of the models. Each model in turn is the target and the others
-are the attacker's shadow models; offline LiRA scores utterance i against target j by how far its
-log-likelihood under j lies above the Gaussian fitted to its log-likelihoods under the shadows
+trained (edp_nlu/configs/snips_clc.py's recipe for its data size) on an independent half of the
+pool: every utterance is in about half of the models. Each model in turn is the target and the
+others are the attacker's shadow models; offline LiRA scores utterance i against target j by how far
+its log-likelihood under j lies above the Gaussian fitted to its log-likelihoods under the shadows
 that did NOT train on it: (phi_j(i) - mean_out(i)) / std_out(i). The ROC over all (utterance,
 target) pairs gives the TPR at 0.1% and 1% FPR. Resumable: each finished model's losses are saved
 (as numbers, in `--work_dir`, never text) and skipped next time. The label schema comes from the
@@ -16,12 +16,25 @@ full SNIPS training split (a public benchmark), so every model has the same outp
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs read the setting once
+    from edp_nlu import cli
+
+    cli.quiet_unless_verbose()
+
 import json
 import os
 import time
 
 import numpy as np
 from absl import app, flags, logging
+
+from edp_nlu.configs import config_file
+from edp_nlu.data import schema as schema_lib
+from edp_nlu.pipeline import builders, training
+from edp_nlu.scoring import predictions
+from edp_tf import attacks, make_strategy
+from edp_tf.ledger import write_json_atomically
+
 
 def define_flags() -> None:
     """Defined only when run as a command (other trainers use the same flag names)."""
@@ -67,8 +80,6 @@ def lira_scores(log_likelihoods: np.ndarray, masks: np.ndarray, min_out: int = 4
 
 
 def summarise(log_likelihoods: np.ndarray, masks: np.ndarray) -> dict:
-    from edp_tf import attacks
-
     scores, members = lira_scores(log_likelihoods, masks)
     summary = attacks.attack_summary(scores[members], scores[~members])
     summary["roc"] = attacks.roc_points(scores[members], scores[~members])
@@ -77,21 +88,17 @@ def summarise(log_likelihoods: np.ndarray, masks: np.ndarray) -> dict:
 
 
 def _pool(config):
-    from edp_nlu.pipeline import builders
-
     splits = builders.load_splits(config)
     if flags.FLAGS.pool > len(splits.train):
         raise ValueError(f"--pool={flags.FLAGS.pool} exceeds the {len(splits.train)} training "
                          f"utterances of {config.data_dir}")
-    index = np.sort(np.random.default_rng(POOL_SEED).permutation(len(splits.train))[:flags.FLAGS.pool])
+    order = np.random.default_rng(POOL_SEED).permutation(len(splits.train))
+    index = np.sort(order[:flags.FLAGS.pool])
     return splits, [splits.train[i] for i in index]
 
 
 def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
     import dataclasses
-
-    from edp_nlu.pipeline import builders, training
-    from edp_nlu.scoring import predictions
 
     member_split = dataclasses.replace(
         splits, train=tuple(u for u, m in zip(pool, masks[j]) if m),
@@ -140,12 +147,14 @@ def write_report(out_dir: str) -> str:
              "target once; the others are its shadows. Scores: z-score of the target's "
              "log-likelihood against the shadows that did not train on the utterance.", "",
              "| mechanism | models | pool | pairs | AUC | TPR at 0.1% FPR | TPR at 1% FPR | "
-             "epsilon (delta) | mean test SER | s per model |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "epsilon (delta) | mean test SER | s per model |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         eps = "not private" if r["mechanism"] == "sgd" else f"{r['epsilon']:.3g} ({r['delta']:.2g})"
         a = r["attack"]
         lines.append(f"| {r['mechanism']} | {r['models']} | {r['pool']} | {a['pairs']} | "
-                     f"{a['auc']:.3f} | {a['tpr_at_0.1pct_fpr']:.4f} | {a['tpr_at_1pct_fpr']:.4f} | "
+                     f"{a['auc']:.3f} | {a['tpr_at_0.1pct_fpr']:.4f} | "
+                     f"{a['tpr_at_1pct_fpr']:.4f} | "
                      f"{eps} | {r['mean_test_ser']:.3f} | {r['seconds_per_model']:.0f} |")
     path = os.path.join(out_dir, "table.md")
     os.makedirs(out_dir, exist_ok=True)
@@ -158,15 +167,9 @@ def main(argv):
     del argv
     from ml_collections import config_flags  # noqa: F401  (configs import it)
 
-    from edp_tf import make_strategy
-    from edp_tf.ledger import write_json_atomically
-    from edp_nlu.data import schema as schema_lib
-
     if flags.FLAGS.models < 17:
         raise app.UsageError(f"--models={flags.FLAGS.models}: LiRA needs >= 17 (16 shadows each)")
     import importlib.util
-
-    from edp_nlu.configs import config_file
 
     spec = importlib.util.spec_from_file_location("lira_config", config_file(flags.FLAGS.config))
     module = importlib.util.module_from_spec(spec)
@@ -178,7 +181,8 @@ def main(argv):
     schema_lib.write_schema(schema_path, schema_lib.schema_from_training_data(splits.train))
     with config.unlocked():
         config.mechanism = flags.FLAGS.mechanism
-        config.target_epsilon = flags.FLAGS.target_epsilon if flags.FLAGS.mechanism != "sgd" else 0.0
+        config.target_epsilon = (flags.FLAGS.target_epsilon if flags.FLAGS.mechanism != "sgd"
+                                 else 0.0)
         config.label_schema = schema_path
         config.diagnostics = False
         for item in flags.FLAGS.set:
@@ -219,14 +223,12 @@ def main(argv):
         "seconds_per_model": float(np.mean([d["seconds"] for d in done.values()])),
     }
     write_json_atomically(os.path.join(flags.FLAGS.out, f"{flags.FLAGS.mechanism}.json"), result)
-    print(f"{flags.FLAGS.mechanism}: LiRA AUC {attack['auc']:.3f}, TPR {attack['tpr_at_0.1pct_fpr']:.4f} "
-          f"at 0.1% FPR; table {write_report(flags.FLAGS.out)}", flush=True)
+    print(f"{flags.FLAGS.mechanism}: LiRA AUC {attack['auc']:.3f}, "
+          f"TPR {attack['tpr_at_0.1pct_fpr']:.4f} at 0.1% FPR; "
+          f"table {write_report(flags.FLAGS.out)}", flush=True)
     logging.info("done")
 
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     define_flags()
     cli.run(main)

@@ -16,14 +16,14 @@ import json
 import os
 import sys
 
+import keras
 import numpy as np
 import tensorflow as tf
-import keras
 
 sys.path.insert(0, os.getcwd())
 from edp_nlu.configs import snips_clc
-from edp_nlu.pipeline import training, builders
 from edp_nlu.data import loading
+from edp_nlu.pipeline import builders, training
 
 run_dir = sys.argv[1]
 epochs_to_measure = {1, 3, 6, 11, 16, 21}
@@ -32,6 +32,26 @@ rng = np.random.default_rng(0)
 
 atis = loading.load_joint_dir("../shared/data/atis")
 out = open(os.path.join("results", "public_subspace", "diagnostic.jsonl"), "a")
+
+
+def captured_energy(g: np.ndarray, signal: np.ndarray, private: np.ndarray) -> dict:
+    """Share of `signal`'s energy in the top k right singular vectors of the public gradients
+    `g` (m x d), k = 8 ... 512, and the mean share of each of the first 256 `private`
+    gradients' energy in the top 128."""
+    # right singular vectors of g via the m x m Gram matrix (m << d)
+    w, u = np.linalg.eigh(g @ g.T)
+    order = np.argsort(w)[::-1]
+    w, u = w[order], u[:, order]
+    keep = w > 1e-10 * w[0]
+    v = (g.T @ u[:, keep]) / np.sqrt(w[keep])  # d x r, orthonormal columns
+    coef = v.T @ signal
+    cap = {}
+    for k in (8, 32, 128, 256, 512):
+        if k <= v.shape[1]:
+            cap[k] = float(np.sum(coef[:k] ** 2) / np.sum(signal ** 2))
+    pe = v[:, :128].T @ private[:256].T
+    cap["per_example_128"] = float(np.mean(np.sum(pe ** 2, 0) / np.sum(private[:256] ** 2, 1)))
+    return cap
 
 
 class Diag(keras.callbacks.Callback):
@@ -50,8 +70,8 @@ class Diag(keras.callbacks.Callback):
                 xi = {k: v[None] for k, v in xi.items()}
                 yi = {k: v[None] for k, v in yi.items()}
                 with tf.GradientTape() as tape:
-                    l = tf.reduce_sum(loss_fn(yi, model(xi, training=True)))
-                g = tape.gradient(l, variables)
+                    loss = tf.reduce_sum(loss_fn(yi, model(xi, training=True)))
+                g = tape.gradient(loss, variables)
                 return tf.concat([tf.reshape(tf.convert_to_tensor(t), [-1]) for t in g], 0)
             return tf.map_fn(one, (x, y), fn_output_signature=tf.float32)
 
@@ -102,22 +122,7 @@ class Diag(keras.callbacks.Callback):
         for name, (x, y) in publics.items():
             m = min(len(y["intent"]), 512)
             g, _ = grads({k: v[:m] for k, v in x.items()}, {k: v[:m] for k, v in y.items()}, m)
-            # right singular vectors of g (m x d) via the Gram matrix
-            gram = g @ g.T
-            w, u = np.linalg.eigh(gram)
-            order = np.argsort(w)[::-1]
-            w, u = w[order], u[:, order]
-            keep = w > 1e-10 * w[0]
-            v = (g.T @ u[:, keep]) / np.sqrt(w[keep])  # d x r, orthonormal columns
-            coef = v.T @ signal
-            cap = {}
-            for k in (8, 32, 128, 256, 512):
-                if k <= v.shape[1]:
-                    cap[k] = float(np.sum(coef[:k] ** 2) / np.sum(signal ** 2))
-            # per-example captured fraction
-            pe = v[:, :128].T @ gp[:256].T
-            cap["per_example_128"] = float(np.mean(np.sum(pe ** 2, 0) / np.sum(gp[:256] ** 2, 1)))
-            result[name] = cap
+            result[name] = captured_energy(g, signal, gp)
         print(json.dumps(result), file=out, flush=True)
         print("GEPDIAG", json.dumps(result), flush=True)
 

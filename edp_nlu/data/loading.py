@@ -1,6 +1,7 @@
 """Joint IC/NER data: the one entry point that loads every corpus (`load_data`), the standard
 joint-format loader, and `conform` (maps dev/test labels a model's vocabularies lack). The
-corpus types are in edp_nlu/data/corpus.py; the one label vocabulary class is edp_nlu.models.labels'.
+corpus types are in edp_nlu/data/corpus.py; the one label vocabulary class is
+edp_nlu.models.labels'.
 
 The joint format (SNIPS, ATIS as in Goo et al. 2018 / JointBERT) is a directory holding
 `train/`, `dev/` (or `valid/`) and `test/`, each with three line-aligned files:
@@ -21,10 +22,16 @@ import logging
 import os
 from typing import Iterable, Sequence
 
-from edp_nlu.models.labels import LabelVocabulary
 from edp_nlu.data import nlu_csv, synthetic
-from edp_nlu.data.corpus import (OUTSIDE, UNKNOWN_INTENT, DataFormatError,  # noqa: F401
-                                  Splits, Utterance, bio_error)
+from edp_nlu.data.corpus import (  # noqa: F401
+    OUTSIDE,
+    UNKNOWN_INTENT,
+    DataFormatError,
+    Splits,
+    Utterance,
+    bio_error,
+)
+from edp_nlu.models.labels import LabelVocabulary
 
 _log = logging.getLogger(__name__)
 DEV_DIR_NAMES = ("dev", "valid")  # JointBERT says `dev`, SlotGated-SLU says `valid`.

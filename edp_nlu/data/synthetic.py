@@ -22,6 +22,7 @@ import random
 from typing import Callable, Iterator, Sequence
 
 from edp_nlu.data.corpus import OUTSIDE, Splits, Utterance
+from edp_nlu.data.schema import LabelSchema
 
 
 def _words(text: str) -> tuple[str, ...]:
@@ -426,18 +427,17 @@ def users_for(size: int) -> int:
 def _with_users(part, seed: int, name: str, speakers: int) -> list:
     """Each utterance spoken by one of `speakers` users (`users_for` the split's size) drawn
     with Zipf weights (exponent 0.8): a few heavy users with hundreds of utterances, a long
-    tail with one or two, as an assistant's logs have. Each split has its own speakers ("dev-user00003"), so a
-    user-level run never scores dev or test on a training user's utterances. Planted canaries
-    keep their own user (one user repeating a phrase). Own random stream: the utterances are
-    unchanged."""
+    tail with one or two, as an assistant's logs have. Each split has its own speakers
+    ("dev-user00003"), so a user-level run never scores dev or test on a training user's utterances.
+    Planted canaries keep their own user (one user repeating a phrase). Own random stream: the
+    utterances are unchanged."""
     rng = random.Random(f"edp-tf users {seed} {name}")
     chooser = _ZipfChooser([f"{name}-user{i:05d}" for i in range(speakers)], exponent=0.8)
     return [u if u.user is not None else dataclasses.replace(u, user=chooser(rng)) for u in part]
 
 
 def label_schema():
-    """The corpus's labels, from the generator itself (public: no training utterance decides them)."""
-    from edp_nlu.data.schema import LabelSchema
-
+    """The corpus's labels, from the generator itself (public: no training utterance decides
+    them)."""
     return LabelSchema(tuple(TEMPLATES), tuple(SLOT_GENERATORS),
                        "the synthetic corpus generator (edp_nlu/data/synthetic.py)")

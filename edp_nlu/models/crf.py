@@ -10,8 +10,8 @@ Why it looks the way it does:
   with this project's fixed-shape preprocessors -- the recursions are unrolled in Python: plain
   tensor ops that `pfor` handles well. A dynamic length falls back to `tf.scan`.
 * Masks may have holes, not only right padding: a masked position is skipped (the recursion state is
-  carried over unchanged), so the result equals the CRF on the sequence with masked positions removed.
-  An all-masked sequence has log-likelihood 0 (the empty path) and decodes to all zeros.
+  carried over unchanged), so the result equals the CRF on the sequence with masked positions
+  removed. An all-masked sequence has log-likelihood 0 (the empty path) and decodes to all zeros.
 * Scores are computed in float32 whatever the compute dtype, in log space (logsumexp).
 """
 
@@ -103,7 +103,8 @@ def crf_log_likelihood(potentials, tags, mask, transitions, start, end):
 
 
 def crf_decode(potentials, mask, transitions, start, end):
-    """Viterbi decoding. Returns (tags [batch, length] int32, 0 at masked positions; best score [batch])."""
+    """Viterbi decoding. Returns (tags [batch, length] int32, 0 at masked positions; best score
+    [batch])."""
     potentials, mask = _prepare(potentials, mask)
 
     def step(carry, inputs):
@@ -114,7 +115,8 @@ def crf_decode(potentials, mask, transitions, start, end):
         extended = tf.reduce_max(scores, axis=1) + emission
         fresh = start[None] + emission
         identity = tf.broadcast_to(tf.range(tf.shape(delta)[1])[None], tf.shape(best_prev))
-        # A skipped position, or the first unmasked one, keeps the tag it is given (identity pointer).
+        # A skipped position, or the first unmasked one, keeps the tag it is given (identity
+        # pointer).
         pointer = tf.where(tf.logical_and(valid, started)[:, None], best_prev, identity)
         new_delta = tf.where(started[:, None], extended, fresh)
         delta = tf.where(valid[:, None], new_delta, delta)
@@ -132,7 +134,8 @@ def crf_decode(potentials, mask, transitions, start, end):
 
 
 def _run_forward(step, carry, sequence, mask):
-    """Folds `step` over time (axis 1 of `sequence` and `mask`), unrolled when the length is static."""
+    """Folds `step` over time (axis 1 of `sequence` and `mask`), unrolled when the length is
+    static."""
     steps = _time_major_steps(sequence)
     if steps is not None:
         for x_t, m_t in zip(*_unstacked(sequence, mask)):
@@ -168,7 +171,8 @@ def _unstacked(sequence, mask):
 
 
 def _backtrack(pointers, best_last):
-    """Follows back-pointers [batch, length, tags] from the best last tag; returns [batch, length]."""
+    """Follows back-pointers [batch, length, tags] from the best last tag; returns
+    [batch, length]."""
     steps = pointers.shape[1]
     if steps is not None and steps <= MAX_UNROLLED_LENGTH:
         tags = [best_last]
@@ -194,7 +198,8 @@ class CRF(keras.layers.Layer):
     from a Dense layer in the model. `call` returns the Viterbi path (for serving / metrics); the
     training loss uses `log_likelihood`, which reads the same variables, so a loss computed outside
     the model's `call` still trains the transitions. `allowed_start` / `allowed_transitions`
-    (bools, e.g. `edp_nlu.models.labels.bio_transitions`) restrict decoding to paths of allowed steps.
+    (bools, e.g. `edp_nlu.models.labels.bio_transitions`) restrict decoding to paths of allowed
+    steps.
     """
 
     def __init__(self, num_tags: int, allowed_start=None, allowed_transitions=None, **kwargs):
@@ -208,8 +213,12 @@ class CRF(keras.layers.Layer):
         self.transitions = self.add_weight(
             name="transitions", shape=(self.num_tags, self.num_tags), initializer=init
         )
-        self.start_scores = self.add_weight(name="start_scores", shape=(self.num_tags,), initializer=init)
-        self.end_scores = self.add_weight(name="end_scores", shape=(self.num_tags,), initializer=init)
+        self.start_scores = self.add_weight(
+            name="start_scores", shape=(self.num_tags,), initializer=init
+        )
+        self.end_scores = self.add_weight(
+            name="end_scores", shape=(self.num_tags,), initializer=init
+        )
         self.supports_masking = True
         self.built = True
 

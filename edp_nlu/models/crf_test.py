@@ -1,4 +1,5 @@
-"""CRF layer vs brute-force enumeration of every tag path, plus the contexts the private step uses."""
+"""CRF layer vs brute-force enumeration of every tag path, plus the contexts the private step
+uses."""
 
 import itertools
 
@@ -7,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-
 from edp_nlu.models import crf as crf_lib
+from edp_nlu.models.labels import bio_transitions
 
 NUM_TAGS, LENGTH, BATCH = 3, 4, 7
 
@@ -111,7 +112,9 @@ def test_layer_gradients_inside_vectorized_map_match_per_example_loop():
 
     batched = vectorized(tf.constant(potentials), tf.constant(tags), tf.constant(mask))
     for b in range(BATCH):
-        single = per_example_grads((tf.constant(potentials[b]), tf.constant(tags[b]), tf.constant(mask[b])))
+        single = per_example_grads(
+            (tf.constant(potentials[b]), tf.constant(tags[b]), tf.constant(mask[b]))
+        )
         for got, want in zip(batched, single):
             np.testing.assert_allclose(got[b].numpy(), want.numpy(), atol=1e-5)
     assert len(variables) == 3
@@ -158,8 +161,6 @@ def _well_formed(path) -> bool:
 
 
 def test_constrained_decode_is_the_best_well_formed_path():
-    from edp_nlu.models.labels import bio_transitions
-
     start_ok, transitions_ok = bio_transitions(BIO_TAGS)
     layer = crf_lib.CRF(len(BIO_TAGS), start_ok, transitions_ok)
     rng = np.random.default_rng(7)
@@ -197,8 +198,6 @@ def test_constrained_decode_is_the_best_well_formed_path():
 
 
 def test_constraint_round_trips_and_is_checked():
-    from edp_nlu.models.labels import bio_transitions
-
     layer = crf_lib.CRF(5, *bio_transitions(BIO_TAGS), name="ner_crf")
     clone = crf_lib.CRF.from_config(layer.get_config())
     assert clone.allowed_transitions == layer.allowed_transitions and clone.constrained

@@ -24,10 +24,12 @@ from edp_nlu.models.joint_task import JointTagger
 
 
 def serving_function(task: JointTagger, preprocessor) -> tf.types.experimental.PolymorphicFunction:
-    """The tf.function that the SavedModel serves (also usable in memory, e.g. to compare outputs)."""
+    """The tf.function that the SavedModel serves (also usable in memory, e.g. to compare
+    outputs)."""
     if not isinstance(task, JointTagger):
         raise ValueError(
-            f"export needs the trained JointTagger (e.g. PrivateModel.wrapped_model), got {type(task).__name__}"
+            "export needs the trained JointTagger (e.g. PrivateModel.wrapped_model), got "
+            f"{type(task).__name__}"
         )
     tag_names = tf.constant(list(preprocessor.tag_vocabulary.labels))
     intent_names = tf.constant(list(preprocessor.intent_vocabulary.labels))

@@ -1,4 +1,5 @@
-"""The serving SavedModel reloads in a fresh process that imports only TensorFlow (+ tensorflow_text)."""
+"""The serving SavedModel reloads in a fresh process that imports only TensorFlow (+
+tensorflow_text)."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import tensorflow as tf
 from edp_nlu.models import testing
 from edp_nlu.models.bert.bert_joint import BertJoint
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.bert.finetuning import set_finetuning
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.export import export_serving_model, serving_function
@@ -39,7 +41,8 @@ RELOAD = textwrap.dedent(
     written = [name for name, _ in tf.train.list_variables(sys.argv[1] + "/variables/variables")
                if name != "_CHECKPOINTABLE_OBJECT_GRAPH"]
     print(json.dumps({"imported": imported, "variables": len(written),
-                      **{k: v.numpy().tolist() for k, v in out.items()}}, default=lambda b: b.decode()))
+                      **{k: v.numpy().tolist() for k, v in out.items()}},
+                     default=lambda b: b.decode()))
     """
 )
 
@@ -71,8 +74,12 @@ def _check_export(tmp_path, model, pre, needs_text):
 
     in_memory = serving_function(model, pre)(tf.constant(UTTERANCES))
     assert reloaded["intent"] == [s.decode() for s in in_memory["intent"].numpy()]
-    np.testing.assert_allclose(reloaded["intent_probability"], in_memory["intent_probability"], atol=1e-6)
-    assert reloaded["slot_tags"] == [[s.decode() for s in row] for row in in_memory["slot_tags"].numpy()]
+    np.testing.assert_allclose(
+        reloaded["intent_probability"], in_memory["intent_probability"], atol=1e-6
+    )
+    assert reloaded["slot_tags"] == [
+        [s.decode() for s in row] for row in in_memory["slot_tags"].numpy()
+    ]
     assert reloaded["num_words"] == [len(u.split()) for u in UTTERANCES]
     assert reloaded["truncated"] == [False, False, False, True, False]
 
@@ -85,7 +92,9 @@ def _check_export(tmp_path, model, pre, needs_text):
     for b, utterance in enumerate(UTTERANCES):
         tags = reloaded["slot_tags"][b]
         words = len(utterance.split())
-        expected = [pre.tag_vocabulary.labels[i] for i in predicted["tag_ids"].numpy()[b, : kept[b]]]
+        expected = [
+            pre.tag_vocabulary.labels[i] for i in predicted["tag_ids"].numpy()[b, : kept[b]]
+        ]
         assert tags[: kept[b]] == expected
         assert tags[kept[b] : words] == ["O"] * (words - kept[b])  # past the model's limit
         assert tags[words:] == [""] * (len(tags) - words)
@@ -111,8 +120,6 @@ def test_bert_export_reloads_with_tensorflow_text(tmp_path, lora):
     )
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     if lora:
-        from edp_nlu.models.bert.finetuning import set_finetuning
-
         set_finetuning(model, "lora", lora_rank=2)
     _randomise(model)
     _check_export(tmp_path, model, pre, needs_text=True)

@@ -44,7 +44,9 @@ class JointTagger(keras.Model):
         `tag_labels` is given) or "viterbi" (the unconstrained best path)."""
         super().__init__(**kwargs)
         if num_intents < 1 or num_tags < 1:
-            raise ValueError(f"num_intents and num_tags must be >= 1, got {num_intents}, {num_tags}")
+            raise ValueError(
+                f"num_intents and num_tags must be >= 1, got {num_intents}, {num_tags}"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.encoder = encoder
@@ -54,7 +56,9 @@ class JointTagger(keras.Model):
         self.intent_weight = float(intent_weight)
         self.tag_weight = float(tag_weight)
         if tag_reduction not in TAG_REDUCTIONS:
-            raise ValueError(f"tag_reduction must be one of {TAG_REDUCTIONS}, got {tag_reduction!r}")
+            raise ValueError(
+                f"tag_reduction must be one of {TAG_REDUCTIONS}, got {tag_reduction!r}"
+            )
         self.tag_reduction = tag_reduction
         self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
         self.intent_head = keras.layers.Dense(num_intents, name="intent_logits")
@@ -183,5 +187,6 @@ def _dummy_inputs(encoder: keras.Model) -> dict:
     if not isinstance(inputs, dict):
         raise ValueError("the encoder must take a dict of named inputs")
     return {
-        name: tf.zeros([1, *tensor.shape[1:]], dtype=tensor.dtype) for name, tensor in inputs.items()
+        name: tf.zeros([1, *tensor.shape[1:]], dtype=tensor.dtype)
+        for name, tensor in inputs.items()
     }

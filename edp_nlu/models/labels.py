@@ -161,4 +161,6 @@ def check_lengths(tokens: Sequence[Sequence[str]], tags, intents) -> None:
         raise ValueError(f"got {len(tokens)} token lists but {len(intents)} intents")
     for i, tok in enumerate(tokens):
         if isinstance(tok, str):
-            raise ValueError(f"utterance {i}: expected a list of tokens, got a string (split it first)")
+            raise ValueError(
+                f"utterance {i}: expected a list of tokens, got a string (split it first)"
+            )

@@ -1,6 +1,7 @@
 import pytest
 
 from edp_nlu.models import labels
+from edp_nlu.models.labels import bio_transitions
 
 
 def test_tag_vocabulary_reserves_o_and_sorts():
@@ -49,8 +50,6 @@ def test_duplicate_labels_rejected():
 
 
 def test_bio_transitions_allow_i_only_after_its_own_b_or_i():
-    from edp_nlu.models.labels import bio_transitions
-
     tags = ("O", "B-a", "I-a", "B-b", "I-b")
     start, allowed = bio_transitions(tags)
     assert start == [True, True, False, True, False]

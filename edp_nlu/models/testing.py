@@ -1,4 +1,5 @@
-"""Tiny synthetic utterances and model sizes shared by the models' tests (no TensorFlow ops at import)."""
+"""Tiny synthetic utterances and model sizes shared by the models' tests (no TensorFlow ops at
+import)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,16 @@ TAGS = [
 INTENTS = ["call", "music", "refill", "call", "music", "refill", "message", "call"]
 
 TINY_CLC = dict(
-    word_embedding_dim=8, char_embedding_dim=4, char_filters=4, lstm_units=8, dropout=0.0, head_dropout=0.0
+    word_embedding_dim=8,
+    char_embedding_dim=4,
+    char_filters=4,
+    lstm_units=8,
+    dropout=0.0,
+    head_dropout=0.0,
 )
-TINY_BERT = dict(num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, dropout=0.0, head_dropout=0.0)
+TINY_BERT = dict(
+    num_layers=1, num_heads=2, hidden_dim=8, intermediate_dim=16, dropout=0.0, head_dropout=0.0
+)
 
 
 def onednn_enabled() -> bool:
@@ -45,7 +53,8 @@ def onednn_enabled() -> bool:
 
 
 def rerun_without_onednn(test_file: str, test_id: str) -> None:
-    """Runs one pytest test in a fresh process with oneDNN off; fails with its output if it fails."""
+    """Runs one pytest test in a fresh process with oneDNN off; fails with its output if it
+    fails."""
     import os
     import subprocess
     import sys

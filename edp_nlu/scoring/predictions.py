@@ -7,10 +7,10 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import attacks
 from edp_nlu.models.labels import is_well_formed_bio
 from edp_nlu.pipeline import builders
 from edp_nlu.scoring import metrics as metrics_lib
+from edp_tf import attacks
 
 
 def padded_batches(batch_size: int, *arrays: dict):

@@ -26,11 +26,24 @@ This package runs inside the function given to `tf.vectorized_map` (one micro-ba
 so "per micro-batch" needs no assumption about a batch axis: it is the vectorised axis.
 """
 from edp_tf.ghost import dense, embedding, lstm  # noqa: F401  (each registers its rule)
-from edp_tf.ghost.norms import (GhostPlan, differentiate, plan, squared_norms, weighted_sums,
-                                zero_nonfinite)
+from edp_tf.ghost.norms import (
+    GhostPlan,
+    differentiate,
+    plan,
+    squared_norms,
+    weighted_sums,
+    zero_nonfinite,
+)
 from edp_tf.ghost.recording import Capture, Use, Weight, flat_matmul, rows
-from edp_tf.ghost.registry import (capture, flatten_layers, original_call, register, registered,
-                                   rule_for, unregister)
+from edp_tf.ghost.registry import (
+    capture,
+    flatten_layers,
+    original_call,
+    register,
+    registered,
+    rule_for,
+    unregister,
+)
 
 __all__ = [
     "Capture", "GhostPlan", "Use", "Weight", "capture", "differentiate", "flat_matmul",

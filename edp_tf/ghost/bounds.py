@@ -3,11 +3,12 @@
 Why: ||a^T dz||^2 = <A A^T, dZ dZ^T> sums signed terms. Taken naively in float32 it came out 2.1%
 below the true norm in a constructed case, and then an example passes the clip with more than C.
 Float64 Grams avoid that, but they run on Eigen rather than oneDNN: the per-example CLC step took
-1.51x plain training with them against 1.20x with float32 ones (`benchmarks.benchmark`). So the Grams
-are float32 matmuls, and each norm is raised by a bound of their rounding error (Higham's
+1.51x plain training with them against 1.20x with float32 ones (`benchmarks.benchmark`). So the
+Grams are float32 matmuls, and each norm is raised by a bound of their rounding error (Higham's
 gamma_n, which holds for a dot product summed in any order):
 
-    |<Ga~, Gd~> - <Ga, Gd>| <= g(Din) sum_pq |a_p| |a_q| |Gd~_pq| + g(Dout) sum_pq |Ga~_pq| |dz_p| |dz_q|
+    |<Ga~, Gd~> - <Ga, Gd>| <= g(Din) sum_pq |a_p| |a_q| |Gd~_pq|
+                              + g(Dout) sum_pq |Ga~_pq| |dz_p| |dz_q|
                               + g(Din) g(Dout) S,      S = (sum_p |a_p| |dz_p|)^2 >= the norm
 
 (|Ga~_pq - Ga_pq| <= g(Din) |a_p| |a_q|, and likewise for dZ), all of it in float64. The raise is

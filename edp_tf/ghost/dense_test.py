@@ -5,14 +5,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import ghost
+from edp_tf import ghost, microbatch
+from edp_tf.ghost import capture
 from edp_tf.testing import assert_fast_norms_exact, mse
 
+_KERNELS = ["covered/kernel", "head/kernel"]  # the variables the models' rules cover
 
 def dense_model(din, dout):
     inp = keras.Input((6, din))
     h = keras.layers.Flatten()(keras.layers.Dense(dout, activation="tanh", name="covered")(inp))
-    return keras.Model(inp, keras.layers.Dense(2, name="head")(h)), ["covered/kernel", "head/kernel"]
+    return keras.Model(inp, keras.layers.Dense(2, name="head")(h)), list(_KERNELS)
 
 
 def einsum_model(equation, output_shape, bias_axes, input_shape):
@@ -20,7 +22,7 @@ def einsum_model(equation, output_shape, bias_axes, input_shape):
     h = keras.layers.EinsumDense(equation, output_shape, bias_axes=bias_axes, activation="relu",
                                  name="covered")(inp)
     h = keras.layers.Flatten()(h)
-    return keras.Model(inp, keras.layers.Dense(2, name="head")(h)), ["covered/kernel", "head/kernel"]
+    return keras.Model(inp, keras.layers.Dense(2, name="head")(h)), list(_KERNELS)
 
 
 def with_lora(build, rank=2):
@@ -37,8 +39,8 @@ def with_lora(build, rank=2):
 
 
 class _MatrixLoRA(keras.layers.EinsumDense):
-    """A [contracted axes, r], B [r, output axes]: edp_nlu/models/bert/finetuning.py's layout, rebuilt
-    here (edp_tf's tests import nothing from edp_nlu/models/)."""
+    """A [contracted axes, r], B [r, output axes]: edp_nlu/models/bert/finetuning.py's layout,
+    rebuilt here (edp_tf's tests import nothing from edp_nlu/models/)."""
 
     @property
     def kernel(self):
@@ -96,8 +98,6 @@ def test_fast_norms_match_per_example_gradients(name, k):
 
 def test_lora_rule_keeps_the_forward_pass():
     """The rule's z + s (a A) B equals Keras' own LoRA forward (merged kernel) for each case."""
-    from edp_tf.ghost import capture
-
     for name in ("dense_lora", "einsum_qkv_lora", "einsum_attention_output_lora",
                  "einsum_qkv_matrix_lora", "einsum_attention_output_matrix_lora"):
         keras.utils.set_random_seed(4)
@@ -115,8 +115,6 @@ def test_lora_rule_keeps_the_forward_pass():
 
 def test_lora_on_a_summed_kernel_axis_falls_back_with_a_reason():
     """"abc,dc->abd": the last kernel axis (c) is contracted, which the rule does not cover."""
-    from edp_tf import microbatch
-
     keras.utils.set_random_seed(2)
     inp = keras.Input((6, 3))
     layer = keras.layers.EinsumDense("abc,dc->abd", (6, 4), name="covered")

@@ -25,10 +25,13 @@ def build_bert_backbone(
     dropout: float = 0.1,
     **size,
 ) -> keras_hub.models.BertBackbone:
-    """A random-init compact BERT (`size` overrides COMPACT_BERT), or `checkpoint` loaded offline."""
+    """A random-init compact BERT (`size` overrides COMPACT_BERT), or `checkpoint` loaded
+    offline."""
     if checkpoint is not None:
         if not os.path.isdir(checkpoint):
-            raise ValueError(f"BERT checkpoint directory not found (nothing is downloaded): {checkpoint}")
+            raise ValueError(
+                f"BERT checkpoint directory not found (nothing is downloaded): {checkpoint}"
+            )
         backbone = keras_hub.models.BertBackbone.from_preset(checkpoint, dropout=dropout)
         if backbone.vocabulary_size != vocabulary_size:
             raise ValueError(
@@ -65,10 +68,18 @@ class BertWordEncoder(keras.Model):
     for weights that do not train).
     """
 
-    def __init__(self, backbone: keras_hub.models.BertBackbone, sequence_length: int, max_words: int,
-                 pooling: str = "cls", **kwargs):
+    def __init__(
+        self,
+        backbone: keras_hub.models.BertBackbone,
+        sequence_length: int,
+        max_words: int,
+        pooling: str = "cls",
+        **kwargs,
+    ):
         if pooling not in POOLING:
-            raise ValueError(f"--config.bert.pooling={pooling!r} is invalid: expected one of {POOLING}")
+            raise ValueError(
+                f"--config.bert.pooling={pooling!r} is invalid: expected one of {POOLING}"
+            )
         token_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="token_ids")
         segment_ids = keras.Input(shape=(sequence_length,), dtype="int32", name="segment_ids")
         padding_mask = keras.Input(shape=(sequence_length,), dtype="int32", name="padding_mask")

@@ -1,12 +1,13 @@
-"""BERT preprocessing with word alignment: whitespace words -> word pieces, and where each word starts.
+"""BERT preprocessing with word alignment: whitespace words -> word pieces, and where each word
+starts.
 
 Each whitespace word is word-piece tokenised on its own (keras-hub's `BertTokenizer`, which may
 still split it at punctuation: "0123-456" -> 0123, -, 456), so every piece belongs to exactly one
 word. The NER head reads the first piece of each word: `word_starts[b, i]` is the position of word
 `i`'s first piece in `token_ids` (0, i.e. [CLS], for padding words), which aligns word labels to
-pieces and back. A word that yields no piece (e.g. only a zero-width space) becomes [UNK], so no word
-loses its tag. Words whose pieces do not fit in `sequence_length` (with [CLS] and [SEP]) are dropped
-and counted as truncated.
+pieces and back. A word that yields no piece (e.g. only a zero-width space) becomes [UNK], so no
+word loses its tag. Words whose pieces do not fit in `sequence_length` (with [CLS] and [SEP]) are
+dropped and counted as truncated.
 
 Like the CLC preprocessor this is one TensorFlow implementation for training and serving, a
 `tf.Module`; the exported SavedModel needs `import tensorflow_text` (word-piece ops).
@@ -46,7 +47,9 @@ class BertPreprocessor(tf.Module):
     ):
         super().__init__(name=name)
         if sequence_length < 3:
-            raise ValueError(f"sequence_length must be >= 3 ([CLS] word [SEP]), got {sequence_length}")
+            raise ValueError(
+                f"sequence_length must be >= 3 ([CLS] word [SEP]), got {sequence_length}"
+            )
         max_words = sequence_length - 2 if max_words is None else int(max_words)
         if not 1 <= max_words <= sequence_length - 2:
             raise ValueError(f"max_words must be in [1, sequence_length - 2], got {max_words}")
@@ -83,9 +86,12 @@ class BertPreprocessor(tf.Module):
         """
         vocab_path = os.path.join(path, "vocab.txt")
         if not os.path.isfile(vocab_path):
-            vocab_path = os.path.join(path, "assets", "tokenizer", "vocabulary.txt")  # keras-hub preset
+            # a keras-hub preset
+            vocab_path = os.path.join(path, "assets", "tokenizer", "vocabulary.txt")
         if not os.path.isfile(vocab_path):
-            raise ValueError(f"no vocab.txt (or keras-hub vocabulary) under checkpoint directory {path}")
+            raise ValueError(
+                f"no vocab.txt (or keras-hub vocabulary) under checkpoint directory {path}"
+            )
         with open(vocab_path, encoding="utf-8") as handle:
             vocabulary = [line.rstrip("\n") for line in handle]
         lowercase, strip_accents = True, None
@@ -96,7 +102,9 @@ class BertPreprocessor(tf.Module):
             lowercase = bool(config.get("do_lower_case", True))
             strip_accents = config.get("strip_accents")
         kwargs.setdefault("lowercase", lowercase)
-        kwargs.setdefault("strip_accents", lowercase if strip_accents is None else bool(strip_accents))
+        kwargs.setdefault(
+            "strip_accents", lowercase if strip_accents is None else bool(strip_accents)
+        )
         label_vocabs = labels_lib.label_vocabularies(tags, intents, kwargs)
         return cls(
             vocabulary,
@@ -114,9 +122,12 @@ class BertPreprocessor(tf.Module):
         lowercase: bool = True,
         **kwargs,
     ) -> "BertPreprocessor":
-        """Learns a word-piece vocabulary from the training text (offline; reported as training data)."""
+        """Learns a word-piece vocabulary from the training text (offline; reported as training
+        data)."""
         labels_lib.check_lengths(tokens, tags, intents)
-        text = tf.data.Dataset.from_tensor_slices(tf.constant([" ".join(t) for t in tokens] or [""]))
+        text = tf.data.Dataset.from_tensor_slices(
+            tf.constant([" ".join(t) for t in tokens] or [""])
+        )
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             text,
             vocabulary_size,
@@ -151,7 +162,9 @@ class BertPreprocessor(tf.Module):
     def from_config(cls, config: dict) -> "BertPreprocessor":
         config = dict(config)
         config["tag_vocabulary"] = labels_lib.LabelVocabulary.from_config(config["tag_vocabulary"])
-        config["intent_vocabulary"] = labels_lib.LabelVocabulary.from_config(config["intent_vocabulary"])
+        config["intent_vocabulary"] = labels_lib.LabelVocabulary.from_config(
+            config["intent_vocabulary"]
+        )
         return cls(**config)
 
     # --- TensorFlow path (training and serving) ---------------------------------------------
@@ -164,7 +177,8 @@ class BertPreprocessor(tf.Module):
         return tf.cast(self.tokenizer(words), tf.int32)
 
     def word_pieces(self, words: tf.RaggedTensor) -> tf.RaggedTensor:
-        """[batch, (words)] -> [batch, (words), (pieces)] ids; a word with no piece becomes [UNK]."""
+        """[batch, (words)] -> [batch, (words), (pieces)] ids; a word with no piece becomes
+        [UNK]."""
         flat = words.flat_values
         pieces = self._tokenize_words(flat)  # [n, (pieces)]
         counts = pieces.row_lengths()
@@ -227,7 +241,9 @@ class BertPreprocessor(tf.Module):
         lengths = np.array([len(t) for t in tokens], dtype=np.int64)
         report.words = int(lengths.sum())
         words = tf.RaggedTensor.from_row_lengths(
-            tf.constant([w for t in tokens for w in t], dtype=tf.string, shape=[int(lengths.sum())]),
+            tf.constant(
+                [w for t in tokens for w in t], dtype=tf.string, shape=[int(lengths.sum())]
+            ),
             lengths,
         )
         pieces = self.word_pieces(words)

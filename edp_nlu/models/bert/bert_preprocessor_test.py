@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_nlu.models import testing
+from edp_nlu.models import labels, testing
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor, piece_word_index
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "call", "mum", "at", "01", "##23", "-", "45",
@@ -19,8 +19,6 @@ def pre():
 
 
 def _label_vocabs():
-    from edp_nlu.models import labels
-
     return (
         labels.build_tag_vocabulary([["O", "B-contact", "B-phone", "B-genre"]]),
         labels.build_intent_vocabulary(["call", "music"]),
@@ -40,7 +38,9 @@ def test_word_pieces_and_word_starts(pre):
         "[CLS]", "call", "mum", "at", "01", "##23", "-", "45", "##6", "[SEP]"
     ]
     assert list(x["word_starts"][0, :5]) == [1, 2, 3, 4, 0]
-    assert list(y["tags"][0, :4]) == [pre.tag_vocabulary.id(t) for t in ["O", "B-contact", "O", "B-phone"]]
+    assert list(y["tags"][0, :4]) == [
+        pre.tag_vocabulary.id(t) for t in ["O", "B-contact", "O", "B-phone"]
+    ]
     assert report.truncated_utterances == 0 and report.unknown_words == 0
 
 
@@ -74,7 +74,14 @@ def test_truncation_keeps_whole_words_and_reports(pre):
 def test_unknown_and_invisible_words_keep_one_piece(pre):
     x, _, report = pre.encode([["☃", "\u200b", "zzz", "mum"]])
     n = x["padding_mask"][0].sum()
-    assert _pieces(pre, x["token_ids"][0, :n]) == ["[CLS]", "[UNK]", "[UNK]", "[UNK]", "mum", "[SEP]"]
+    assert _pieces(pre, x["token_ids"][0, :n]) == [
+        "[CLS]",
+        "[UNK]",
+        "[UNK]",
+        "[UNK]",
+        "mum",
+        "[SEP]",
+    ]
     assert list(x["word_starts"][0, :4]) == [1, 2, 3, 4]
     assert report.unknown_words == 3
 

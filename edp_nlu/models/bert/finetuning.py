@@ -124,16 +124,7 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
     """Freezes the part of `joint.backbone` that `policy` does not train, or adds LoRA factors
     (before compiling); `lora_freeze_a` trains only their B (like the other lora_* options,
     unused by the other policies, so that a private LoRA recipe's plain run needs no edit)."""
-    if policy not in FINETUNE:
-        raise ValueError(f"--config.bert.finetune={policy!r} is invalid: expected one of {FINETUNE}")
-    if lora_layout not in LORA_LAYOUTS:
-        raise ValueError(f"--config.bert.lora_layout={lora_layout!r} is invalid: expected one of "
-                         f"{LORA_LAYOUTS}")
-    if lora_targets not in LORA_TARGETS:
-        raise ValueError(f"--config.bert.lora_targets={lora_targets!r} is invalid: expected one "
-                         f"of {tuple(LORA_TARGETS)}")
-    if not isinstance(lora_freeze_a, bool):
-        raise ValueError(f"--config.bert.lora_freeze_a={lora_freeze_a!r} must be True or False")
+    _check_options(policy, lora_layout, lora_targets, lora_freeze_a)
     if policy == "all":
         return
     backbone = joint.backbone
@@ -143,23 +134,47 @@ def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 1
     if policy == "no_embeddings":
         return
     if policy == "lora":
-        if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
-            raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
-        targets = LORA_TARGETS[lora_targets]
-        projections = _transformer_projections(backbone)
-        missing = set(targets or ()) - {layer.name for layer in projections}
-        if missing:  # a keras-hub whose layers are named otherwise: refuse, never adapt less
-            raise ValueError(f"--config.bert.lora_targets={lora_targets!r}: the backbone has no "
-                             f"layer named {sorted(missing)}")
-        for layer in projections:  # enable_lora freezes the kernel itself
-            if targets is not None and layer.name not in targets:
-                layer._kernel.trainable = False  # no factors: frozen, its bias trains
-            elif lora_layout == "matrix" and type(layer) is keras.layers.EinsumDense:
-                enable_matrix_lora(layer, lora_rank, lora_alpha)
-            else:  # Dense: Keras' layout is the matrix one
-                layer.enable_lora(lora_rank, lora_alpha=lora_alpha)
-            if lora_freeze_a and getattr(layer, "lora_enabled", False):
-                layer.lora_kernel_a.trainable = False
+        _add_lora(backbone, lora_rank, lora_alpha, lora_layout, lora_targets, lora_freeze_a)
         return
     for layer in _transformer_projections(backbone):  # "bias": every projection kernel frozen
         layer._kernel.trainable = False
+
+
+def _check_options(policy: str, lora_layout: str, lora_targets: str,
+                   lora_freeze_a: bool) -> None:
+    """Every policy checks the lora_* options too: a typo in a plain run's config is an error
+    there as well, not only once the recipe is switched to LoRA."""
+    if policy not in FINETUNE:
+        raise ValueError(
+            f"--config.bert.finetune={policy!r} is invalid: expected one of {FINETUNE}"
+        )
+    if lora_layout not in LORA_LAYOUTS:
+        raise ValueError(f"--config.bert.lora_layout={lora_layout!r} is invalid: expected one of "
+                         f"{LORA_LAYOUTS}")
+    if lora_targets not in LORA_TARGETS:
+        raise ValueError(f"--config.bert.lora_targets={lora_targets!r} is invalid: expected one "
+                         f"of {tuple(LORA_TARGETS)}")
+    if not isinstance(lora_freeze_a, bool):
+        raise ValueError(f"--config.bert.lora_freeze_a={lora_freeze_a!r} must be True or False")
+
+
+def _add_lora(backbone, lora_rank: int, lora_alpha: float, lora_layout: str, lora_targets: str,
+              lora_freeze_a: bool) -> None:
+    """LoRA factors on the targeted projections; the other projections' kernels are frozen."""
+    if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
+        raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
+    targets = LORA_TARGETS[lora_targets]
+    projections = _transformer_projections(backbone)
+    missing = set(targets or ()) - {layer.name for layer in projections}
+    if missing:  # a keras-hub whose layers are named otherwise: refuse, never adapt less
+        raise ValueError(f"--config.bert.lora_targets={lora_targets!r}: the backbone has no "
+                         f"layer named {sorted(missing)}")
+    for layer in projections:  # enable_lora freezes the kernel itself
+        if targets is not None and layer.name not in targets:
+            layer._kernel.trainable = False  # no factors: frozen, its bias trains
+        elif lora_layout == "matrix" and type(layer) is keras.layers.EinsumDense:
+            enable_matrix_lora(layer, lora_rank, lora_alpha)
+        else:  # Dense: Keras' layout is the matrix one
+            layer.enable_lora(lora_rank, lora_alpha=lora_alpha)
+        if lora_freeze_a and getattr(layer, "lora_enabled", False):
+            layer.lora_kernel_a.trainable = False

@@ -4,10 +4,17 @@ import tensorflow as tf
 
 import edp_tf
 from edp_nlu.models import testing
+from edp_nlu.models.bert import finetuning
 from edp_nlu.models.bert.bert_joint import BertJoint
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
-from edp_nlu.models.bert.finetuning import (FINETUNE, LORA_LAYOUTS, LORA_TARGETS,
-                                    _transformer_projections, set_finetuning)
+from edp_nlu.models.bert.finetuning import (
+    FINETUNE,
+    LORA_LAYOUTS,
+    LORA_TARGETS,
+    _transformer_projections,
+    set_finetuning,
+)
+from edp_tf import microbatch
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +96,6 @@ def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy, f
 
 def lora_fallbacks(model, x, y) -> dict:
     """LoRA factors that fall back from ghost norms to exact per-example gradients, with why."""
-    from edp_tf import microbatch
-
     variables = model.trainable_variables
     reasons = {}
 
@@ -239,8 +244,6 @@ def test_lora_targets_are_checked(data):
 
 def test_lora_targets_missing_from_the_backbone_are_refused(data, monkeypatch):
     """A backbone whose layers are named otherwise must fail, not silently adapt fewer kernels."""
-    from edp_nlu.models.bert import finetuning
-
     monkeypatch.setitem(finetuning.LORA_TARGETS, "query_value", frozenset({"query", "val"}))
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match=r"no layer named \['val'\]"):

@@ -17,11 +17,28 @@ import numpy as np
 from keras import ops
 
 
+def _checked_vectors(word_embeddings, word_vocabulary_size: int) -> np.ndarray:
+    """Pretrained vectors as float32, one row per word of the vocabulary."""
+    word_embeddings = np.asarray(word_embeddings, dtype=np.float32)
+    if word_embeddings.shape[0] != word_vocabulary_size:
+        raise ValueError(
+            f"word_embeddings has {word_embeddings.shape[0]} rows, "
+            f"word_vocabulary_size is {word_vocabulary_size}"
+        )
+    return word_embeddings
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"CLCBackbone {name} must be >= 1, got {value}")
+
+
 @keras.saving.register_keras_serializable(package="edp_models")
 class CLCBackbone(keras.Model):
-    """Inputs {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]} (0 = pad);
-    outputs {"sequence_output": [batch, max_words, 2*lstm_units], "pooled_output": [batch, 2*lstm_units],
-    "word_mask": bool [batch, max_words]}."""
+    """Inputs {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]}
+    (0 = pad); outputs {"sequence_output": [batch, max_words, 2*lstm_units],
+    "pooled_output": [batch, 2*lstm_units], "word_mask": bool [batch, max_words]}."""
 
     def __init__(
         self,
@@ -42,34 +59,20 @@ class CLCBackbone(keras.Model):
         **kwargs,
     ):
         if word_embeddings is not None:
-            word_embeddings = np.asarray(word_embeddings, dtype=np.float32)
-            if word_embeddings.shape[0] != word_vocabulary_size:
-                raise ValueError(
-                    f"word_embeddings has {word_embeddings.shape[0]} rows, "
-                    f"word_vocabulary_size is {word_vocabulary_size}"
-                )
+            word_embeddings = _checked_vectors(word_embeddings, word_vocabulary_size)
             word_embedding_dim = int(word_embeddings.shape[1])
-        for name, value in [
-            ("word_vocabulary_size", word_vocabulary_size),
-            ("char_vocabulary_size", char_vocabulary_size),
-            ("max_words", max_words),
-            ("max_word_length", max_word_length),
-            ("lstm_units", lstm_units),
-            ("num_lstm_layers", num_lstm_layers),
-        ]:
-            if value < 1:
-                raise ValueError(f"CLCBackbone {name} must be >= 1, got {value}")
+        _check_sizes(
+            word_vocabulary_size=word_vocabulary_size,
+            char_vocabulary_size=char_vocabulary_size,
+            max_words=max_words,
+            max_word_length=max_word_length,
+            lstm_units=lstm_units,
+            num_lstm_layers=num_lstm_layers,
+        )
 
         # === Layers ===
-        initializer = (
-            keras.initializers.Constant(word_embeddings) if word_embeddings is not None else "uniform"
-        )
-        self.word_embedding = keras.layers.Embedding(
-            word_vocabulary_size,
-            word_embedding_dim,
-            embeddings_initializer=initializer,
-            trainable=word_embeddings_trainable,
-            name="word_embedding",
+        self.word_embedding = _word_embedding(
+            word_vocabulary_size, word_embedding_dim, word_embeddings, word_embeddings_trainable
         )
         self.char_embedding = keras.layers.Embedding(
             char_vocabulary_size, char_embedding_dim, name="char_embedding"
@@ -90,18 +93,7 @@ class CLCBackbone(keras.Model):
         word_ids = keras.Input(shape=(max_words,), dtype="int32", name="word_ids")
         char_ids = keras.Input(shape=(max_words, max_word_length), dtype="int32", name="char_ids")
         word_mask = ops.not_equal(word_ids, 0)
-        char_mask = ops.expand_dims(ops.not_equal(char_ids, 0), -1)
-
-        words = self.word_embedding(word_ids)
-        chars = self.char_dropout(self.char_embedding(char_ids))
-        chars = self.char_conv(_char_windows(chars, char_kernel_size))  # [batch, words, chars, filters]
-        chars = ops.max(ops.where(char_mask, chars, -1e9), axis=2)
-        has_chars = ops.any(char_mask, axis=2)
-        chars = ops.where(has_chars, chars, 0.0)
-        x = self.input_dropout(ops.concatenate([words, chars], axis=-1))
-        for lstm, drop in zip(self.lstm_layers, self.lstm_dropouts):
-            x = ops.where(ops.expand_dims(word_mask, -1), lstm(x, mask=word_mask), 0.0)
-            x = drop(x)
+        x = self._word_states(word_ids, char_ids, word_mask, char_kernel_size)
         pooled = ops.max(ops.where(ops.expand_dims(word_mask, -1), x, -1e9), axis=1)
         pooled = ops.where(ops.any(word_mask, axis=1, keepdims=True), pooled, 0.0)
         super().__init__(
@@ -124,6 +116,24 @@ class CLCBackbone(keras.Model):
         self.dropout = dropout
         self.word_embeddings_trainable = word_embeddings_trainable
         self.unroll = unroll
+
+    def _word_states(self, word_ids, char_ids, word_mask, char_kernel_size: int):
+        """[batch, max_words, 2*lstm_units]: each word's embedding beside the max-pooled
+        convolution of its characters, through the BiLSTM layers; 0 at padding words. Called
+        while building the functional model (its layers are set, the Model not yet)."""
+        char_mask = ops.expand_dims(ops.not_equal(char_ids, 0), -1)
+        words = self.word_embedding(word_ids)
+        chars = self.char_dropout(self.char_embedding(char_ids))
+        # [batch, words, chars, filters]
+        chars = self.char_conv(_char_windows(chars, char_kernel_size))
+        chars = ops.max(ops.where(char_mask, chars, -1e9), axis=2)
+        has_chars = ops.any(char_mask, axis=2)
+        chars = ops.where(has_chars, chars, 0.0)
+        x = self.input_dropout(ops.concatenate([words, chars], axis=-1))
+        for lstm, drop in zip(self.lstm_layers, self.lstm_dropouts):
+            x = ops.where(ops.expand_dims(word_mask, -1), lstm(x, mask=word_mask), 0.0)
+            x = drop(x)
+        return x
 
     def get_config(self):
         # Pretrained vectors are weights, not config: restore them with load_weights.
@@ -148,6 +158,14 @@ class CLCBackbone(keras.Model):
     @classmethod
     def from_config(cls, config):
         return cls(**config)
+
+
+def _word_embedding(vocabulary_size: int, dim: int, vectors: np.ndarray | None,
+                    trainable: bool) -> keras.layers.Embedding:
+    """The word table, initialised from pretrained `vectors` when given (else uniform)."""
+    initializer = keras.initializers.Constant(vectors) if vectors is not None else "uniform"
+    return keras.layers.Embedding(vocabulary_size, dim, embeddings_initializer=initializer,
+                                  trainable=trainable, name="word_embedding")
 
 
 def _bidirectional_lstm(units: int, unroll: bool, name: str) -> keras.layers.Bidirectional:

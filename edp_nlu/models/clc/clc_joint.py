@@ -1,4 +1,5 @@
-"""CLC joint model: `CLCBackbone` + intent head + CRF NER head (see edp_nlu/models/joint_task.py)."""
+"""CLC joint model: `CLCBackbone` + intent head + CRF NER head (see
+edp_nlu/models/joint_task.py)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,10 @@ class CLCJoint(JointTagger):
         )
 
     def get_config(self):
-        return {"backbone": keras.saving.serialize_keras_object(self.backbone), **self.head_config()}
+        return {
+            "backbone": keras.saving.serialize_keras_object(self.backbone),
+            **self.head_config(),
+        }
 
     @classmethod
     def from_config(cls, config):

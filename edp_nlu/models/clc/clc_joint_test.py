@@ -4,6 +4,7 @@ import pytest
 import tensorflow as tf
 
 from edp_nlu.models import testing
+from edp_nlu.models.clc.clc_backbone import CLCBackbone, _char_windows
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
@@ -83,7 +84,9 @@ def test_per_example_gradients_vectorise_without_fallback(data):
         single = one(tf.nest.map_structure(lambda t: t[i], (x, y)))
         for got, want in zip(stacked, single):
             # float32 sums in a different order: 1e-5 relative to the gradient scale
-            np.testing.assert_allclose(got[i].numpy(), want.numpy(), atol=1e-5 * (1 + np.abs(want).max()))
+            np.testing.assert_allclose(
+                got[i].numpy(), want.numpy(), atol=1e-5 * (1 + np.abs(want).max())
+            )
 
 
 @pytest.mark.parametrize("unroll", [True, False])
@@ -145,7 +148,6 @@ def test_config_round_trip(data):
 def test_rejects_mismatched_embeddings(data):
     pre, _, _ = data
     vectors_matrix = np.zeros((3, 4), np.float32)
-    from edp_nlu.models.clc.clc_backbone import CLCBackbone
 
     with pytest.raises(ValueError, match="word_embeddings has 3 rows"):
         CLCBackbone(word_vocabulary_size=10, char_vocabulary_size=5, word_embeddings=vectors_matrix)
@@ -197,8 +199,6 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
 def test_char_windows_are_zero_padded_same_convolution_windows(kernel_size):
     """The character CNN is a Dense layer on these windows: entry [.., e, i * d + j] must be
     character e + i - left's feature j, zero outside the word ('same' padding)."""
-    from edp_nlu.models.clc.clc_backbone import _char_windows
-
     chars = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
     left = (kernel_size - 1) // 2
     padded = np.pad(chars, [(0, 0), (0, 0), (left, kernel_size - 1 - left), (0, 0)])

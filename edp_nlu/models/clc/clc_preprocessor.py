@@ -40,7 +40,8 @@ def _lower(words: tf.Tensor) -> tf.Tensor:
 
 
 class CLCPreprocessor(tf.Module):
-    """Maps words to {"word_ids": [batch, max_words], "char_ids": [batch, max_words, max_word_length]}."""
+    """Maps words to {"word_ids": [batch, max_words], "char_ids": [batch, max_words,
+    max_word_length]}."""
 
     def __init__(
         self,
@@ -55,8 +56,10 @@ class CLCPreprocessor(tf.Module):
     ):
         super().__init__(name=name)
         if max_words < 1 or max_word_length < 1:
-            raise ValueError(f"max_words and max_word_length must be >= 1, got {max_words}, {max_word_length}")
-        if list(word_vocabulary[:RESERVED]) != [PAD, UNK] or list(char_vocabulary[:RESERVED]) != [PAD, UNK]:
+            raise ValueError(
+                f"max_words and max_word_length must be >= 1, got {max_words}, {max_word_length}"
+            )
+        if any(list(v[:RESERVED]) != [PAD, UNK] for v in (word_vocabulary, char_vocabulary)):
             raise ValueError(f"word and char vocabularies must start with {PAD}, {UNK}")
         self.word_vocabulary = list(word_vocabulary)
         self.char_vocabulary = list(char_vocabulary)
@@ -85,7 +88,9 @@ class CLCPreprocessor(tf.Module):
         labels_lib.check_lengths(tokens, tags, intents)
         flat = [w for utterance in tokens for w in utterance]
         counts = collections.Counter(_lower_python(flat))
-        words = [w for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count]
+        words = [
+            w for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if c >= min_count
+        ]
         if max_vocabulary_size is not None:
             words = words[: max(0, max_vocabulary_size - RESERVED)]
         chars = sorted(PUBLIC_CHARS | {c for w in flat for c in w})
@@ -145,7 +150,9 @@ class CLCPreprocessor(tf.Module):
     def from_config(cls, config: dict) -> "CLCPreprocessor":
         config = dict(config)
         config["tag_vocabulary"] = labels_lib.LabelVocabulary.from_config(config["tag_vocabulary"])
-        config["intent_vocabulary"] = labels_lib.LabelVocabulary.from_config(config["intent_vocabulary"])
+        config["intent_vocabulary"] = labels_lib.LabelVocabulary.from_config(
+            config["intent_vocabulary"]
+        )
         return cls(**config)
 
     # --- TensorFlow path (training and serving) ---------------------------------------------
@@ -153,7 +160,8 @@ class CLCPreprocessor(tf.Module):
         return split_words(strings)
 
     def encode_words(self, words: tf.RaggedTensor) -> dict:
-        """[batch, (words)] strings -> fixed-shape int32 inputs; words past `max_words` are dropped."""
+        """[batch, (words)] strings -> fixed-shape int32 inputs; words past `max_words` are
+        dropped."""
         words = words[:, : self.max_words]
         batch = words.nrows()
         word_ids = self._word_table.lookup(tf.ragged.map_flat_values(_lower, words))
@@ -186,7 +194,9 @@ class CLCPreprocessor(tf.Module):
         report.truncated_utterances = int(np.sum(lengths > self.max_words))
         report.truncated_words = int(np.sum(np.maximum(lengths - self.max_words, 0)))
         ragged = tf.RaggedTensor.from_row_lengths(
-            tf.constant([w for t in tokens for w in t], dtype=tf.string, shape=[int(lengths.sum())]),
+            tf.constant(
+                [w for t in tokens for w in t], dtype=tf.string, shape=[int(lengths.sum())]
+            ),
             lengths,
         )
         x = {k: v.numpy() for k, v in self.encode_words(ragged).items()}

@@ -28,7 +28,9 @@ def test_encode_shapes_labels_and_report(pre):
 
 def test_unknown_words_chars_truncation_and_empty_are_counted(pre):
     tokens = [["Call", "zebra", "☃x"], [], ["a"] * 9]
-    x, y, report = pre.encode(tokens, [["O", "B-new", "O"], [], ["O"] * 9], ["call", "nope", "call"])
+    x, y, report = pre.encode(
+        tokens, [["O", "B-new", "O"], [], ["O"] * 9], ["call", "nope", "call"]
+    )
     assert x["word_ids"][0, 0] > 1  # "Call" is looked up lower-cased
     assert x["word_ids"][0, 1] == 1 and x["word_ids"][0, 2] == 1  # OOV words
     assert x["char_ids"][0, 2, 0] == 1  # unseen character
@@ -81,4 +83,6 @@ def test_public_vocabulary_from_vectors():
 
 def test_bad_sizes_rejected():
     with pytest.raises(ValueError, match="max_words"):
-        CLCPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS, max_words=0)
+        CLCPreprocessor.from_training_data(
+            testing.TOKENS, testing.TAGS, testing.INTENTS, max_words=0
+        )

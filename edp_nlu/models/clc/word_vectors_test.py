@@ -25,7 +25,10 @@ def test_reads_glove_text_and_max_words(tmp_path):
 
 @pytest.mark.parametrize(
     "text, message",
-    [("a 1 2\nb 1\n", r"vectors.vec:2: 1 values, expected 2"), ("a 1 x\n", r"vectors.vec:1: non-numeric")],
+    [
+        ("a 1 2\nb 1\n", r"vectors.vec:2: 1 values, expected 2"),
+        ("a 1 x\n", r"vectors.vec:1: non-numeric"),
+    ],
 )
 def test_malformed_lines_name_file_and_line(tmp_path, text, message):
     with pytest.raises(ValueError, match=message):
@@ -42,12 +45,16 @@ def test_glove_package_vectors():
     assert vectors.dim == 50 and len(vectors.words) == 1000
     assert vectors.words[0] == "the"  # most frequent first
     # Stanford's glove.6B.50d.txt starts with: the 0.418 0.24968 -0.41242 0.1217 0.34527 ...
-    np.testing.assert_allclose(vectors.vectors[0, :5], [0.418, 0.24968, -0.41242, 0.1217, 0.34527], atol=1e-6)
+    np.testing.assert_allclose(
+        vectors.vectors[0, :5], [0.418, 0.24968, -0.41242, 0.1217, 0.34527], atol=1e-6
+    )
 
 
 def test_embedding_matrix_uses_vectors_and_lowercase_fallback():
     vectors = word_vectors.WordVectors(("cat", "dog"), np.array([[1, 1], [2, 2]], np.float32))
-    matrix, found = word_vectors.embedding_matrix(["[PAD]", "[UNK]", "Cat", "emu"], vectors, 2, seed=0)
+    matrix, found = word_vectors.embedding_matrix(
+        ["[PAD]", "[UNK]", "Cat", "emu"], vectors, 2, seed=0
+    )
     assert found == 1
     np.testing.assert_array_equal(matrix[0], [0, 0])
     np.testing.assert_array_equal(matrix[2], [1, 1])
