@@ -10,6 +10,7 @@ from edp_tf import accounting, batch_source, iterators, ledger, multi_worker, pl
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
+from edp_tf.filtering import KalmanFilter, LowPassFilter
 from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
@@ -27,7 +28,8 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",
-    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy", "make_multi_worker_strategy",
+    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "LowPassFilter",
+    "KalmanFilter", "make_strategy", "make_multi_worker_strategy",
     "PoissonSampler", "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
