@@ -182,15 +182,31 @@ def _private_run(strategy, run_dir, wrap):
                                                seed=11))
         optimizer = wrap(keras.optimizers.SGD(1.0))
         private.compile(optimizer=optimizer, loss=zero_loss)
-    positions = [np.zeros(5 * WIDTH)]
-    track = keras.callbacks.LambdaCallback(on_train_batch_end=lambda *_, **__: positions.append(
-        np.concatenate([iterates(optimizer, v, v.numpy()).ravel()
-                        for v in model.trainable_variables])))
+    positions, held = [np.zeros(5 * WIDTH)], [np.zeros(5 * WIDTH)]
+
+    def track_step(*_, **__):
+        variables = model.trainable_variables
+        positions.append(np.concatenate([iterates(optimizer, v, v.numpy()).ravel()
+                                         for v in variables]))
+        copies = [[c.numpy().ravel() for c in strategy.experimental_local_results(v.value)]
+                  for v in variables]
+        assert all(len(c) == strategy.num_replicas_in_sync for c in copies)
+        for replica in range(1, strategy.num_replicas_in_sync):  # the copies stay identical
+            for c in copies:
+                np.testing.assert_array_equal(c[replica], c[0])
+        held.append(np.concatenate([c[0] for c in copies]))
+
+    track = keras.callbacks.LambdaCallback(on_train_batch_end=track_step)
     led = ledger.PrivacyLedger.for_sampler(str(run_dir), sampler, 1 / N_EX)
     x = np.random.default_rng(0).normal(size=(N_EX, 4)).astype("float32")
     private.fit(sampler.dataset(x, np.zeros((N_EX, WIDTH), "float32")), epochs=1, verbose=0,
                 callbacks=[led, track])
     assert len(positions) - 1 == sampler.steps_per_epoch
+    # Kalman: between steps the model holds y_t = x_t + gamma (x_t - x_{t-1}) on every replica
+    gamma = getattr(optimizer, "gamma", 0.0)
+    x = np.asarray(positions)
+    np.testing.assert_allclose(held[1:], x[1:] + gamma * np.diff(x, axis=0), rtol=1e-5,
+                               atol=1e-6)
     return np.diff(np.asarray(positions), axis=0), ledger.read_ledger(str(run_dir))
 
 
