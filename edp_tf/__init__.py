@@ -10,6 +10,7 @@ from edp_tf import accounting, batch_source, ledger, multi_worker, plan, report,
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.config import DPConfig
+from edp_tf.filtering import KalmanFilter, LowPassFilter
 from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.multi_worker import make_multi_worker_strategy
@@ -27,9 +28,9 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
 
 __all__ = [
     "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",
-    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "make_strategy",
-    "make_multi_worker_strategy", "PoissonSampler", "UserPoissonSampler",
-    "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
+    "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "LowPassFilter",
+    "KalmanFilter", "make_strategy", "make_multi_worker_strategy", "PoissonSampler",
+    "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

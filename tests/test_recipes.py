@@ -218,6 +218,29 @@ def test_adam_bc_is_the_bias_corrected_adam_only_when_private():
         optimizers.build_optimizer("adam_bc", 1e-3, 100, adam_bc_floor=0.0)
 
 
+def test_noise_filter_wraps_the_optimizer_of_private_runs_only():
+    """--config.noise_filter: the filter around the config's optimizer when private; plain runs
+    have no privacy noise to filter; adam_bc's noise variance would be the unfiltered one."""
+    import keras
+
+    from edp_nlu.pipeline import builders
+    from edp_tf.filtering import KalmanFilter, LowPassFilter
+
+    def built(**fields):
+        return builders.optimizer(dict_update(base_config(), **fields), 10)
+
+    assert type(built()) is keras.optimizers.Adam  # the default: none
+    lowpass = built(noise_filter="lowpass", mechanism="dpsgd")
+    assert isinstance(lowpass, LowPassFilter)
+    assert type(lowpass.inner_optimizer) is keras.optimizers.Adam
+    assert isinstance(built(noise_filter="kalman"), KalmanFilter)
+    assert type(built(noise_filter="kalman", mechanism="sgd")) is keras.optimizers.Adam
+    with pytest.raises(ValueError, match=r"--config\.noise_filter='median'"):
+        built(noise_filter="median")
+    with pytest.raises(ValueError, match="adam_bc"):
+        built(noise_filter="lowpass", optimizer="adam_bc")
+
+
 def test_ema_momentum_is_one_time_constant_of_the_fraction_of_steps():
     assert optimizers.ema_kwargs(0.0, 100) == {}
     assert optimizers.ema_kwargs(0.1, 200)["ema_momentum"] == pytest.approx(1 - 1 / 20)

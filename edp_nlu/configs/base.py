@@ -19,6 +19,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   optimizer        "adam", "adamw", "sgd" or "adam_bc" (DP-AdamBC: the noise variance, known to the
                    step, is taken out of Adam's second moment; `adam_bc_floor` x that variance is
                    the corrected moment's floor; post-processing, so free in epsilon)
+  noise_filter     "none", "lowpass" (DOPPLER) or "kalman" (DiSK): private runs filter the noisy
+                   updates before the optimizer (edp_tf/filtering.py; post-processing)
   slot_loss        "sum" (CRF NLL of the utterance) or "mean" (per word: long utterances do not
                    dominate the clipped gradient)
   bert.finetune    "all", "no_embeddings" (token/position/segment tables frozen), "bias"
@@ -164,6 +166,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.private_learning_rate = 0.0
     c.optimizer = "adam"  # see the field list above; "sgd" has momentum 0.9
     c.adam_bc_floor = 1.0  # adam_bc only: the corrected second moment's floor, x noise variance
+    # private runs: "lowpass" (DOPPLER) or "kalman" (DiSK, single evaluation) filters the noisy
+    # updates before the optimizer; post-processing, free in epsilon (edp_tf/filtering.py)
+    c.noise_filter = "none"
     c.lr_schedule = "constant"
     c.warmup_fraction = 0.0
     c.weight_decay = 0.0  # adamw only

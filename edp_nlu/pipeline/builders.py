@@ -476,11 +476,13 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
 
 
 def optimizer(config, steps_per_epoch: int):
-    return optimizers.build_optimizer(
+    private = config.mechanism != "sgd"
+    built = optimizers.build_optimizer(
         config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
         config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay),
         float(config.get("ema_fraction", 0.0)), float(config.get("adam_bc_floor", 1.0)),
-        private=config.mechanism != "sgd")
+        private=private)
+    return optimizers.with_noise_filter(built, config.get("noise_filter", "none"), private)
 
 
 def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:

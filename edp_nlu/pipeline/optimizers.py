@@ -14,6 +14,11 @@ that one value suits runs of 150 and of 3,000 steps.
 known variance taken out of its second moment, so that it keeps Adam's per-weight step sizes
 instead of acting as SGD; `adam_bc_floor` bounds the corrected moment below (a fraction of the
 noise variance). Non-private runs have no noise to take out: for them it is Adam.
+
+`noise_filter` puts a filter of the noisy updates in front of the optimizer (edp_tf/filtering.py:
+"lowpass" is DOPPLER's low-pass filter, "kalman" DiSK's simplified Kalman filter in its
+single-evaluation form), with the library's default coefficients; post-processing, so epsilon is
+unchanged. Private runs only, as adam_bc: plain runs have no privacy noise to filter.
 """
 from __future__ import annotations
 
@@ -23,9 +28,11 @@ import keras
 from keras import ops
 
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
+from edp_tf.filtering import KalmanFilter, LowPassFilter
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "adam_bc")
 SCHEDULES = ("constant", "linear", "cosine")
+NOISE_FILTERS = {"none": None, "lowpass": LowPassFilter, "kalman": KalmanFilter}
 
 
 @keras.saving.register_keras_serializable(package="edp_trainers")
@@ -96,6 +103,19 @@ def build_optimizer(name: str, learning_rate: float, total_steps: int, schedule:
     if name == "adamw":
         return keras.optimizers.AdamW(lr, weight_decay=weight_decay, **ema)
     return keras.optimizers.SGD(lr, momentum=0.9, **ema)
+
+
+def with_noise_filter(optimizer, noise_filter: str, private: bool = True):
+    """`optimizer` behind the `noise_filter` named by the config (private runs only)."""
+    if noise_filter not in NOISE_FILTERS:
+        raise ValueError(f"--config.noise_filter={noise_filter!r} is invalid: expected one of "
+                         f"{tuple(NOISE_FILTERS)}")
+    if NOISE_FILTERS[noise_filter] is None or not private:
+        return optimizer
+    if isinstance(optimizer, BiasCorrectedAdam):
+        raise ValueError(f"--config.noise_filter={noise_filter!r} with --config.optimizer=adam_bc: "
+                         "the filtered noise's variance is not the one adam_bc subtracts")
+    return NOISE_FILTERS[noise_filter](optimizer)
 
 
 def ema_kwargs(ema_fraction: float, total_steps: int) -> dict:
