@@ -115,6 +115,16 @@ def read_ledger(run_dir_or_path: str) -> dict:
     return ledger
 
 
+def charged(ledger: dict) -> tuple:
+    """(EpochRecords, ExtraEvents) a resume of `ledger` (read_ledger's dict) starts from: its
+    epochs, an interrupted epoch's charge (`in_progress.steps`) and its extra events."""
+    records = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
+    interrupted = ledger.get("in_progress")
+    if interrupted and interrupted.get("steps"):
+        records.append(EpochRecord.from_dict(interrupted))
+    return tuple(records), accounting.as_extra_events(ledger.get("extra_events", []))
+
+
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
         return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
