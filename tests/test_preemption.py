@@ -80,3 +80,31 @@ def test_a_budget_stop_says_so_in_the_summary_and_state(tmp_path, monkeypatch):
     assert expected in training.summary_line(summary)
     assert read(str(tmp_path / "run"), "state.json")["stopped"].startswith(expected)
     assert training.BUDGET_EXIT not in (0, 1, 2)  # distinct from success, failure, a bad flag
+
+
+def test_the_fault_suite_pairs_epochs_begun_with_charges():
+    """tools.faults' check: an epoch begun by an attempt killed before its first step may be
+    uncharged (start-up, tracing); every epoch that ran a step is charged, at least its steps."""
+    from tools import faults
+
+    ran = [(0, 30), (1, 0), (1, 12), (1, 0), (1, 30), (2, 30)]
+    assert faults.align(ran, [(0, 30), (1, 14), (1, 30), (2, 30)]) == [
+        (30, 30), (12, 14), (30, 30), (30, 30)]
+    assert faults.align(ran, [(0, 30), (1, 1), (1, 14), (1, 30), (2, 30)]) is not None
+    assert faults.align(ran, [(0, 30), (1, 30), (2, 30)]) is None  # 12 steps of epoch 1 lost
+    assert faults.align([(0, 3)], []) is None
+
+
+def test_the_fault_suite_measures_a_kills_over_charge(tmp_path):
+    from tools import faults
+
+    witness = tmp_path / "w"
+    witness.write_text("begin 0\n" + "step 0\n" * 5)
+    (tmp_path / "privacy.json").write_text(json.dumps(
+        {"epochs": [], "in_progress": {"epoch": 0, "steps": 9}}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0) == (4, "")
+    (tmp_path / "privacy.json").write_text(json.dumps(
+        {"epochs": [], "in_progress": {"epoch": 0, "steps": 4}}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, 4 charged"
+    (tmp_path / "privacy.json").write_text(json.dumps({"epochs": [], "in_progress": None}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, none charged"
