@@ -109,8 +109,9 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
         lines += ["Cumulative epsilon per epoch:"] + _table(
             records, {ledger["noise_mode"]: _per_epoch(records, q, delta, extras)})
     if ledger.get("in_progress"):
-        lines.append(f"Epoch {ledger['in_progress']['epoch']} was interrupted: it is charged in "
-                     "full when the run resumes.")
+        lines.append(f"Epoch {ledger['in_progress']['epoch']} is running or was interrupted: it "
+                     f"is charged {ledger['in_progress']['steps']} step(s) (the most that can "
+                     "have run) when the run resumes.")
     label_sets = (ledger.get("artifacts") or {}).get("label_sets")
     if label_sets:  # written by the trainers: where the exported label sets come from
         lines.append(f"Label sets: {label_sets}")

@@ -90,6 +90,9 @@ def main(argv):
     except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
         print(f"{stopped}", file=sys.stderr, flush=True)
         sys.exit(128 + stopped.signum)
+    except training.BudgetSpentError as spent:  # before any step: one line and the way out
+        print(f"error: {spent}", file=sys.stderr, flush=True)
+        sys.exit(training.BUDGET_EXIT)
     except Exception as error:  # noqa: BLE001 (a full disk is told in one line, others raise)
         if not run_files.disk_full(error):
             raise
@@ -100,6 +103,8 @@ def main(argv):
         sys.exit(1)
     print(training.summary_line(summary), flush=True)
     print(timing.breakdown_line(summary["timing"]), flush=True)
+    if summary.get("stopped"):  # a script sees that the run trained fewer epochs than asked
+        sys.exit(training.BUDGET_EXIT)
 
 
 def _requested_fields() -> dict:
@@ -131,11 +136,13 @@ def _resumed_config(config, run_dir: str):
         raise ValueError(
             f"--resume: {run_dir} was made with "
             + ", ".join(f"{f}={old!r} (asked: {new!r})" for f, old, new in diffs)
-            + ". Resume with the run's own settings (more --epochs may extend it), or start "
-            "a new --run_dir")
-    if "epochs" in requested:
-        with saved.unlocked():
+            + ". Resume with the run's own settings (other --epochs, or a higher "
+            "--target_epsilon, may change it), or start a new --run_dir")
+    with saved.unlocked():  # kept in config.json by training.train
+        if "epochs" in requested:
             saved.epochs = int(requested["epochs"])
+        if "target_epsilon" in requested:
+            saved.target_epsilon = float(requested["target_epsilon"])
     return saved
 
 

@@ -456,8 +456,14 @@ def calibrate_noise(
     extra_events: Iterable = (),
     tolerance: float = 1e-3,
     selection_noise_multiplier: Optional[float] = None,
+    charged: Sequence[EpochRecord] = (),
+    first_epoch: int = 0,
 ) -> float:
     """The smallest z0 (within relative `tolerance`) whose schedule has epsilon <= target.
+
+    `charged`: epochs a ledger has charged already (a resumed run, interruptions included);
+    the schedule is then the `epochs` epochs from the 0-based `first_epoch` on, composed after
+    them, so that the whole run lands at the target.
 
     Bisection on log z0 (epsilon decreases in z0 for every decay and mode); the answer is the
     upper end of the final bracket, so it always meets the target. For PLD the (cheap) RDP answer
@@ -471,25 +477,33 @@ def calibrate_noise(
     if checks.count("epochs", epochs) == 0 or checks.count("steps_per_epoch", steps_per_epoch) == 0:
         raise ValueError("calibrate_noise needs epochs >= 1 and steps_per_epoch >= 1")
 
+    charged = tuple(charged)
+    first_epoch = checks.count("first_epoch", first_epoch)
+
     def eps(z0: float, acct: str = accountant) -> float:
         records = plan_schedule(z0, epochs, steps_per_epoch, decay, decay_rate, noise_mode,
-                                replicas, sensitivity, 0, selection_noise_multiplier)
-        return compute_epsilon(records, q, delta, extras, acct)
+                                replicas, sensitivity, first_epoch, selection_noise_multiplier)
+        return compute_epsilon(charged + records, q, delta, extras, acct)
 
+    if charged:
+        spent = compute_epsilon(charged, q, delta, extras, accountant)
+        if spent >= target:
+            raise ValueError(f"the epochs charged already spend epsilon {spent:.4g} >= "
+                             f"target_epsilon={target:g}: no z0 can meet it")
     if extras and compute_epsilon((), q, delta, extras, accountant) >= target:
         raise ValueError(
             f"the extra events alone spend epsilon >= target_epsilon={target}: no z0 can meet it")
     if selection_noise_multiplier is not None:  # z0 -> inf leaves the selection's z_c alone
         z_c = checks.number("selection_noise_multiplier", selection_noise_multiplier, 0.0, True)
         alone = tuple(EpochRecord(t, steps_per_epoch, z_c, z_c) for t in range(epochs))
-        if compute_epsilon(alone, q, delta, extras, accountant) >= target:
+        if compute_epsilon(charged + alone, q, delta, extras, accountant) >= target:
             raise ValueError(
                 f"the row selection's noise alone (selection_noise_multiplier={z_c:g}) spends "
                 f"epsilon >= target_epsilon={target}: raise selection_noise_multiplier")
     if accountant == "pld":  # PLD is tighter: its answer lies a little below RDP's
         hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
                              noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
-                             selection_noise_multiplier)
+                             selection_noise_multiplier, charged, first_epoch)
         factor = 1.25
     else:
         hi, factor = 1.0, 2.0

@@ -6,9 +6,12 @@ same account. Epsilon is recomputed from the recorded epochs (edp_tf.accounting)
 self-contained: `python -m edp_nlu.privacy --run_dir=...` re-derives it.
 
 Resuming is conservative: epochs already in the ledger are never dropped (re-running epoch t
-after restoring an older checkpoint is charged again, since it queried the data again), a gap of
-epochs is refused, and an epoch interrupted by a crash (marked `in_progress` at its start) is
-charged in full on the next resume.
+after restoring an older checkpoint is charged again, since it queried the data again), and a gap
+of epochs is refused. An epoch is charged from its first step that can read the data: before each
+step call (after tracing: edp_tf/step_guard.py) the ledger makes sure `in_progress.steps` on disk
+covers every step allowed to start, writing it (fsynced) a few steps ahead. A process killed at
+any moment is charged that count on resume: never fewer steps than ran, at most the flush
+interval more (docs/privacy.md, "Interrupted runs").
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from typing import Any, Iterable, Optional
 
 import keras
@@ -63,9 +67,12 @@ class BudgetExhaustedError(RuntimeError):
     """Training would exceed the privacy budget before its first step."""
 
 
-def write_json_atomically(path: str, content: dict, sort_keys: bool = False) -> None:
+def write_json_atomically(path: str, content: dict, sort_keys: bool = False,
+                          durable: bool = False) -> None:
     """Readers see the old or the new file, never a partial one (tmp file + os.replace); the
-    one atomic writer of the project (the trainers' run files use it too)."""
+    one atomic writer of the project (the trainers' run files use it too). `durable` also
+    fsyncs the directory, so that the rename itself survives a power loss (the ledger's step
+    bound must never go back to an older value)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", suffix=".tmp", dir=directory)
@@ -76,6 +83,12 @@ def write_json_atomically(path: str, content: dict, sort_keys: bool = False) -> 
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
     except BaseException as error:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -100,6 +113,16 @@ def read_ledger(run_dir_or_path: str) -> dict:
     if not isinstance(ledger, dict) or "epochs" not in ledger:
         raise ValueError(f"{path} is not a privacy ledger (no 'epochs' field)")
     return ledger
+
+
+def charged(ledger: dict) -> tuple:
+    """(EpochRecords, ExtraEvents) a resume of `ledger` (read_ledger's dict) starts from: its
+    epochs, an interrupted epoch's charge (`in_progress.steps`) and its extra events."""
+    records = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
+    interrupted = ledger.get("in_progress")
+    if interrupted and interrupted.get("steps"):
+        records.append(EpochRecord.from_dict(interrupted))
+    return tuple(records), accounting.as_extra_events(ledger.get("extra_events", []))
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -153,12 +176,17 @@ class PrivacyLedger(keras.callbacks.Callback):
         since Keras runs at least one step after that, an epoch that *starts* over budget (the
         first of a fit, or a resumed one) is refused with BudgetExhaustedError before its first
         step. `budget_accountant` ("pld" or "rdp") makes the prediction.
+      flush_steps: the most steps the durable bound runs ahead of the steps started, so the
+        most a kill can over-charge (SIGKILL, power loss: `in_progress.steps` is charged).
+      flush_seconds: the bound is rewritten (fsynced, about 10 ms) about this often: it runs
+        ahead by the steps that take this long, between 1 and `flush_steps`.
     """
 
     def __init__(self, run_dir: str, dataset_size: int, delta: float, sampling: str = "poisson",
                  sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False,
                  sampler=None, target_epsilon: Optional[float] = None,
-                 budget_accountant: str = "pld"):
+                 budget_accountant: str = "pld", flush_steps: int = 8,
+                 flush_seconds: float = 1.0):
         super().__init__()
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
             raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
@@ -200,13 +228,22 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.stopped_after_epoch: Optional[int] = None
         self.reason: Optional[str] = None
         self._cleared: Any = None  # (epoch, records) whose prediction passed
+        self.flush_steps = checks.count("flush_steps", flush_steps, 1)
+        self.flush_seconds = checks.number("flush_seconds", flush_seconds, 0.0)
+        self._started = 0  # steps of the open epoch allowed to start (the hook's count)
+        self._bound = 0  # in_progress.steps on disk: what a kill of the open epoch is charged
+        self._hooked = False  # the model called the hook in this epoch (edp_tf/step_guard.py)
+        self._last_call: Optional[float] = None  # time of the previous step call
+        self._last_steps = 1  # steps that call could run
+        self._step_seconds: Optional[float] = None  # a step's time, for the flush interval
 
     @classmethod
     def for_sampler(cls, run_dir: str, sampler, delta: float,
-                    target_epsilon: Optional[float] = None) -> "PrivacyLedger":
-        """A ledger for batches of an `edp_tf.sampling.PoissonSampler`."""
+                    target_epsilon: Optional[float] = None, **kwargs) -> "PrivacyLedger":
+        """A ledger for batches of an `edp_tf.sampling.PoissonSampler` (`kwargs`: the
+        constructor's budget_accountant, flush_steps, flush_seconds)."""
         return cls(run_dir, sampler.dataset_size, delta, "poisson", sampler.sampling_rate,
-                   sampler.seed_fixed, sampler=sampler, target_epsilon=target_epsilon)
+                   sampler.seed_fixed, sampler=sampler, target_epsilon=target_epsilon, **kwargs)
 
     # ------------------------------------------------------------------ state
     @property
@@ -269,6 +306,14 @@ class PrivacyLedger(keras.callbacks.Callback):
     # ------------------------------------------------------------------ callbacks
     def on_train_begin(self, logs=None):
         self.begin_fit()
+        add = getattr(self.model, "add_before_steps", None)
+        if add is not None:
+            add(self.before_steps)
+
+    def on_train_end(self, logs=None):
+        remove = getattr(self.model, "remove_before_steps", None)
+        if remove is not None:
+            remove(self.before_steps)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begin_epoch(epoch)
@@ -350,33 +395,74 @@ class PrivacyLedger(keras.callbacks.Callback):
         if not self._continued:
             self._continued = True
             self._continue_from(epoch)
+            self._write()  # an interrupted epoch's charge and this fit, before any step
 
     def begin_epoch(self, epoch: int) -> None:
-        """Marks `epoch` in progress on disk, so a crash inside it is charged on resume."""
+        """Opens `epoch` in memory; nothing is charged until a step may read the data
+        (`before_steps` writes the bound then)."""
         self.continue_at(epoch)
         if self._open_epoch == epoch:
             return
         self._open_epoch, self._steps = epoch, 0
-        planned = self.record_for(epoch, self._planned_steps() or 0).to_dict()
-        planned["steps"] = self._planned_steps()
-        self.ledger["in_progress"] = planned
-        self._write()
+        self._started = self._bound = 0
+        self._hooked = False
+        self._last_call = None
+
+    def before_steps(self, steps: int) -> None:
+        """Called before a train-function call that may run `steps` steps, once it is traced
+        (edp_tf/step_guard.py): if they could take the open epoch past the bound on disk, a
+        new bound, a few steps ahead, is written and fsynced first. Every step that can read
+        the data is then covered by `in_progress.steps` before it starts."""
+        if self._open_epoch is None or self._ledger is None:
+            return
+        now = time.monotonic()
+        if self._last_call is not None:
+            self._step_seconds = (now - self._last_call) / max(1, self._last_steps)
+        self._last_call, self._last_steps = now, steps
+        self._hooked = True
+        upcoming = self._started + steps
+        if upcoming > self._bound:
+            ahead = self.flush_steps
+            if self._step_seconds is None:  # the epoch's first call: one step's bound
+                ahead = 1
+            elif self._step_seconds > 0:
+                ahead = max(1, min(ahead, math.ceil(self.flush_seconds / self._step_seconds)))
+            bound = self._started + max(steps, ahead)
+            planned = self._planned_steps()
+            self._bound = bound if planned is None else min(bound, max(planned, upcoming))
+            self._mark_in_progress()
+        self._started = upcoming
+
+    def _mark_in_progress(self) -> None:
+        record = self.record_for(self._open_epoch, self._bound).to_dict()
+        record["planned_steps"] = self._planned_steps()
+        self.ledger["in_progress"] = record
+        self._write(durable=True)
 
     def cancel_epoch(self, epoch: int) -> None:
         """Withdraws an epoch that has not run a single step (the budget refused it)."""
-        if self._open_epoch == epoch and self._steps == 0:
+        if self._open_epoch == epoch and self._started == 0 and self._steps == 0:
             self._open_epoch = None
-            self.ledger["in_progress"] = None
-            self._write()
+            if self.ledger.get("in_progress") is not None:
+                self.ledger["in_progress"] = None
+                self._write()
 
     def close_interrupted(self) -> None:
         """Charges the epoch a fit left open when an exception ended it in this process: the
-        steps counted, plus the one that may have run past its last callback (never more than
-        the epoch's planned steps). A crash of the process is charged on resume instead."""
+        steps allowed to start (the hook's count), or without the hook the steps counted plus
+        the one that may have run past its last callback (never more than the epoch's planned
+        steps). A crash of the process is charged on resume instead (`in_progress.steps`)."""
         if self._open_epoch is None:
             return
+        if self._hooked:
+            if self._started == 0:  # no step read the data
+                self.cancel_epoch(self._open_epoch)
+                return
+            steps = max(self._started, self._steps)
+        else:
+            steps = self._steps + 1
         planned = self._planned_steps()
-        steps = self._steps + 1 if planned is None else min(self._steps + 1, planned)
+        steps = steps if planned is None else min(steps, planned)
         record = self.record_for(self._open_epoch, steps)
         led = self.ledger
         led["epochs"] = list(led["epochs"]) + [record.to_dict()]
@@ -452,9 +538,9 @@ class PrivacyLedger(keras.callbacks.Callback):
         return self.epsilon_with((), self.budget_accountant)
 
     # ------------------------------------------------------------------ helpers
-    def _write(self) -> None:
+    def _write(self, durable: bool = False) -> None:
         if self.path is not None:
-            write_json_atomically(self.path, self._ledger)
+            write_json_atomically(self.path, self._ledger, durable=durable)
 
     def _facts(self) -> dict:
         model = self.model
@@ -571,8 +657,8 @@ class PrivacyLedger(keras.callbacks.Callback):
             led["epochs"] = list(led["epochs"]) + [
                 EpochRecord.from_dict(interrupted).to_dict()]
             led["in_progress"] = None
-            logging.warning("privacy ledger: epoch %d was interrupted; charged in full (%d steps)",
-                            interrupted["epoch"], interrupted["steps"])
+            logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the "
+                            "most that can have run", interrupted["epoch"], interrupted["steps"])
         done = [e["epoch"] for e in led["epochs"]]
         following = max(done) + 1 if done else 0
         if epoch > following:

@@ -28,13 +28,14 @@ def schedule(mechanism: Mechanism, epochs: int, steps_per_epoch: int,
 
 def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, sampling_rate: float,
               epochs: int, steps_per_epoch: int, extra_events: Iterable = (),
-              accountant: str = "pld") -> Mechanism:
-    """`mechanism` with the smallest z0 whose schedule (plus `extra_events`) meets
-    (target_epsilon, delta)."""
+              accountant: str = "pld", charged: tuple = (), first_epoch: int = 0) -> Mechanism:
+    """`mechanism` with the smallest z0 whose schedule (plus `extra_events`, after the epochs
+    `charged` already; `epochs` from `first_epoch` on) meets (target_epsilon, delta)."""
     z0 = accounting.calibrate_noise(
         target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, mechanism.decay,
         mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
-        accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier)
+        accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier,
+        charged=charged, first_epoch=first_epoch)
     return dataclasses.replace(mechanism, noise_multiplier=z0)
 
 
@@ -98,11 +99,27 @@ class PrivacyPlan:
         return accounting.compute_epsilon(self.schedule(), self.sampling_rate, self.delta,
                                           self.charged_events, accountant)
 
-    def calibrated(self, target_epsilon: float, accountant: str = "pld") -> "PrivacyPlan":
-        """This plan with the smallest z0 whose whole run meets (target_epsilon, delta)."""
+    def calibrated(self, target_epsilon: float, accountant: str = "pld", charged: tuple = (),
+                   first_epoch: int = 0, charged_events: tuple = ()) -> "PrivacyPlan":
+        """This plan with the smallest z0 whose whole run meets (target_epsilon, delta).
+
+        A resumed run passes what its ledger (public) has charged: the epoch records
+        (`charged`, interruptions included) and extra events (`charged_events`); z0 is then that
+        of the epochs from `first_epoch` on, so that the ledger's epochs plus these land at the
+        target."""
         mechanism = calibrate(self.mechanism, target_epsilon, self.delta, self.sampling_rate,
-                              self.epochs, self.steps_per_epoch, self.charged_events, accountant)
+                              self.epochs - first_epoch, self.steps_per_epoch,
+                              tuple(charged_events) + self.charged_events, accountant,
+                              tuple(charged), first_epoch)
         return dataclasses.replace(self, mechanism=mechanism)
+
+    def epsilon_after(self, charged: tuple = (), first_epoch: int = 0,
+                      charged_events: tuple = (), accountant: str = "pld") -> float:
+        """Epsilon of the epochs `charged` (and `charged_events`) followed by this plan's
+        epochs from `first_epoch` on."""
+        return accounting.compute_epsilon(tuple(charged) + self.schedule(first_epoch),
+                                          self.sampling_rate, self.delta,
+                                          tuple(charged_events) + self.charged_events, accountant)
 
     def with_not_covered(self, *sentences: str) -> "PrivacyPlan":
         """This plan with more sentences on what it does not cover (each once)."""

@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 
 from edp_tf import (batch_source, bias_corrected_adam, clipping, iterators, local_training,
-                    microbatch, model_state, multi_worker, noise, projection, scaling, selection)
+                    microbatch, model_state, multi_worker, noise, projection, scaling, selection,
+                    step_guard)
 from edp_tf.config import DPConfig
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
@@ -143,6 +144,9 @@ class PrivateModel(keras.Model):
         self._freeze: Optional[tuple] = None  # (epoch, the frozen variables)
         self._frozen_now = False
         self._first_batch_seen = None  # fit's first batch: _prepare again when frozen ones join
+        # called before each step call with the steps it may run (edp_tf/step_guard.py): the
+        # ledger makes them durable there, after tracing and before any data is read
+        self._before_steps = _Untracked([])
         self._subspace: Optional[projection.PublicSubspace] = None
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
@@ -402,6 +406,27 @@ class PrivateModel(keras.Model):
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
+
+    def add_before_steps(self, hook) -> None:
+        """Calls `hook(steps)` before each call of the train function (once traced), with the
+        number of steps the call may run; once per hook, until `remove_before_steps`."""
+        if hook not in self._before_steps.value:
+            self._before_steps.value.append(hook)
+
+    def remove_before_steps(self, hook) -> None:
+        if hook in self._before_steps.value:
+            self._before_steps.value.remove(hook)
+
+    def make_train_function(self, force=False):
+        """Keras' train function, traced before its first step reads data, with the
+        `add_before_steps` hooks before every call (edp_tf/step_guard.py)."""
+        made = self.train_function is None or force
+        super().make_train_function(force)
+        if made and not getattr(self.train_function, "traced_first", False):
+            self.train_function = step_guard.traced_first(
+                self.train_function, lambda: tuple(self._before_steps.value),
+                lambda: self.steps_per_execution)
+        return self.train_function
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
         """Keras' own, given one replica's share of the first batch where Keras takes the

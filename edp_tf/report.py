@@ -40,7 +40,7 @@ def epsilon_curve(ledger: dict) -> list:
     """[(epochs done, epsilon after them)], recomputed from the records (PLD)."""
     records = [EpochRecord.from_dict(e) for e in ledger.get("epochs", [])]
     interrupted = ledger.get("in_progress")
-    if interrupted and interrupted.get("steps") is not None:  # charged in full on resume
+    if interrupted and interrupted.get("steps") is not None:  # what the resume charges
         records.append(EpochRecord.from_dict(interrupted))
     extras = accounting.as_extra_events(ledger.get("extra_events", []))
     if not records:
@@ -69,8 +69,9 @@ def sections(ledger: dict) -> list:
                "apply as run (see what is not covered).")
     interrupted = ledger.get("in_progress")
     if interrupted:
-        verdict += (f" Epoch {interrupted['epoch']} was interrupted: it is charged in full here "
-                    "(and in the ledger when the run resumes).")
+        verdict += (f" Epoch {interrupted['epoch']} was interrupted: it is charged "
+                    f"{interrupted.get('steps')} step(s) here, the most that can have run (and "
+                    "in the ledger when the run resumes).")
     recorded = ledger.get("epsilon")
     if (recorded is not None and curve and not interrupted
             and not math.isclose(recorded, epsilon, rel_tol=1e-6, abs_tol=1e-9)):

@@ -490,8 +490,13 @@ def test_resume_differences_ignore_auto_values_and_extensions():
     saved = {"epochs": 4, "batch_size": 256, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
     given_file = {"epochs": 4, "batch_size": 0, "bert": {"dropout": 0.1}, "target_epsilon": 8.0}
     assert run_files.resume_differences(saved, {"epochs": 6}, given_file) == []
-    assert run_files.resume_differences(saved, {"epochs": 2, "bert.dropout": 0.3}) == [
-        ("bert.dropout", 0.1, 0.3), ("epochs", 4, 2)]
+    # fewer epochs finish the run with what is trained; a higher budget is the way out of a
+    # spent one (the ledger keeps every step), a lower one is another run
+    assert run_files.resume_differences(saved, {"epochs": 2, "bert.dropout": 0.3,
+                                                "target_epsilon": 9.0}) == [
+        ("bert.dropout", 0.1, 0.3)]
+    assert run_files.resume_differences(saved, {"target_epsilon": 3.0}) == [
+        ("target_epsilon", 8.0, 3.0)]
 
 
 def test_a_damaged_run_file_is_named_with_the_way_out(tmp_path):

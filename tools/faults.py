@@ -4,6 +4,7 @@ tried, survived and lost.
 
     python -m tools.faults --seed=1 --chains=12 --faults_per_chain=4 --worker_chains=3
     python -m tools.faults --seed=7 --chains=1 --kinds=sigterm,kill_in_checkpoint
+    python -m tools.faults --seed=3 --chains=1 --kinds=kill_in_startup,kill_in_tracing,storm
 
 A chain is one run directory: each attempt is `python -m edp_nlu.train --resume` with one fault
 armed at a step the seed chose, then the attempt without a fault finishes the run. A fault
@@ -11,7 +12,10 @@ survives when the run finishes, its export loads and serves, and its ledger has 
 every step that ran (a witness file, written after each step outside the run directory) is
 charged, every epoch of the uninterrupted run is charged with its steps and noise multiplier,
 and epsilon recomputed from the charged epochs is the ledger's. Steps charged that did not run
-(an epoch cut by a crash is charged in full) are counted apart: over-counting is safe.
+(a crash's epoch is charged the bound the ledger kept on disk, at most flush_steps beyond the
+steps that ran) are counted apart, per kill: over-counting is safe. Storms (`--storms`) SIGKILL
+the plain command with a target epsilon five times at random moments, then check that the
+resumed run trained every epoch asked within the target.
 
 Faults inside the process are armed through the EDP_TF_FAULT environment variable, which only
 this command's child entry point reads; `python -m edp_nlu.train` itself has no fault hooks.
@@ -28,6 +32,7 @@ if __name__ == "__main__":  # before TensorFlow is imported (see edp_nlu/cli.py)
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
@@ -54,17 +59,26 @@ IN_PROCESS = {
     "enospc_checkpoint": "disk full while a checkpoint is written",
     "enospc_export": "disk full while the SavedModel is written",
     "kill_in_export": "SIGKILL while the SavedModel is written",
+    "kill_in_startup": "SIGKILL during start-up (data loaded, the model being built)",
+    "kill_in_tracing": "SIGKILL while the first step is traced",
 }
 # Done by this command between two attempts.
 BETWEEN = {"truncated_checkpoint": "the newest checkpoint's data file cut to half its size"}
 # Two-worker runs, from outside.
 WORKERS = {"worker_sigkill": "two workers: one of them SIGKILLed during an epoch",
            "launcher_sigterm": "two workers: the launcher sent SIGTERM during an epoch"}
-KINDS = {**IN_PROCESS, **BETWEEN, **WORKERS}
+# Chains of their own: five SIGKILLs from outside at random moments of the plain command with a
+# target epsilon (the ledger replans), then the resume that finishes it.
+STORMS = {"storm": "five SIGKILLs in a row at random moments (--target_epsilon=8)"}
+KINDS = {**IN_PROCESS, **BETWEEN, **WORKERS, **STORMS}
+STORM_KILLS = 5
+STORM_TARGET = 8.0
+FLUSH_STEPS = 8  # the ledger's default flush_steps: the most a kill may over-charge
 NEEDS_SMALL_DISK = ("enospc_ledger", "enospc_checkpoint", "enospc_export")
 AT_THE_END = ("enospc_export", "kill_in_export")  # the export is written once, after training
 EXPECTED_EXIT = {"sigkill": -signal.SIGKILL, "kill_in_checkpoint": -signal.SIGKILL,
-                 "kill_in_export": -signal.SIGKILL, "sigterm": 128 + signal.SIGTERM,
+                 "kill_in_export": -signal.SIGKILL, "kill_in_startup": -signal.SIGKILL,
+                 "kill_in_tracing": -signal.SIGKILL, "sigterm": 128 + signal.SIGTERM,
                  "sigint": 128 + signal.SIGINT, "input_error": 1, "enospc_ledger": 1,
                  "enospc_checkpoint": 1, "enospc_export": 1, "worker_sigkill": 1,
                  "launcher_sigterm": 128 + signal.SIGTERM}
@@ -77,6 +91,10 @@ RUN_FLAGS = (
     "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
     "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
     "--mechanism=dpsgd", "--replicas=1", "--decay=linear", "--decay_rate=0.1")
+# the storms' plain command: a budget, as a user would run it
+STORM_FLAGS = tuple(f for f in RUN_FLAGS if f not in ("--config.target_epsilon=0",
+                                                      "--noise_multiplier=1.0")) + (
+    f"--target_epsilon={STORM_TARGET:g}",)
 
 
 # ------------------------------------------------------------------------- inside the child
@@ -169,6 +187,20 @@ def _arm(spec: dict) -> None:
 
         tf.train.Checkpoint.write = faulty_write  # the commit after it is what is tested
 
+    if kind == "kill_in_startup":
+        def killed_while_building(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        training._build = killed_while_building
+
+    if kind == "kill_in_tracing":  # the step's Python body runs only while it is traced
+        from edp_tf import private_model
+
+        def killed_while_tracing(self, data):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        private_model.PrivateModel.train_step = killed_while_tracing
+
     if kind in AT_THE_END:
         import edp_nlu.models.export as export
 
@@ -202,6 +234,33 @@ class Outcome:
     lost_steps: int = 0
     over_charged_steps: int = 0
     why: str = ""
+    kill_over: Optional[int] = None  # a SIGKILL's charge minus the steps that ran in its epoch
+    epochs_trained: int = 0  # of the finished run (state.json), against
+    epochs_asked: int = 0
+
+
+def kill_over_charge(run_dir: str, witness: str, before: int) -> tuple[int, str]:
+    """(steps the killed attempt's epoch is charged beyond those that ran, "" or what is
+    wrong): the ledger's `in_progress.steps`, what a resume charges, against the witness's
+    steps of that epoch in this attempt (its entries after the first `before`)."""
+    led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
+    charge = led.get("in_progress")
+    ran = witnessed(witness)[before:]
+    steps = ran[-1][1] if ran else 0
+    if charge is None:  # killed before a step, or between two epochs
+        return 0, "" if steps == 0 or _closed(led, ran) else f"{steps} steps ran, none charged"
+    if not ran or ran[-1][0] != charge["epoch"]:
+        return 0, f"epoch {charge['epoch']} is charged but was not begun"
+    over = int(charge["steps"]) - steps
+    if over < 0:
+        return over, f"{steps} steps ran, {charge['steps']} charged"
+    return over, "" if over <= FLUSH_STEPS else f"over-charged {over} > {FLUSH_STEPS}"
+
+
+def _closed(led: dict, ran: list) -> bool:
+    """The attempt's last epoch begun was charged whole (killed after its end)."""
+    last = (led.get("epochs") or [{}])[-1]
+    return bool(ran) and last.get("epoch") == ran[-1][0] and last.get("steps") == ran[-1][1]
 
 
 class SmallDisk:
@@ -234,17 +293,36 @@ def _environment() -> dict:
     return env
 
 
+def _command(run_dir: str, epochs: int, resume: bool, flags: tuple = RUN_FLAGS) -> list:
+    return [sys.executable, "-c", "from edp_nlu import cli; cli.quiet_unless_verbose(); "
+            "from tools import faults; from edp_nlu import train; cli.run(faults.child)", *flags,
+            f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
+
+
 def attempt(run_dir: str, epochs: int, resume: bool, spec: Optional[dict],
-            timeout: float = 900) -> subprocess.CompletedProcess:
+            timeout: float = 900, flags: tuple = RUN_FLAGS) -> subprocess.CompletedProcess:
     """One `edp_nlu.train` attempt in a child process, with the fault of `spec` armed."""
     env = _environment()
     if spec:
         env[ENV] = json.dumps(spec)
-    command = [sys.executable, "-c", "from edp_nlu import cli; cli.quiet_unless_verbose(); "
-               "from tools import faults; from edp_nlu import train; cli.run(faults.child)", *RUN_FLAGS,
-               f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
-    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(_command(run_dir, epochs, resume, flags), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def killed_attempt(run_dir: str, epochs: int, resume: bool, witness: str, delay: float,
+                   flags: tuple = STORM_FLAGS) -> subprocess.CompletedProcess:
+    """One attempt SIGKILLed from outside `delay` s after it started (if it is still running)."""
+    env = dict(_environment(), **{ENV: json.dumps({"kind": "none", "step": 0,
+                                                    "witness": witness})})
+    command = _command(run_dir, epochs, resume, flags)
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        job.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        job.kill()
+    out, err = job.communicate(timeout=900)
+    return subprocess.CompletedProcess(command, job.returncode, out, err)
 
 
 def worker_attempt(run_dir: str, epochs: int, resume: bool, kind: Optional[str], epoch: int,
@@ -338,6 +416,24 @@ def witnessed(path: str) -> list:
     return [tuple(r) for r in runs]
 
 
+def align(ran: list, charged: list) -> Optional[list]:
+    """[(steps that ran, steps charged)] pairing each charged epoch with an epoch begun, in
+    order (None if they cannot be paired). An epoch begun whose attempt died before its first
+    step (start-up, tracing) may be uncharged; every charge is of an epoch begun (the witness
+    writes `begin` before the ledger can charge), and an epoch that ran a step is charged."""
+    def walk(i: int, j: int) -> Optional[list]:
+        if i == len(ran):
+            return [] if j == len(charged) else None
+        epoch, steps = ran[i]
+        if j < len(charged) and charged[j][0] == epoch:
+            rest = walk(i + 1, j + 1)
+            if rest is not None:
+                return [(steps, charged[j][1])] + rest
+        return walk(i + 1, j) if steps == 0 else None
+
+    return walk(0, 0)
+
+
 def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[int, int, str]:
     """(steps lost, steps over-charged, what is wrong or "") of a finished run."""
     from edp_tf import accounting
@@ -360,10 +456,11 @@ def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[in
         return 0, 0, f"epsilon {led['epsilon']} is not the charged epochs' {epsilon}"
     lost = over = 0
     if witness is not None:
-        ran = witnessed(witness)
-        if [e for e, _ in ran] != [e for e, _ in charged]:
+        pairs = align(witnessed(witness), charged)
+        if pairs is None:
+            ran = witnessed(witness)
             return sum(s for _, s in ran), 0, f"epochs begun {ran} vs charged {charged}"
-        for (_, steps), (_, paid) in zip(ran, charged):
+        for steps, paid in pairs:
             lost += max(0, steps - paid)
             over += max(0, paid - steps)
     else:  # two workers: no witness; every epoch begun is charged in full or as it ran
@@ -408,11 +505,13 @@ def steps_left(run_dir: str, reference: dict) -> int:
 def reference_run(work: str, epochs: int) -> dict:
     """The uninterrupted run: its charged records and steps per epoch."""
     run_dir = os.path.join(work, "reference")
+    started = time.time()
     done = attempt(run_dir, epochs, False, None)
     if done.returncode:
         raise RuntimeError("the uninterrupted run failed:\n" + done.stderr[-3000:])
     led = _read(os.path.join(run_dir, "privacy.json"))
     return {"epochs": epochs, "steps_per_epoch": led["epochs"][0]["steps"],
+            "seconds": round(time.time() - started, 1),
             "records": {e["epoch"]: (e["steps"], round(e["noise_multiplier"], 12))
                         for e in led["epochs"]}}
 
@@ -434,7 +533,7 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
     run_dir = os.path.join(disk.path if on_disk else base, name)
     witness = os.path.join(base, name + ".witness")
     ballast = os.path.join(disk.path, "ballast") if on_disk else None
-    epochs, outcomes, problems = reference["epochs"], [], []
+    epochs, outcomes, problems, kill_overs = reference["epochs"], [], [], []
     started = False
     for kind in chain:
         resume = started
@@ -444,10 +543,12 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
             if damaged:
                 problems.append("")
                 outcomes.append(kind)
+                kill_overs.append(None)
             continue
         left = steps_left(run_dir, reference)
         step = rng.randint(0 if kind == "input_error" else 1, max(1, left - 1))
         spec = {"kind": kind, "step": step, "witness": witness, "ballast": ballast}
+        before = len(witnessed(witness))
         done = attempt(run_dir, epochs, resume, spec)
         started = started or os.path.exists(os.path.join(run_dir, "config.json"))
         if ballast and os.path.exists(ballast):
@@ -458,9 +559,15 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
         if kind in ("enospc_ledger", "enospc_checkpoint", "enospc_export") and ok \
                 and done.returncode and "disk is full" not in last:
             ok = False
-        problems.append("" if ok else f"exit {done.returncode} (expected {expected}): {last}")
-        log(f"  {name}: {kind} at step {step}: exit {done.returncode}: {last}")
+        over, wrong = (kill_over_charge(run_dir, witness, before)
+                       if done.returncode == -signal.SIGKILL else (None, ""))
+        ok = ok and not wrong
+        problems.append("" if ok else wrong or f"exit {done.returncode} (expected {expected}): "
+                                               f"{last}")
+        log(f"  {name}: {kind} at step {step}: exit {done.returncode}: {last}"
+            + ("" if over is None else f"; over-charged {over}"))
         outcomes.append(kind)
+        kill_overs.append(over)
     final = attempt(run_dir, epochs, started, {"kind": "none", "step": 0, "witness": witness})
     if final.returncode:
         why = "the resumed run failed: " + (final.stderr.strip().splitlines() or [""])[-1]
@@ -468,8 +575,10 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
     lost, over, why = check_run(run_dir, reference, witness)
     log(f"  {name}: finished; lost {lost}, over-charged {over} steps {why}")
     results = []
-    for kind, problem in zip(outcomes, problems):
-        results.append(Outcome(kind, not why and not problem, 0, 0, why or problem))
+    trained = int((_read(os.path.join(run_dir, "state.json"), {}) or {}).get("epochs_done", 0))
+    for kind, problem, over in zip(outcomes, problems, kill_overs):
+        results.append(Outcome(kind, not why and not problem, 0, 0, why or problem, over,
+                               trained, epochs))
     if results:  # the chain's ledger totals, once
         results[-1].lost_steps, results[-1].over_charged_steps = lost, over
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -508,27 +617,98 @@ def run_worker_chain(name: str, chain: list, rng: random.Random, base: str, refe
     return results
 
 
+def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, reference: dict,
+                    log) -> list:
+    """Five SIGKILLs from outside at random moments of the plain command with a target epsilon
+    (each `uniform(0, the uninterrupted run's time)` after its attempt started; one that comes
+    after the run finished is not counted), then the resume that finishes it: every epoch
+    asked is trained, epsilon is at most the target, no step that ran is uncharged, and each
+    kill's charge exceeds its epoch's steps by at most FLUSH_STEPS."""
+    run_dir = os.path.join(base, name)
+    witness = os.path.join(base, name + ".witness")
+    epochs, span = reference["epochs"], float(reference.get("seconds", 90.0))
+    overs, problems = [], []
+    for _ in range(3 * STORM_KILLS):
+        if len(overs) == STORM_KILLS:
+            break
+        resume = os.path.exists(os.path.join(run_dir, "config.json"))
+        before = len(witnessed(witness))
+        delay = round(rng.uniform(0.0, span), 2)
+        done = killed_attempt(run_dir, epochs, resume, witness, delay)
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        if done.returncode != -signal.SIGKILL:
+            log(f"  {name}: the attempt ended before the kill at {delay} s (exit "
+                f"{done.returncode}): {last[:160]}")
+            if done.returncode != 0:
+                return [Outcome("storm", False, why=f"exit {done.returncode}: {last}")]
+            break
+        over, wrong = kill_over_charge(run_dir, witness, before)
+        log(f"  {name}: SIGKILL {delay} s after the start: over-charged {over} {wrong}")
+        overs.append(over)
+        problems.append(wrong)
+    final = attempt(run_dir, epochs, True, {"kind": "none", "step": 0, "witness": witness},
+                    flags=STORM_FLAGS)
+    if final.returncode:
+        why = (f"the resumed run failed (exit {final.returncode}): "
+               + (final.stderr.strip().splitlines() or [""])[-1])
+        return [Outcome("storm", False, why=why, kill_over=o) for o in overs]
+    state = _read(os.path.join(run_dir, "state.json"), {}) or {}
+    led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
+    trained = int(state.get("epochs_done", 0))
+    charged = [(e["epoch"], e["steps"]) for e in led.get("epochs", [])]
+    pairs = align(witnessed(witness), charged)
+    why = ""
+    if trained != epochs or not state.get("finished") or state.get("stopped"):
+        why = f"trained {trained} of {epochs} epochs ({state.get('stopped')})"
+    elif led.get("epsilon", math.inf) > STORM_TARGET:
+        why = f"epsilon {led.get('epsilon')} > target {STORM_TARGET}"
+    elif pairs is None or any(paid < ran for ran, paid in pairs):
+        why = f"steps that ran are not charged: {witnessed(witness)} vs {charged}"
+    log(f"  {name}: finished; {trained} of {epochs} epochs, epsilon {led.get('epsilon'):.4g} "
+        f"{why}")
+    results = [Outcome("storm", not why and not p, 0, o, why or p, o, trained, epochs)
+               for o, p in zip(overs, problems)]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return results
+
+
 def _finished(run_dir: str) -> bool:
     return bool((_read(os.path.join(run_dir, "state.json"), {}) or {}).get("finished"))
 
 
+def _per_kill(mine: list) -> str:
+    overs = [o.kill_over for o in mine if o.kill_over is not None]
+    return f"{sum(overs) / len(overs):.1f} / {max(overs)}" if overs else ""
+
+
+def _epochs(mine: list) -> str:
+    asked = sum(o.epochs_asked for o in mine)
+    return f"{sum(o.epochs_trained for o in mine)} / {asked}" if asked else ""
+
+
 def table(outcomes: list, skipped: dict) -> str:
-    """Faults tried and survived per kind; steps lost and over-charged are a run's totals (a
-    chain's faults share one ledger), so they are summed over the runs in the last row."""
-    rows = ["| fault | what | tried | survived |", "|---|---|---:|---:|"]
+    """Faults tried and survived per kind, a SIGKILL's steps charged beyond those that ran in
+    its epoch (mean / max per kill), and the epochs the finished runs trained against those
+    asked (summed over the faults of the kind); steps lost and over-charged are a run's totals
+    (a chain's faults share one ledger), so they are summed over the runs in the last row."""
+    rows = ["| fault | what | tried | survived | over-charged per kill (mean / max) | "
+            "epochs trained / asked |", "|---|---|---:|---:|---:|---:|"]
     for kind in KINDS:
         mine = [o for o in outcomes if o.kind == kind]
         if mine:
             rows.append(f"| {kind} | {KINDS[kind]} | {len(mine)} | "
-                        f"{sum(o.survived for o in mine)} |")
+                        f"{sum(o.survived for o in mine)} | {_per_kill(mine)} | "
+                        f"{_epochs(mine)} |")
         elif kind in skipped:
-            rows.append(f"| {kind} | {KINDS[kind]} | not run: {skipped[kind]} | |")
-    rows.append(f"| **all** | | {len(outcomes)} | {sum(o.survived for o in outcomes)} |")
+            rows.append(f"| {kind} | {KINDS[kind]} | not run: {skipped[kind]} | | | |")
+    rows.append(f"| **all** | | {len(outcomes)} | {sum(o.survived for o in outcomes)} | "
+                f"{_per_kill(outcomes)} | {_epochs(outcomes)} |")
     lost = sum(o.lost_steps for o in outcomes)
     over = sum(o.over_charged_steps for o in outcomes)
     return "\n".join(rows) + (
         f"\n\nSteps lost from the ledger (ran, not charged): **{lost}**. Steps over-charged "
-        f"(charged in full for an epoch a crash cut short; safe): {over}.")
+        f"(charged for an epoch a crash cut short beyond the steps that ran, at most "
+        f"flush_steps = {FLUSH_STEPS} per kill; safe): {over}.")
 
 
 def _guarded(chain: list, log, run, *args) -> list:
@@ -542,7 +722,7 @@ def _guarded(chain: list, log, run, *args) -> list:
 
 def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int, epochs: int,
               kinds: list, work: Optional[str] = None, log=print,
-              after_chain=None) -> tuple[list, dict]:
+              after_chain=None, storms: int = 0) -> tuple[list, dict]:
     """Runs the suite; returns (outcomes, {kind: why it was not run}). `after_chain(outcomes,
     skipped)` runs after each chain (the table so far, for a soak that may be cut short).
 
@@ -563,7 +743,9 @@ def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int,
     worker_kinds = [k for k in kinds if k in WORKERS]
     plans = ([(f"chain{i}", run_chain, single) for i in range(chains if single else 0)]
              + [(f"workers{i}", run_worker_chain, worker_kinds)
-                for i in range(worker_chains if worker_kinds else 0)])
+                for i in range(worker_chains if worker_kinds else 0)]
+             + [(f"storm{i}", run_storm_chain, ["storm"])
+                for i in range(storms if "storm" in kinds else 0)])
     outcomes = []
     try:
         reference = _read(os.path.join(work, "reference.json"))
@@ -582,6 +764,7 @@ def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int,
                 continue
             rng = random.Random(f"{seed}-{name}")
             chain = (plan_chain(rng, pool, faults_per_chain) if run is run_chain
+                     else ["storm"] if run is run_storm_chain
                      else [rng.choice(pool) for _ in range(faults_per_chain)])
             log(f"{name}: {chain}")
             shutil.rmtree(os.path.join(work, name), ignore_errors=True)
@@ -613,7 +796,8 @@ def main(argv):
     started = time.time()
     command = "python -m tools.faults " + " ".join(
         f"--{name}={flags.FLAGS[name].value}" for name in ("chains", "faults_per_chain",
-                                                           "worker_chains", "epochs")) + (
+                                                           "worker_chains", "storms",
+                                                           "epochs")) + (
         f" --seed={seed}" + (f" --kinds={','.join(kinds)}" if _KINDS.value else ""))
 
     def write(outcomes, skipped, final=False):
@@ -625,7 +809,8 @@ def main(argv):
                         f"{table(outcomes, skipped)}\n")
 
     outcomes, skipped = run_suite(seed, _CHAINS.value, _FAULTS.value, _WORKER_CHAINS.value,
-                                  _EPOCHS.value, kinds, _WORK_DIR.value, after_chain=write)
+                                  _EPOCHS.value, kinds, _WORK_DIR.value, after_chain=write,
+                                  storms=_STORMS.value)
     write(outcomes, skipped, final=True)
     failed = [o for o in outcomes if not o.survived]
     print(f"\n{command}: {time.time() - started:.0f} s\n{table(outcomes, skipped)}")
@@ -639,6 +824,7 @@ if __name__ == "__main__":
     _CHAINS = flags.DEFINE_integer("chains", 4, "Single-process chains (run directories).")
     _FAULTS = flags.DEFINE_integer("faults_per_chain", 4, "Faults per chain.")
     _WORKER_CHAINS = flags.DEFINE_integer("worker_chains", 1, "Two-worker chains.")
+    _STORMS = flags.DEFINE_integer("storms", 1, f"Storm chains ({STORM_KILLS} SIGKILLs each).")
     _EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs of each run.")
     _KINDS = flags.DEFINE_list("kinds", None, f"Fault kinds (default all): {', '.join(KINDS)}.")
     _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where the runs go (default: a temp dir).")

@@ -41,8 +41,15 @@ def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.Con
 # "auto" values a run resolves from its data (recipes.py): a config file's auto value is no
 # request to change the resolved one
 _AUTO = (0, 0.0, "", -1, -1.0)
-# what a resume may change: more epochs extend a run (the ledger refuses any over the budget)
-EXTENDABLE = ("epochs",)
+# what a resume may change: the epochs (more extend a run, fewer finish it with what is trained)
+# and a raised budget (the ledger keeps charging every step: the way out of a spent budget)
+EXTENDABLE = ("epochs", "target_epsilon")
+
+
+def _extends(field: str, old, value) -> bool:
+    if field == "epochs":
+        return isinstance(value, int) and value >= 1
+    return field in EXTENDABLE and bool(old) and value > old
 
 
 def _flat(config, prefix: str = "") -> dict:
@@ -60,14 +67,14 @@ def resume_differences(saved, requested: dict, file_config=None) -> list:
     """[(field, saved value, requested value)] where a resume's command asks for another run:
     `requested` holds the fields given on the command line ({"target_epsilon": 3.0,
     "bert.dropout": 0.2}); `file_config`, a --config file given again, counts where it is not
-    an auto value. More epochs (EXTENDABLE) are an extension, not a difference."""
+    an auto value. Other epochs and a higher target epsilon (EXTENDABLE) are no difference."""
     saved_flat = _flat(saved)
     asked = {k: v for k, v in _flat(file_config or {}).items() if v not in _AUTO}
     asked.update(requested)
     diffs = []
     for field, value in sorted(asked.items()):
         old = saved_flat.get(field)
-        if old == value or (field in EXTENDABLE and value > old):
+        if old == value or _extends(field, old, value):
             continue
         diffs.append((field, old, value))
     return diffs
@@ -149,7 +156,7 @@ def finished_summary(run_dir: str) -> dict | None:
             "membership_inference": metrics.get("membership_inference"),
             "epsilon": ledger.get("epsilon", float("inf")) if private else float("inf"),
             "delta": ledger.get("delta", config.get("delta")),
-            "private": bool(ledger.get("private", False))}
+            "private": bool(ledger.get("private", False)), "stopped": state.get("stopped")}
 
 
 def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,

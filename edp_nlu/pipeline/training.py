@@ -30,8 +30,14 @@ from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, r
 from edp_nlu.scoring import predictions
 
 _log = logging.getLogger(__name__)
+# the exit code of a run the privacy budget stopped before its last epoch, or refused to resume
+BUDGET_EXIT = 3
 _WARM_START_OUTSIDE = ("the starting weights came from a run that used this run's training data "
                        "outside its epsilon (privacy.json's not_covered names it)")
+
+
+class BudgetSpentError(RuntimeError):
+    """A resumed run whose charged epochs leave no budget for the epochs it was asked for."""
 
 
 @dataclasses.dataclass
@@ -95,12 +101,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                 config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
                 q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
                 _releases(data, run_dir, resume))
+            if resume and config.target_epsilon > 0:
+                dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)))
         model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
                                             source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     if not resume:
         _write_run_files(run_dir, config, data, n, delta, state)
+    else:
+        _keep_resumed_settings(run_dir, config)
     ledger = _ledger(config, data, run_dir, sampler, n, delta, q, warm) if private else None
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
@@ -111,6 +121,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                                        bool(config.diagnostics), graceful, phases)
     tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
     initial_epoch = int(state.get("epochs_done", 0))
+    budget_refused = False
     if initial_epoch < config.epochs:
         try:
             trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
@@ -121,6 +132,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                                          bool(config.diagnostics)))
         except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
             _log.warning("no further epoch fits the budget: %s", error)
+            budget_refused = True
         if graceful.signum is not None:
             done = int(state.get("epochs_done", initial_epoch))
             raise callbacks_lib.StoppedBySignal(graceful.signum, (
@@ -142,6 +154,13 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             run_files.write_directory_atomically(
                 os.path.join(run_dir, "saved_model"),
                 lambda path: export_serving_model(model, data.preprocessor, path))
+    done = int(state.get("epochs_done", initial_epoch))
+    stopped = None
+    if done < config.epochs and (budget_refused or (ledger is not None
+                                                    and ledger.stopped_after_epoch is not None)):
+        stopped = (f"stopped by the privacy budget after {done} of {config.epochs} epochs "
+                   "(a higher --target_epsilon on --resume continues it)")
+    state["stopped"] = stopped
     state["finished"] = True  # after the export: a run killed before it is not finished
     write_json(os.path.join(run_dir, STATE_FILE), state)
     privacy = _statement(ledger, run_dir)
@@ -154,7 +173,57 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         "epsilon": privacy.get("epsilon", math.inf if not private else None),
         "delta": delta, "private": bool(privacy.get("private", False)),
         "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
+        "stopped": stopped,
     }
+
+
+def _replan(run_dir: str, config, dp, plan, done: int) -> tuple:
+    """(DPConfig, PrivacyPlan) of a resumed run with a target epsilon: unchanged if the epochs
+    left, at the run's z0, still land within the target after what the ledger has charged
+    (interruptions included); else z0 recalibrated so that the ledger's epochs plus the epochs
+    from `done` on land at the target. The ledger is public (its charges depend on when the
+    process died, not on the data), so the new noise is chosen from nothing private.
+    BudgetSpentError, before any step, if no noise can."""
+    from edp_tf import ledger as ledger_lib
+
+    path = os.path.join(run_dir, ledger_lib.FILENAME)
+    if done >= plan.epochs or not os.path.exists(path):
+        return dp, plan
+    records, events = ledger_lib.charged(ledger_lib.read_ledger(path))
+    target = float(config.target_epsilon)
+    if not records or plan.epsilon_after(records, done, events) <= target:
+        return dp, plan
+    try:
+        replanned = plan.calibrated(target, charged=records, first_epoch=done,
+                                    charged_events=events)
+    except ValueError:
+        spent = accounting.compute_epsilon(records, plan.sampling_rate, plan.delta,
+                                           tuple(events) + plan.charged_events)
+        raise BudgetSpentError(
+            f"the privacy budget is spent: {path} has charged epsilon {spent:.4g} of "
+            f"--target_epsilon={target:g} (interrupted epochs included), and no noise fits "
+            f"epochs {done + 1}..{plan.epochs} in what is left. Resume with a higher "
+            "--target_epsilon"
+            + (f", or with --epochs={done} to finish with the {done} epochs trained" if done
+               else "")) from None
+    z0 = replanned.mechanism.noise_multiplier
+    _log.warning("resumed after charged interruptions: z0 %.4g -> %.4g, so that epochs %d..%d "
+                 "land the run at epsilon %.3g", plan.mechanism.noise_multiplier, z0, done + 1,
+                 plan.epochs, target)
+    return dp.replace(noise_multiplier=z0), replanned
+
+
+def _keep_resumed_settings(run_dir: str, config) -> None:
+    """A resume's other --epochs or higher --target_epsilon into config.json, so that later
+    resumes run them too."""
+    path = os.path.join(run_dir, CONFIG_FILE)
+    saved = read_json(path, None)
+    if not saved:
+        return
+    kept = saved["config"]
+    if (kept.get("epochs"), kept.get("target_epsilon")) != (config.epochs, config.target_epsilon):
+        kept.update(epochs=int(config.epochs), target_epsilon=float(config.target_epsilon))
+        write_json(path, saved)
 
 
 def _open_run_dir(run_dir: str, resume: bool) -> dict:
@@ -396,5 +465,7 @@ def summary_line(summary: dict) -> str:
     attack = summary.get("membership_inference") or {}
     if attack:
         privacy += f"; membership-inference AUC {attack['auc']:.3f}"
+    stopped = f"; {summary['stopped']}" if summary.get("stopped") else ""
     return (f"{summary['model']} / {summary['mechanism']}: {quality}; {privacy}; "
-            f"{summary['epochs']} epochs in {summary['seconds']:.0f} s -> {summary['run_dir']}")
+            f"{summary['epochs']} epochs in {summary['seconds']:.0f} s{stopped} -> "
+            f"{summary['run_dir']}")

@@ -1,0 +1,110 @@
+"""A resumed run after charged interruptions: the remaining epochs are replanned to land at the
+target epsilon, a spent budget is refused before training in one line with the way out, and a
+budget stop is never silent (summary line, state.json, exit code)."""
+import json
+import math
+
+import pytest
+
+from edp_nlu.pipeline import training
+from edp_tf import DPConfig, Mechanism, PrivacyPlan, accounting, ledger
+from tests.tiny_runs import read, strategy, tiny_config
+
+
+
+def _plan_and_dp():
+    """A 3-epoch plan at z0 = 1 and its epsilon, taken as the run's target (as calibrated)."""
+    dp = DPConfig(noise_multiplier=1.0, microbatch_size=1, decay="linear", decay_rate=0.5)
+    made = PrivacyPlan(Mechanism.from_config(dp, 1, 16), dataset_size=160,
+                       sampling_rate=1 / 10, delta=1e-3, epochs=3, steps_per_epoch=10)
+    return dp, made, made.epsilon()
+
+
+def _write_ledger(run_dir, plan, epochs, in_progress=None):
+    records = [r.to_dict() for r in plan.schedule()[:epochs]]
+    content = {"epochs": records, "extra_events": [], "in_progress": in_progress}
+    (run_dir / "privacy.json").write_text(json.dumps(content))
+
+
+def test_a_resume_after_charged_interruptions_lands_at_the_target(tmp_path):
+    dp, plan, target = _plan_and_dp()
+    config = tiny_config(target_epsilon=target, epochs=3)
+    # epoch 0 ran, then two kills inside epoch 1 charged 3 and 6 steps; epoch 1 reruns from 0
+    interrupted = dict(plan.schedule()[1].to_dict(), steps=6)
+    _write_ledger(tmp_path, plan, 1, interrupted)
+    content = json.loads((tmp_path / "privacy.json").read_text())
+    content["epochs"].append(dict(interrupted, steps=3))
+    (tmp_path / "privacy.json").write_text(json.dumps(content))
+    records, events = ledger.charged(ledger.read_ledger(str(tmp_path)))
+    assert [r.steps for r in records] == [10, 3, 6]
+    assert plan.epsilon_after(records, 1, events) > target  # the old z0 would overshoot
+    new_dp, replanned = training._replan(str(tmp_path), config, dp, plan, done=1)
+    z0, z1 = plan.mechanism.noise_multiplier, replanned.mechanism.noise_multiplier
+    assert z1 > z0 and new_dp.noise_multiplier == z1
+    total = accounting.compute_epsilon(records + replanned.schedule(1), plan.sampling_rate,
+                                       plan.delta)
+    # calibrate_noise's tolerance is 1e-3 in z0: epsilon lands within a few 1e-3 below target
+    assert target * 0.99 <= total <= target
+    # no interruption: the run's own z0 is kept (the uninterrupted run is unchanged)
+    _write_ledger(tmp_path, plan, 1)
+    assert training._replan(str(tmp_path), config, dp, plan, done=1) == (dp, plan)
+
+
+def test_a_spent_budget_is_refused_before_training_with_the_way_out(tmp_path):
+    dp, plan, target = _plan_and_dp()
+    config = tiny_config(target_epsilon=target, epochs=3)
+    # epoch 0, then four attempts at epoch 1 each charged a whole epoch: above the target
+    _write_ledger(tmp_path, plan, 3)
+    content = json.loads((tmp_path / "privacy.json").read_text())
+    content["epochs"] = content["epochs"][:1] + [dict(e, epoch=1)
+                                                 for e in content["epochs"][1:]] * 2
+    (tmp_path / "privacy.json").write_text(json.dumps(content))
+    with pytest.raises(training.BudgetSpentError) as refused:
+        training._replan(str(tmp_path), config, dp, plan, done=1)
+    (line,) = str(refused.value).splitlines()
+    assert "privacy budget is spent" in line and "higher --target_epsilon" in line
+    assert "--epochs=1 to finish with the 1 epochs trained" in line
+
+
+def test_a_budget_stop_says_so_in_the_summary_and_state(tmp_path, monkeypatch):
+    """The ledger's prediction made to exceed the budget after the first epoch: fit stops
+    after 1 of 2 epochs, and the summary line and state.json say so (the command exits 3)."""
+    predict = ledger.PrivacyLedger._predict
+    monkeypatch.setattr(ledger.PrivacyLedger, "_predict",
+                        lambda self, epoch, steps: math.inf if epoch >= 1
+                        else predict(self, epoch, steps))
+    config = tiny_config(mechanism="dpsgd", replicas=1, epochs=2, target_epsilon=8.0)
+    summary = training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+    expected = "stopped by the privacy budget after 1 of 2 epochs"
+    assert summary["stopped"].startswith(expected)
+    assert expected in training.summary_line(summary)
+    assert read(str(tmp_path / "run"), "state.json")["stopped"].startswith(expected)
+    assert training.BUDGET_EXIT not in (0, 1, 2)  # distinct from success, failure, a bad flag
+
+
+def test_the_fault_suite_pairs_epochs_begun_with_charges():
+    """tools.faults' check: an epoch begun by an attempt killed before its first step may be
+    uncharged (start-up, tracing); every epoch that ran a step is charged, at least its steps."""
+    from tools import faults
+
+    ran = [(0, 30), (1, 0), (1, 12), (1, 0), (1, 30), (2, 30)]
+    assert faults.align(ran, [(0, 30), (1, 14), (1, 30), (2, 30)]) == [
+        (30, 30), (12, 14), (30, 30), (30, 30)]
+    assert faults.align(ran, [(0, 30), (1, 1), (1, 14), (1, 30), (2, 30)]) is not None
+    assert faults.align(ran, [(0, 30), (1, 30), (2, 30)]) is None  # 12 steps of epoch 1 lost
+    assert faults.align([(0, 3)], []) is None
+
+
+def test_the_fault_suite_measures_a_kills_over_charge(tmp_path):
+    from tools import faults
+
+    witness = tmp_path / "w"
+    witness.write_text("begin 0\n" + "step 0\n" * 5)
+    (tmp_path / "privacy.json").write_text(json.dumps(
+        {"epochs": [], "in_progress": {"epoch": 0, "steps": 9}}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0) == (4, "")
+    (tmp_path / "privacy.json").write_text(json.dumps(
+        {"epochs": [], "in_progress": {"epoch": 0, "steps": 4}}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, 4 charged"
+    (tmp_path / "privacy.json").write_text(json.dumps({"epochs": [], "in_progress": None}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, none charged"
