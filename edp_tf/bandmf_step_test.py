@@ -88,7 +88,7 @@ def test_bandmf_is_refused_where_its_proof_does_not_reach():
         DPConfig(microbatch_size=1, expected_batch_size=8.0, bandmf_bands=2,
                  decay="linear", decay_rate=0.5)
     with pytest.raises(ValueError, match="expected_batch_size"):
-        DPConfig(microbatch_size=1, bandmf_bands=2)
+        Mechanism.from_config(DPConfig(microbatch_size=1, bandmf_bands=2), 1, 8)
     with pytest.raises(ValueError, match="bandmf_bands must be an integer >= 1"):
         DPConfig(bandmf_bands=0)
     with pytest.raises(ValueError, match="L2 norm <= 1"):

@@ -36,8 +36,6 @@ def _check_bandmf(cfg: "DPConfig") -> None:
     if b == 1:
         return
     conflicts = [
-        (cfg.expected_batch_size is None, "expected_batch_size (Poisson batches of a "
-         "BandMFSampler)"),
         (cfg.noise_mode != "calibrated", "noise_mode='calibrated'"),
         (cfg.decay != "none", "decay='none' (the noise of one step is correlated with the "
          "next b - 1 steps', so one std must hold across them; a per-epoch decay is not "
@@ -123,8 +121,9 @@ class DPConfig:
       bandmf_bands: b >= 1. 1: independent noise at every step (DP-SGD). b >= 2: amplified
         banded matrix factorization (edp_tf/bandmf.py): noise correlated across b steps,
         batches from `edp_tf.sampling.BandMFSampler(bands=b)`, charged as ceil(T / b) steps
-        at rate b q. Needs Poisson sampling, noise_mode='calibrated', no decay, example level,
-        no sparse embedding noise and no augmented copies.
+        at rate b q. Needs noise_mode='calibrated', no decay, example level, no sparse
+        embedding noise and no augmented copies (and, when the step is built, Poisson sampling:
+        expected_batch_size).
     """
 
     l2_norm_clip: float = 1.0

@@ -386,9 +386,6 @@ class BandMFSampler(PoissonSampler):
         if _positive_int("bands", self.bands) < 2:
             raise ValueError("BandMFSampler needs bands >= 2 (one band is DP-SGD: use "
                              "PoissonSampler)")
-        if self.microbatch_size not in (None, 1):
-            raise ValueError("BandMFSampler samples examples for per-example clipping "
-                             f"(microbatch_size 1), got microbatch_size={self.microbatch_size}")
         super().__post_init__()
         group_sampling_rate(self.sampling_rate, self.bands)  # b q <= 1
 
