@@ -10,7 +10,8 @@ as ceil(T / b) steps at b q (edp_tf.accounting). Reported per row:
   prefix_rmse_ratio the root of the mean squared error of the T prefix sums of the noise (what
                     SGD's iterates accumulate, the objective the strategy is optimised for),
                     BandMF / DP-SGD. Below 1: less noise where it matters at the same epsilon;
-                    1 / ratio^2 is the data DP-SGD would need for the same error at the same q.
+                    at the same q and T, DP-SGD's noise on the average falls as 1 / n, so
+                    1 / ratio is the data DP-SGD would need for the same error.
 
     python -m benchmarks.bandmf_noise --n=13084 --q=0.08 --epsilon=8 --steps=300,1000,3000
 """
@@ -58,6 +59,38 @@ def row(n: int, q: float, epsilon: float, delta: float, steps: int, bands: int,
             "prefix_rmse_ratio": prefix / dpsgd_prefix, "coefficients": list(c)}
 
 
+def write_table(out_dir: str) -> str:
+    """results/bandmf/table.md from every JSON there: one table per (n, q, epsilon)."""
+    lines = ["# BandMF noise against DP-SGD's at the same epsilon (computed, no training)", "",
+             "Written by `python -m benchmarks.bandmf_noise` (the command under each table). "
+             "z: the calibrated multiplier (PLD); step std: the std of one step's noise at the "
+             "last step, BandMF / DP-SGD; prefix RMSE: the root mean squared error of the T "
+             "prefix sums of the noise, BandMF / DP-SGD (the objective the strategy is optimised "
+             "for; what SGD's iterates accumulate). BandMF: b groups, ceil(T/b) steps at b q. "
+             "At the same q and T, DP-SGD's noise on the averaged update (z S C / (q n)) falls "
+             "as 1 / n, so 1 / ratio is the data DP-SGD would need for BandMF's RMSE.",
+             ""]
+    for name in sorted(os.listdir(out_dir)):
+        if not name.endswith(".json"):
+            continue
+        with open(os.path.join(out_dir, name)) as f:
+            data = json.load(f)
+        first = data["rows"][0]
+        lines += [f"## n = {first['n']}, q = {first['q']:g}, epsilon {first['epsilon']:g}, "
+                  f"delta {first['delta']:.3g}", "", f"`{data['command']}`", "",
+                  "| T | b | z | step std / DP-SGD | prefix RMSE / DP-SGD | DP-SGD's data for the "
+                  "same RMSE (1 / ratio) |", "|---|---|---|---|---|---|"]
+        for r in data["rows"]:
+            lines.append(f"| {r['steps']} | {r['bands']} | {r['z']:.4f} | "
+                         f"{r['step_std_ratio']:.3f} | {r['prefix_rmse_ratio']:.3f} | "
+                         f"{1.0 / r['prefix_rmse_ratio']:.2f}x |")
+        lines.append("")
+    path = os.path.join(out_dir, "table.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
 def main(argv) -> None:
     del argv
     from edp_tf import accounting
@@ -81,6 +114,7 @@ def main(argv) -> None:
         with open(FLAGS.out, "w") as f:
             json.dump({"command": "python -m benchmarks.bandmf_noise " + " ".join(sys.argv[1:]),
                        "rows": rows}, f, indent=1)
+        print("table:", write_table(os.path.dirname(os.path.abspath(FLAGS.out))))
 
 
 if __name__ == "__main__":
