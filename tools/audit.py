@@ -521,6 +521,15 @@ def write_table(out_dir: str) -> str:
                   "almost all exactly 0 (normality rejected): not auditable from the weights. "
                   "`adafest_all_rows` selects every row, so the gradient release is seen in full; "
                   "its mu can reach only sqrt(steps) / z, below the claimed joint mu."]
+    if any(r["mechanism"] == "bandmf" for r in rows):
+        lines += ["", f"BandMF rows: b = {BANDMF_BANDS} bands, the canaries present at their "
+                  "group's steps 0, b, 2b, ... (sampling rate 1 within the group, rate b q = 1 in "
+                  "the claim, which composes ceil(steps / b) Gaussians: mu claimed is "
+                  "sqrt(ceil(steps / b)) / z). Each score maps the steps' updates back through "
+                  "C (C u = C x + z: the released noise made white again) and sums the rows the "
+                  "canary's participations touch, weighted by C's column; a step whose noise "
+                  "ignored its history, or was drawn on every replica, would show std / expected "
+                  "of 1.3 or 1.4 (tests/test_audit.py)."]
     path = os.path.join(out_dir, "table.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
