@@ -154,3 +154,18 @@ def test_a_bandmf_step_refuses_a_plain_poisson_ledger(tmp_path):
         private.fit(plain.dataset(x, y), epochs=1, verbose=0, callbacks=[led])
     with pytest.raises(ValueError, match="steps_per_epoch=3 must be a multiple"):
         private.fit(plain.dataset(x, y, repeat=True), steps_per_epoch=3, verbose=0)
+
+
+def test_make_private_runs_bandmf_through_its_own_sampler():
+    import edp_tf
+
+    private = edp_tf.make_private(_tiny(), target_epsilon=8.0, epochs=2, batch_size=8,
+                                  bandmf_bands=4)
+    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss)
+    x = np.random.default_rng(0).normal(size=(96, 3)).astype("float32")
+    private.fit(x, np.zeros((96, 2), "float32"), verbose=0)
+    assert isinstance(private.batch_source.sampler, sampling.BandMFSampler)
+    assert private.batch_source.sampler.bands == 4
+    assert private.mechanism.strategy == bandmf.optimal_coefficients(2 * 12, 4)
+    assert [r.bands for r in private._ledger.records] == [4, 4]
+    assert 7.0 < private.epsilon <= 8.0
