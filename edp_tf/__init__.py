@@ -17,7 +17,8 @@ from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
 from edp_tf.private_training import AutoPrivateModel, make_private
-from edp_tf.sampling import AugmentedPoissonSampler, PoissonSampler, UserPoissonSampler
+from edp_tf.sampling import (AugmentedPoissonSampler, BandMFSampler, PoissonSampler,
+                              UserPoissonSampler)
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 
@@ -30,7 +31,8 @@ __all__ = [
     "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "LowPassFilter",
     "KalmanFilter", "make_strategy", "make_multi_worker_strategy", "PoissonSampler",
-    "UserPoissonSampler", "AugmentedPoissonSampler", "StreamingPoissonSampler", "PrivacyLedger",
+    "UserPoissonSampler", "AugmentedPoissonSampler", "BandMFSampler", "StreamingPoissonSampler",
+    "PrivacyLedger",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

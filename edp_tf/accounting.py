@@ -4,6 +4,11 @@ Why per epoch: the noise multiplier decays per epoch, so each epoch t is one sel
 Poisson-subsampled Gaussian, `SelfComposedDpEvent(PoissonSampledDpEvent(q, Gaussian(z_eff_t)),
 steps_t)`, and the run is their composition (plus extra events such as the private alpha query).
 
+BandMF (edp_tf/bandmf.py): an epoch of a b-banded mechanism is charged as DP-SGD with
+ceil(steps_t / b) steps at the group's rate b q (Choquette-Choo et al. 2023, Theorem 4; jax-privacy's
+amplified BandMF accounting): `SelfComposedDpEvent(PoissonSampledDpEvent(b q, Gaussian(z_eff_t)),
+ceil(steps_t / b))`. Each record carries its b, so a ledger's epochs say how to charge them.
+
 `z_eff` is the std of the noise on the *sum* of clipped micro-batch gradients divided by the
 sensitivity S*C of that sum (docs/design.md, noise on each replica and sensitivity): `z_t` in
 calibrated mode, `z_t / (sqrt(N) * S)` in paper mode. Both accountants return upper bounds
@@ -92,12 +97,15 @@ def epsilons_at_reported_deltas(records, sampling_rate: float, dataset_size: int
 
 @dataclasses.dataclass(frozen=True)
 class EpochRecord:
-    """One epoch of the schedule: `steps` steps at multiplier z_t (z_eff_t after the mode)."""
+    """One epoch of the schedule: `steps` steps at multiplier z_t (z_eff_t after the mode), of
+    a mechanism with `bands` b (1: DP-SGD; b > 1: BandMF, charged as ceil(steps / b) steps at
+    rate b q)."""
 
     epoch: int
     steps: int
     noise_multiplier: float
     effective_noise_multiplier: float
+    bands: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "epoch", checks.count("epoch", self.epoch))
@@ -106,16 +114,27 @@ class EpochRecord:
             self, "noise_multiplier", checks.number("noise_multiplier", self.noise_multiplier, 0.0))
         object.__setattr__(self, "effective_noise_multiplier", checks.number(
             "effective_noise_multiplier", self.effective_noise_multiplier, 0.0))
+        object.__setattr__(self, "bands", checks.count("bands", self.bands, 1))
+
+    @property
+    def participations(self) -> int:
+        """Steps charged: ceil(steps / b), the most steps of one group (each group is sampled
+        every b-th step)."""
+        return -(-self.steps // self.bands)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.bands == 1:  # the ledgers of DP-SGD runs keep their shape
+            del d["bands"]
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "EpochRecord":
-        missing = {f.name for f in dataclasses.fields(cls)} - set(d)
+        missing = {f.name for f in dataclasses.fields(cls)} - set(d) - {"bands"}
         if missing:
             raise ValueError(f"epoch record {dict(d)!r} lacks {sorted(missing)}")
-        return cls(d["epoch"], d["steps"], d["noise_multiplier"], d["effective_noise_multiplier"])
+        return cls(d["epoch"], d["steps"], d["noise_multiplier"], d["effective_noise_multiplier"],
+                   d.get("bands", 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,9 +220,11 @@ def plan_schedule(
     sensitivity: float = 1,
     first_epoch: int = 0,
     selection_noise_multiplier: Optional[float] = None,
+    bands: int = 1,
 ) -> tuple:
     """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py); with sparse
-    embedding noise each step's multiplier joins the row selection's z_c."""
+    embedding noise each step's multiplier joins the row selection's z_c; `bands` b > 1:
+    BandMF epochs."""
     checks.count("epochs", epochs)
     checks.count("steps_per_epoch", steps_per_epoch)
     if decay not in DECAYS:
@@ -215,7 +236,7 @@ def plan_schedule(
         z_eff = joint_noise_multiplier(
             effective_noise_multiplier(z_t, noise_mode, replicas, sensitivity),
             selection_noise_multiplier)
-        records.append(EpochRecord(t, steps_per_epoch, z_t, z_eff))
+        records.append(EpochRecord(t, steps_per_epoch, z_t, z_eff, bands))
     return tuple(records)
 
 
@@ -227,16 +248,37 @@ def _gaussian(z: float, sampling_rate: Optional[float]) -> dp_accounting.DpEvent
     return dp_accounting.PoissonSampledDpEvent(sampling_rate, event)
 
 
+def group_sampling_rate(sampling_rate: float, bands: int) -> float:
+    """b q: the rate at which a BandMF step samples its group (q for DP-SGD); above 1 there are
+    more bands than expected batches in the data, and no sampler can draw it."""
+    rate = float(sampling_rate) * checks.count("bands", bands, 1)
+    if rate > 1.0:
+        raise ValueError(f"BandMF with {bands} bands at sampling rate q={sampling_rate:g} would "
+                         f"sample each group at b q = {rate:g} > 1: use at most "
+                         f"{int(1.0 / sampling_rate)} bands (n / expected batch)")
+    return rate
+
+
+def amplified_bandmf_event(noise_multiplier: float, sampling_rate: float, bands: int,
+                           steps: int) -> dp_accounting.DpEvent:
+    """`steps` steps of BandMF with b bands at rate q: DP-SGD's event with ceil(steps / b)
+    steps at rate b q (b = 1: DP-SGD itself)."""
+    return dp_accounting.SelfComposedDpEvent(
+        _gaussian(noise_multiplier, group_sampling_rate(sampling_rate, bands)),
+        -(-checks.count("steps", steps) // bands))
+
+
 def _merged(records: Sequence[EpochRecord]) -> list:
-    """(z_eff, steps) runs: consecutive epochs with the same z_eff compose as one event (faster)."""
+    """(z_eff, bands, charged steps) runs: consecutive epochs with the same z_eff and b compose
+    as one event (faster)."""
     runs: list = []
     for r in records:
         if r.steps == 0:
             continue
-        if runs and runs[-1][0] == r.effective_noise_multiplier:
-            runs[-1][1] += r.steps
+        if runs and runs[-1][:2] == [r.effective_noise_multiplier, r.bands]:
+            runs[-1][2] += r.participations
         else:
-            runs.append([r.effective_noise_multiplier, r.steps])
+            runs.append([r.effective_noise_multiplier, r.bands, r.participations])
     return runs
 
 
@@ -256,8 +298,8 @@ def make_dp_event(
     events = [dp_accounting.SelfComposedDpEvent(_gaussian(e.effective_noise_multiplier,
                                                            e.sampling_rate), e.steps)
               for e in extras if e.steps]
-    events += [dp_accounting.SelfComposedDpEvent(_gaussian(r.effective_noise_multiplier, q),
-                                                 r.steps) for r in records if r.steps]
+    events += [amplified_bandmf_event(r.effective_noise_multiplier, q, r.bands, r.steps)
+               for r in records if r.steps]
     return dp_accounting.ComposedDpEvent(events)
 
 
@@ -359,7 +401,8 @@ def epsilon_per_epoch(
             out.extend(rdp[i:])
             break
         if r.steps:
-            acc.add(r.effective_noise_multiplier, q, r.steps)
+            acc.add(r.effective_noise_multiplier, group_sampling_rate(q, r.bands),
+                    r.participations)
         out.append(acc.get_epsilon(delta) if rdp is None
                    else _pld_or_rdp(acc, delta, rdp[i]))
     return out
@@ -409,8 +452,8 @@ def _compute_epsilon(records: tuple, q: float, delta: float, extras: tuple, acco
     for e in extras:
         if e.steps:
             acc.add(e.effective_noise_multiplier, e.sampling_rate, e.steps)
-    for z_eff, steps in _merged(records):
-        acc.add(z_eff, q, steps)
+    for z_eff, bands, steps in _merged(records):
+        acc.add(z_eff, group_sampling_rate(q, bands), steps)
     if accountant == "pld":
         return _pld_or_rdp(acc, delta, rdp)
     return float(acc.get_epsilon(delta))
@@ -458,6 +501,7 @@ def calibrate_noise(
     selection_noise_multiplier: Optional[float] = None,
     charged: Sequence[EpochRecord] = (),
     first_epoch: int = 0,
+    bands: int = 1,
 ) -> float:
     """The smallest z0 (within relative `tolerance`) whose schedule has epsilon <= target.
 
@@ -482,7 +526,8 @@ def calibrate_noise(
 
     def eps(z0: float, acct: str = accountant) -> float:
         records = plan_schedule(z0, epochs, steps_per_epoch, decay, decay_rate, noise_mode,
-                                replicas, sensitivity, first_epoch, selection_noise_multiplier)
+                                replicas, sensitivity, first_epoch, selection_noise_multiplier,
+                                bands)
         return compute_epsilon(charged + records, q, delta, extras, acct)
 
     if charged:
@@ -503,7 +548,8 @@ def calibrate_noise(
     if accountant == "pld":  # PLD is tighter: its answer lies a little below RDP's
         hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
                              noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
-                             selection_noise_multiplier, charged, first_epoch)
+                             selection_noise_multiplier, charged=charged,
+                             first_epoch=first_epoch, bands=bands)
         factor = 1.25
     else:
         hi, factor = 1.0, 2.0

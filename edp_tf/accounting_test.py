@@ -8,6 +8,7 @@ import pytest
 
 from edp_tf import DPConfig
 from edp_tf import accounting as acc
+accounting = acc
 
 # n = 4096, batch 64: q = 1/64 exactly, so tf-privacy's ceil(epochs / q) is exactly 64 * epochs.
 N_EX, BATCH, EPOCHS, DELTA = 4096, 64, 2, 1e-5
@@ -349,3 +350,75 @@ def test_an_extra_events_delta_is_spent_once_per_step():
     with pytest.raises(ValueError, match="not above"):
         acc.compute_epsilon(records, 0.1, 8e-4, [three])
     acc.compute_epsilon(records, 0.1, 8e-4, [one])  # one release fits
+
+
+# ------------------------------------------------------------------------- BandMF
+def jax_privacy_bandmf_event(noise_multiplier, dataset_size, batch_size, bands, steps):
+    """jax-privacy's amplified BandMF accounting, re-derived (jax_privacy.matrix_factorization.
+    toeplitz._AmplifiedBandMFHelper.total_noise_multiplier): the data in b subsets of n // b
+    examples, each sampled at B / (n // b) every b-th step, ceil(T / b) times."""
+    import dp_accounting
+
+    q = batch_size / (dataset_size // bands)
+    return dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise_multiplier)),
+        math.ceil(steps / bands))
+
+
+@pytest.mark.parametrize("bands, epochs, steps_per_epoch", [(8, 2, 96)])
+def test_bandmf_epsilon_matches_jax_privacy(bands, epochs, steps_per_epoch):
+    import dp_accounting
+
+    n, batch, z, delta = 12800, 64, 0.9, 1e-6  # n // b = n / b: both rates are b B / n
+    q = batch / n
+    records = accounting.plan_schedule(z, epochs, steps_per_epoch, bands=bands)
+    ours = accounting.compute_epsilon(records, q, delta, accountant="rdp")
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(jax_privacy_bandmf_event(z, n, batch, bands, epochs * steps_per_epoch))
+    assert ours == pytest.approx(rdp.get_epsilon(delta), rel=1e-9)
+    # the PLD headline: the same event at the interval compute_epsilon picks for this epsilon
+    pld = dp_accounting.pld.PLDAccountant(
+        value_discretization_interval=accounting._pld_interval(ours))
+    pld.compose(jax_privacy_bandmf_event(z, n, batch, bands, epochs * steps_per_epoch))
+    assert accounting.compute_epsilon(records, q, delta) == pytest.approx(
+        pld.get_epsilon(delta), rel=1e-9)
+    # the dp-accounting event of the run is the same composition
+    event = accounting.make_dp_event(records, q)
+    rdp2 = dp_accounting.rdp.RdpAccountant()
+    rdp2.compose(event)
+    assert rdp2.get_epsilon(delta) == pytest.approx(ours, rel=1e-9)
+
+
+def test_bandmf_calibration_is_the_root_of_jax_privacys_event():
+    """jax-privacy calibrates its total noise multiplier on its event (dp_accounting's
+    calibrate_dp_mechanism); calibrate_noise's z must meet the target under that event, and
+    z / (1 + 2 x its tolerance) must not."""
+    import dp_accounting
+
+    n, batch, bands, steps, eps, delta = 12800, 64, 8, 400, 4.0, 1e-5
+
+    def theirs(z):
+        rdp = dp_accounting.rdp.RdpAccountant()
+        rdp.compose(jax_privacy_bandmf_event(z, n, batch, bands, steps))
+        return rdp.get_epsilon(delta)
+
+    ours = accounting.calibrate_noise(eps, delta, batch / n, 1, steps, accountant="rdp",
+                                      bands=bands)
+    assert theirs(ours) <= eps < theirs(ours / 1.002)
+    dpsgd = accounting.calibrate_noise(eps, delta, batch / n, 1, steps, accountant="rdp")
+    assert ours > dpsgd  # fewer, less amplified steps each need more noise
+
+
+def test_bandmf_charges_each_epoch_its_ceiling_and_refuses_impossible_rates():
+    # 10 steps of 4 bands: group 0 is sampled at steps 0, 4, 8: three times
+    assert accounting.EpochRecord(0, 10, 1.0, 1.0, 4).participations == 3
+    q, delta = 0.01, 1e-5
+    split = (accounting.EpochRecord(0, 10, 1.0, 1.0, 4), accounting.EpochRecord(1, 10, 1.0, 1.0, 4))
+    whole = (accounting.EpochRecord(0, 24, 1.0, 1.0, 4),)  # 6 = 3 + 3 steps charged
+    assert accounting.compute_epsilon(split, q, delta, accountant="rdp") == pytest.approx(
+        accounting.compute_epsilon(whole, q, delta, accountant="rdp"), rel=1e-12)
+    record = accounting.EpochRecord(2, 8, 1.1, 1.1, 4)
+    assert accounting.EpochRecord.from_dict(record.to_dict()) == record
+    assert "bands" not in accounting.EpochRecord(0, 8, 1.1, 1.1).to_dict()
+    with pytest.raises(ValueError, match="at most 100 bands"):
+        accounting.compute_epsilon((accounting.EpochRecord(0, 8, 1.0, 1.0, 101),), q, delta)

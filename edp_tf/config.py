@@ -27,6 +27,28 @@ def _finite(name: str, value: float) -> float:
     return value
 
 
+def _check_bandmf(cfg: "DPConfig") -> None:
+    """BandMF's proof covers correlated noise of one constant std on per-step Poisson samples
+    of one group: everything else is refused by name."""
+    b = cfg.bandmf_bands
+    if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        raise ValueError(f"DPConfig.bandmf_bands must be an integer >= 1, got {b!r}")
+    if b == 1:
+        return
+    conflicts = [
+        (cfg.noise_mode != "calibrated", "noise_mode='calibrated'"),
+        (cfg.decay != "none", "decay='none' (the noise of one step is correlated with the "
+         "next b - 1 steps', so one std must hold across them; a per-epoch decay is not "
+         "covered by the banded analysis)"),
+        (cfg.privacy_unit != "example", "privacy_unit='example'"),
+        (cfg.sparse_embeddings, "sparse_embeddings=False"),
+        (cfg.augment_copies > 1, "augment_copies=1"),
+    ]
+    for failed, needed in conflicts:
+        if failed:
+            raise ValueError(f"DPConfig.bandmf_bands={b} (BandMF) needs {needed}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DPConfig:
     """Parameters of (efficient) DP-SGD.
@@ -96,6 +118,12 @@ class DPConfig:
         sampled example's K copies in consecutive rows (edp_tf.sampling.AugmentedPoissonSampler);
         sample weights are in [0, 1] and scale the clipped vector, as a user's do. Needs
         per-example clipping (microbatch_size=1) at privacy_unit='example'; 1: no copies.
+      bandmf_bands: b >= 1. 1: independent noise at every step (DP-SGD). b >= 2: amplified
+        banded matrix factorization (edp_tf/bandmf.py): noise correlated across b steps,
+        batches from `edp_tf.sampling.BandMFSampler(bands=b)`, charged as ceil(T / b) steps
+        at rate b q. Needs noise_mode='calibrated', no decay, example level, no sparse
+        embedding noise and no augmented copies (and, when the step is built, Poisson sampling:
+        expected_batch_size).
     """
 
     l2_norm_clip: float = 1.0
@@ -123,6 +151,7 @@ class DPConfig:
     selection_clip: float = 1.0
     selection_threshold: float = 3.0
     augment_copies: int = 1
+    bandmf_bands: int = 1
 
     def __post_init__(self) -> None:
         clip = _finite("l2_norm_clip", self.l2_norm_clip)
@@ -278,6 +307,8 @@ class DPConfig:
             raise ValueError("DPConfig.augment_copies > 1 cannot be combined with "
                              "scaling='private' (a per-row query; one example owns K rows): use "
                              "'uniform' or 'public' scales")
+
+        _check_bandmf(self)
 
     def noise_multiplier_at(self, epoch: int) -> float:
         """z_t for the 0-based epoch t of the decay schedule."""

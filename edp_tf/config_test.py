@@ -37,6 +37,15 @@ from edp_tf import DPConfig
         ({"augment_copies": 4, "microbatch_size": 1, "privacy_unit": "user",
           "expected_batch_size": 10.0}, "augment_copies"),
         ({"augment_copies": 4, "microbatch_size": 1, "scaling": "private"}, "augment_copies"),
+        ({"bandmf_bands": 0}, "bandmf_bands"),
+        ({"bandmf_bands": 2.0}, "bandmf_bands"),
+        # BandMF's proof: one constant std, example level, no second release or copies
+        ({"bandmf_bands": 2, "decay": "linear", "decay_rate": 0.1}, "bandmf_bands"),
+        ({"bandmf_bands": 2, "noise_mode": "paper"}, "bandmf_bands"),
+        ({"bandmf_bands": 2, "privacy_unit": "user", "microbatch_size": 4,
+          "expected_batch_size": 8.0}, "bandmf_bands"),
+        ({"bandmf_bands": 2, "sparse_embeddings": True}, "bandmf_bands"),
+        ({"bandmf_bands": 2, "augment_copies": 2, "microbatch_size": 1}, "bandmf_bands"),
     ],
 )
 def test_invalid_values_name_the_field(changes, field):

@@ -33,9 +33,9 @@ SAMPLINGS = ("poisson", "shuffle")
 # fields that must agree between a ledger on disk and the run that continues it
 MECHANISM_FIELDS = ("delta", "sampling", "sampling_rate", "dataset_size", "batch_size", "replicas",
                     "microbatch_size", "noise_mode", "l2_norm_clip", "sensitivity", "scaling",
-                    "privacy_unit", "user_estimator", "selection_noise_multiplier")
+                    "privacy_unit", "user_estimator", "selection_noise_multiplier", "bands")
 FIELD_DEFAULTS = {"privacy_unit": "example",  # ledgers written before the fields existed
-                  "user_estimator": "fixed", "selection_noise_multiplier": None}
+                  "user_estimator": "fixed", "selection_noise_multiplier": None, "bands": 1}
 SHUFFLE_SENTENCE = (
     "Batches were fixed-size shuffled batches, not Poisson samples: epsilon assumes Poisson "
     "sampling at rate q = batch_size / dataset_size, which shuffling does not provide (adding "
@@ -265,7 +265,8 @@ class PrivacyLedger(keras.callbacks.Callback):
             raise RuntimeError("the ledger is known once fit() has started")
         mechanism = self.model.mechanism  # begin_fit checked it against the ledger's fields
         z_t = mechanism.noise_multiplier_at(epoch)
-        return EpochRecord(epoch, steps, z_t, mechanism.effective_noise_multiplier(z_t))
+        return EpochRecord(epoch, steps, z_t, mechanism.effective_noise_multiplier(z_t),
+                           mechanism.bands)
 
     def epsilon_with(self, extra_records: Iterable[EpochRecord] = (),
                      accountant: str = "pld") -> float:
@@ -580,6 +581,13 @@ class PrivacyLedger(keras.callbacks.Callback):
                 f"DPConfig.microbatch_size={mechanism.microbatch_size} but the sampler gives "
                 f"each user {self.sampler.microbatch_size} rows: they must be equal, so that a "
                 "micro-batch is exactly one user")
+        bands = getattr(self.sampler, "bands", 1)  # a BandMFSampler's b
+        if bands != mechanism.bands:
+            raise ValueError(
+                f"DPConfig.bandmf_bands={mechanism.bands} but the ledger's sampler is a "
+                f"{type(self.sampler).__name__} of {bands} group(s): BandMF's accounting holds "
+                "only for batches of an edp_tf.sampling.BandMFSampler with the same bands, and "
+                "a BandMFSampler's batches only for a BandMF step")
         copies = getattr(self.sampler, "copies", 1)  # an AugmentedPoissonSampler's K
         if copies != mechanism.augment_copies:
             raise ValueError(
@@ -631,7 +639,11 @@ class PrivacyLedger(keras.callbacks.Callback):
             # informational: rows (augmented copies) in each example's clip; S, q and epsilon
             # are those of the same run without copies
             "augment_copies": facts.get("augment_copies", 1),
-        }
+            # BandMF: b (charged as ceil(steps / b) steps at b q) and its strategy
+            # (informational: any coefficients of norm <= 1 have the same epsilon)
+            "bands": facts.get("bands", 1),
+        } | ({"bandmf_coefficients": facts["bandmf_coefficients"]}
+             if facts.get("bandmf_coefficients") else {})
 
     def _schedule(self) -> dict:
         m = self.model.mechanism

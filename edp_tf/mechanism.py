@@ -33,6 +33,10 @@ D = q n, the same accounting as K = 1; only the rows per micro-batch (and the pa
 Sparse embedding noise (DP-AdaFEST, edp_tf/selection.py) adds a second Gaussian release on the
 same sample each step, the noisy row counts (multiplier z_c relative to S C1): the accountant
 charges the joint multiplier (z_eff^-2 + z_c^-2)^-1/2, `joint_noise_multiplier`.
+
+BandMF (edp_tf/bandmf.py), b = `bands` >= 2: the summed noise of step t is
+y_t = (z_t - sum_{k>=1} c_k y_{t-k}) / c_0 with z_t of the same std z S C, so S, k_e, D and z_eff
+are DP-SGD's; the accountant charges ceil(T / b) steps at rate b q instead of T at q.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from edp_tf import checks
+from edp_tf import bandmf, checks
 
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
@@ -114,6 +118,9 @@ class Mechanism:
         drawn): S = 2).
       augment_copies: K, the rows of one example's micro-batch (its augmented copies, their
         mean loss clipped once); 1: none. Per-example clipping only.
+      bands: b, 1 (independent noise) or >= 2 (BandMF: noise correlated across b steps).
+      strategy: BandMF's coefficients c_0 .. c_{b-1} (||c|| <= 1); None: `bandmf.
+        default_coefficients(b)`, until a PrivacyPlan fixes the ones optimised for its run.
     """
 
     replicas: int
@@ -129,6 +136,8 @@ class Mechanism:
     user_estimator: str = "fixed"
     selection_noise_multiplier: Optional[float] = None
     augment_copies: int = 1
+    bands: int = 1
+    strategy: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         checks.count("replicas", self.replicas, 1)
@@ -171,6 +180,21 @@ class Mechanism:
                              "(microbatch_size=1, privacy_unit='example'): one example's copies "
                              "are one micro-batch")
 
+        self._check_bands()
+
+    def _check_bands(self) -> None:
+        b = checks.count("bands", self.bands, 1)
+        if self.strategy is not None:
+            object.__setattr__(self, "strategy", bandmf.check_coefficients(self.strategy, b))
+        if b == 1:
+            return
+        if (self.noise_mode != "calibrated" or self.decay != "none"
+                or self.privacy_unit != "example" or self.expected_batch_size is None
+                or self.selection_noise_multiplier is not None or self.augment_copies > 1):
+            raise ValueError("BandMF (bands >= 2) needs noise_mode='calibrated', decay='none', "
+                             "privacy_unit='example', Poisson sampling (expected_batch_size), "
+                             "no sparse embedding noise and no augmented copies")
+
     @classmethod
     def from_config(cls, config, replicas: int, global_batch_size: int) -> "Mechanism":
         """The mechanism of an `edp_tf.DPConfig` on `replicas` with batches of that many rows."""
@@ -178,7 +202,7 @@ class Mechanism:
                    config.noise_multiplier, config.noise_mode, config.decay, config.decay_rate,
                    config.expected_batch_size, config.privacy_unit, config.user_estimator,
                    config.selection_noise_multiplier if config.sparse_embeddings else None,
-                   config.augment_copies)
+                   config.augment_copies, config.bandmf_bands)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property
@@ -257,9 +281,19 @@ class Mechanism:
         std (works on a float or a tensor z_t: one multiply by a constant)."""
         return self.summed_noise_std(noise_multiplier) / math.sqrt(self.replicas)
 
+    @property
+    def strategy_coefficients(self) -> tuple:
+        """c_0 .. c_{b-1} of the noise recurrence: (1.0,) for independent noise."""
+        if self.bands == 1:
+            return (1.0,)
+        return self.strategy or bandmf.default_coefficients(self.bands)
+
     def to_dict(self) -> dict:
-        """The facts a ledger records (k is the effective micro-batch size)."""
-        return {
+        """The facts a ledger records (k is the effective micro-batch size); `bands` and the
+        strategy only for BandMF."""
+        bands = {} if self.bands == 1 else {
+            "bands": self.bands, "bandmf_coefficients": list(self.strategy_coefficients)}
+        return bands | {
             "replicas": self.replicas,
             "global_batch_size": self.global_batch_size,
             "microbatch_size": self.examples_per_microbatch,

@@ -67,3 +67,44 @@ def add_noise(
         t + generator.normal(tf.shape(t), dtype=t.dtype) * tf.cast(stddev, t.dtype)
         for t in tensors
     ]
+
+
+def banded_histories(variables: Sequence[tf.Variable], bands: int) -> list:
+    """One [b - 1, *shape] zero state per variable: the last b - 1 BandMF noise vectors.
+
+    Created inside `strategy.scope()` (ON_READ, each replica reads and writes its own copy:
+    the owner's holds the variable's history, the others stay zero) and held by the caller
+    outside any tracking, so that no checkpoint or SavedModel contains them (docs/privacy.md:
+    the past noise together with the released updates gives the clipped sums away).
+    """
+    return [tf.Variable(tf.zeros([bands - 1] + list(v.shape), v.dtype), trainable=False,
+                        synchronization=tf.VariableSynchronization.ON_READ,
+                        aggregation=tf.VariableAggregation.SUM,
+                        name="bandmf_noise_history")
+            for v in variables]
+
+
+def add_owned_banded_noise(
+    tensors: Sequence[tf.Tensor], stddev: tf.Tensor, generator: tf.random.Generator,
+    owners: Sequence[int], replicas: int, histories: Sequence[tf.Variable],
+    coefficients: Sequence[float],
+) -> list:
+    """BandMF's correlated noise, drawn as `add_owned_noise` draws (once, on the owner, std
+    sqrt(N) x stddev): y_t = (z_t - sum_{k=1}^{b-1} c_k y_{t-k}) / c_0 with fresh z_t, the
+    owner's history shifted by one (edp_tf/bandmf.py: y = C^{-1} z)."""
+    c = [float(v) for v in coefficients]
+    replica = (None if replicas == 1
+               else tf.distribute.get_replica_context().replica_id_in_sync_group)
+    owner_std = tf.cast(stddev, tf.float32) * math.sqrt(replicas)
+    out = []
+    for t, owner, history in zip(tensors, owners, histories):
+        def draw(t=t, history=history):
+            z = generator.normal(tf.shape(t), dtype=t.dtype) * tf.cast(owner_std, t.dtype)
+            past = history.read_value()  # y_{t-1}, ..., y_{t-b+1}
+            y = (z - tf.tensordot(tf.constant(c[1:], t.dtype), past, axes=1)) / c[0]
+            shift = history.assign(tf.concat([y[None], past[:-1]], axis=0))
+            with tf.control_dependencies([shift]):
+                return t + y
+        out.append(draw() if replica is None
+                   else tf.cond(tf.equal(replica, owner), draw, lambda t=t: t))
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Tuple
 
-from edp_tf import accounting, checks
+from edp_tf import accounting, bandmf, checks
 from edp_tf.mechanism import Mechanism
 
 
@@ -23,7 +23,7 @@ def schedule(mechanism: Mechanism, epochs: int, steps_per_epoch: int,
     return accounting.plan_schedule(
         mechanism.noise_multiplier, epochs, steps_per_epoch, mechanism.decay,
         mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
-        first_epoch, mechanism.selection_noise_multiplier)
+        first_epoch, mechanism.selection_noise_multiplier, mechanism.bands)
 
 
 def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, sampling_rate: float,
@@ -35,7 +35,7 @@ def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, samplin
         target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, mechanism.decay,
         mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
         accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier,
-        charged=charged, first_epoch=first_epoch)
+        charged=charged, first_epoch=first_epoch, bands=mechanism.bands)
     return dataclasses.replace(mechanism, noise_multiplier=z0)
 
 
@@ -83,6 +83,24 @@ class PrivacyPlan:
         object.__setattr__(self, "releases", accounting.as_extra_events(self.releases))
         object.__setattr__(self, "not_covered", tuple(str(s) for s in self.not_covered))
         accounting.gaussian_delta(self.delta, self.charged_events)  # some delta must be left
+        self._fix_bandmf_strategy()
+
+    def _fix_bandmf_strategy(self) -> None:
+        """BandMF: epochs of whole group cycles, a rate b q <= 1, and the strategy optimised for
+        the planned T = epochs x steps_per_epoch (kept if the mechanism already has one)."""
+        m = self.mechanism
+        if m.bands == 1:
+            return
+        if self.steps_per_epoch % m.bands:
+            raise ValueError(f"PrivacyPlan.steps_per_epoch={self.steps_per_epoch} must be a "
+                             f"multiple of the BandMF bands={m.bands} (BandMFSampler's passes "
+                             "are whole cycles of the groups)")
+        accounting.group_sampling_rate(self.sampling_rate, m.bands)
+        if m.strategy is None:
+            coefficients = bandmf.optimal_coefficients(self.epochs * self.steps_per_epoch,
+                                                       m.bands)
+            object.__setattr__(self, "mechanism",
+                               dataclasses.replace(m, strategy=coefficients))
 
     @property
     def charged_events(self) -> tuple:

@@ -134,6 +134,9 @@ class PrivateModel(keras.Model):
         # wrapper must not hold the Philox state (it would predict the next draws and
         # recompute past ones, and a restored copy would replay the same noise)
         self._noise = _Untracked(noise.make_generator(config.seed))
+        # BandMF's last b - 1 noise vectors, untracked for the same reason and more: with the
+        # released updates they would give the past clipped sums away (docs/privacy.md)
+        self._noise_history = _Untracked(None)
         self._rng = np.random.default_rng(config.seed)  # the private-scaling query (host side)
         self._layer_scales: Optional[tuple] = None
         self._mechanism: Optional[Mechanism] = None
@@ -380,6 +383,11 @@ class PrivateModel(keras.Model):
                 check(self._batch_source)
         first = _first_batch(x, y, kwargs.get("sample_weight"), batch_size)
         cfg = self._dp_config
+        steps = kwargs.get("steps_per_epoch")
+        if cfg.bandmf_bands > 1 and steps is not None and steps % cfg.bandmf_bands:
+            raise ValueError(f"DPConfig.bandmf_bands={cfg.bandmf_bands}: steps_per_epoch="
+                             f"{steps} must be a multiple of the bands, so that each epoch is "
+                             "whole cycles of the BandMFSampler's groups")
         # a user's weight, or an augmented example's, scales its clipped vector: arrays are
         # checked in full, a dataset's first batch here (the step checks every batch)
         if cfg.privacy_unit == "user" or cfg.augment_copies > 1:
@@ -476,6 +484,10 @@ class PrivateModel(keras.Model):
         trained = self._trained_indices()
         variables = [self.wrapped_model.trainable_variables[i] for i in trained]
         self._noise_owners = noise.noise_owners([int(np.prod(v.shape)) for v in variables], n)
+        if self._mechanism.bands > 1:  # a fresh history: each fit starts the groups' cycle
+            with self.distribute_strategy.scope():
+                self._noise_history.value = noise.banded_histories(variables,
+                                                                   self._mechanism.bands)
         if self._layer_scales is None or changed:  # alpha for every trainable variable
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
         scales = tuple(self._layer_scales[i] for i in trained)
@@ -565,6 +577,8 @@ class PrivateModel(keras.Model):
         if self._plan is None:
             return mechanism
         planned = self._plan.mechanism
+        if mechanism.strategy is None:  # BandMF: the plan's strategy, optimised for its run
+            mechanism = dataclasses.replace(mechanism, strategy=planned.strategy)
         if planned != mechanism:
             fields = [f.name for f in dataclasses.fields(Mechanism)
                       if getattr(planned, f.name) != getattr(mechanism, f.name)]
@@ -581,6 +595,10 @@ class PrivateModel(keras.Model):
         clipped-denominator estimator too: its noise is fixed on the average)."""
         if not isinstance(self.optimizer, bias_corrected_adam.BiasCorrectedAdam):
             return
+        if self._mechanism.bands > 1:
+            raise ValueError("BiasCorrectedAdam with DPConfig.bandmf_bands > 1: BandMF's noise "
+                             "variance changes over the first steps and is correlated across "
+                             "steps, which DP-AdamBC's correction does not model; use Adam")
         if self._subspace is not None:
             raise ValueError("BiasCorrectedAdam with project_onto_public_gradients: the "
                              "projected noise's variance per weight is not one known constant; "
@@ -712,9 +730,15 @@ class PrivateModel(keras.Model):
         sparse = plan.selection.indices if plan.selection is not None else ()
         dense = [i for i in range(len(clip.clipped_sum)) if i not in sparse]
         noisy = list(clip.clipped_sum)
-        for i, t in zip(dense, noise.add_owned_noise(
-                [noisy[i] for i in dense], std, self._noise.value,
-                [self._noise_owners[i] for i in dense], n)):
+        owners = [self._noise_owners[i] for i in dense]
+        if self._mechanism.bands > 1:  # no sparse tables with BandMF: every variable is dense
+            drawn = noise.add_owned_banded_noise(
+                noisy, std, self._noise.value, owners, n, self._noise_history.value,
+                self._mechanism.strategy_coefficients)
+        else:
+            drawn = noise.add_owned_noise([noisy[i] for i in dense], std, self._noise.value,
+                                          owners, n)
+        for i, t in zip(dense, drawn):
             noisy[i] = t
         if sparse:
             chosen = selection.select(clip.counts, plan.selection, self._noise.value, n)

@@ -156,9 +156,11 @@ class AutoPrivateModel(PrivateModel):
                                  f"the {n} training examples")
             key = (multi_worker.shared_key(self.distribute_strategy)
                    if multi_worker.is_multi_worker(self.distribute_strategy) else None)
-            sampler = sampling.PoissonSampler(
+            kind, more = ((sampling.BandMFSampler, {"bands": cfg.bandmf_bands})
+                          if cfg.bandmf_bands > 1 else (sampling.PoissonSampler, {}))
+            sampler = kind(
                 dataset_size=n, sampling_rate=self._budget.batch_size / n, replicas=replicas,
-                microbatch_size=cfg.microbatch_size, key=key)
+                microbatch_size=cfg.microbatch_size, key=key, **more)
         else:
             raise ValueError(
                 f"make_private's fit takes arrays or a dict of arrays (it samples Poisson batches "

@@ -29,11 +29,12 @@ import math
 import secrets
 from typing import Any, Optional
 
+import numpy as np
 import tensorflow as tf
 from scipy import stats
 
 from edp_tf import batch_source, iterators
-from edp_tf.accounting import check_sampling_rate
+from edp_tf.accounting import check_sampling_rate, group_sampling_rate
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
 
@@ -135,45 +136,54 @@ class PoissonSampler:
         at every pass), for `fit(..., steps_per_epoch=...)`.
         """
         n, size, q = self.dataset_size, self.max_batch_size, self.sampling_rate
-        return self._stream(x, y, n, steps, 2, lambda seeds: _placed(
+        return self._stream(x, y, n, steps, 2, lambda seeds, _: _placed(
             n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}"),
             repeat=repeat)
 
+    def _key(self) -> int:
+        """The secret key of one dataset(): the fixed seed, the shared key, or OS entropy."""
+        return (self.seed if self.seed is not None else
+                self.key if self.key is not None else secrets.randbits(63))
+
     def _stream(self, x, y, rows: int, steps: Optional[int], num_seeds: int,
-                rows_of, row_weights=None, repeat: bool = False) -> tf.data.Dataset:
-        """`steps` batches of (x, y, mask) whose rows `rows_of(step seeds)` picks (index `rows`:
-        the zero padding row); the mask is 1 per real row, or `row_weights[row]`."""
+                rows_of, row_weights=None, repeat: bool = False,
+                key: Optional[int] = None) -> tf.data.Dataset:
+        """`steps` batches of (x, y, mask) whose rows `rows_of(step seeds, step index)` picks
+        (index `rows`: the zero padding row; the step counts from 0 at each pass over the
+        `steps` batches); the mask is 1 per real row, or `row_weights[row]`."""
         steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
         data = tf.nest.map_structure(lambda a: _with_zero_row(a, rows), (x, y))
-        key = (self.seed if self.seed is not None else
-               self.key if self.key is not None else secrets.randbits(63))
+        key = self._key() if key is None else key
 
-        def sample(step_seed: tf.Tensor):
+        def sample(step: tf.Tensor, step_seed: tf.Tensor):
             seeds = tf.random.experimental.stateless_split(
                 tf.stack([step_seed, tf.constant(key, tf.int64)]), num=num_seeds)
-            index = rows_of(seeds)
+            index = rows_of(seeds, step)
             mask = (tf.cast(index < rows, tf.float32) if row_weights is None else
                     tf.gather(tf.constant(list(row_weights) + [0.0], tf.float32), index))
             bx, by = tf.nest.map_structure(lambda t: tf.gather(t, index), data)
             return bx, by, mask
 
         seeds = tf.data.Dataset.random(seed=key, rerandomize_each_iteration=True)
-        batches = seeds.take(steps).map(sample, num_parallel_calls=iterators.PARALLEL_CALLS,
-                                        deterministic=True)
+        batches = seeds.take(steps).enumerate().map(
+            sample, num_parallel_calls=iterators.PARALLEL_CALLS, deterministic=True)
         if repeat:
             batches = batches.repeat()
         batches = batches.prefetch(iterators.PREFETCHED)
         return batch_source._mark(iterators.without_autotune(batches), self)
 
 
-def _placed(units: int, q: float, size: int, seeds, what: str) -> tf.Tensor:
-    """[size] slots: each of `units` units, taken with probability q, in a uniformly random
-    slot; empty slots hold `units`. More than `size` taken raises: truncating is not the
-    sampling the accounting covers."""
+def _placed(units: int, q: float, size: int, seeds, what: str,
+            eligible: Optional[tf.Tensor] = None) -> tf.Tensor:
+    """[size] slots: each of `units` units (those `eligible`, when given), taken with
+    probability q, in a uniformly random slot; empty slots hold `units`. More than `size` taken
+    raises: truncating is not the sampling the accounting covers."""
     # float64: a float32 uniform would round q up to a multiple of 2**-24 and sample slightly
     # more often than accounted for small q.
-    taken = tf.where(tf.random.stateless_uniform([units], seeds[0], dtype=tf.float64) < q)
-    taken = tf.cast(taken[:, 0], tf.int32)
+    drawn = tf.random.stateless_uniform([units], seeds[0], dtype=tf.float64) < q
+    if eligible is not None:
+        drawn = tf.logical_and(drawn, eligible)
+    taken = tf.cast(tf.where(drawn)[:, 0], tf.int32)
     count = tf.size(taken)
     check = tf.debugging.assert_less_equal(count, size, message=(
         f"{what} (q={q}, n={units}): refusing to truncate, which the accounting does not cover; "
@@ -278,7 +288,7 @@ class UserPoissonSampler(PoissonSampler):
         table = _rows_by_user(self.user_of_row, users, n, k)  # [users + 1, width], padded with n
         row_weights = ([self.user_weights[u] for u in self.user_of_row] if self.user_weights
                        else None)
-        return self._stream(x, y, n, steps, 3, lambda seeds: _grouped_rows(
+        return self._stream(x, y, n, steps, 3, lambda seeds, _: _grouped_rows(
             table, users, q, slots, k, n, seeds, f"Poisson sample of more than {slots} users"),
             row_weights, repeat)
 
@@ -344,9 +354,70 @@ class AugmentedPoissonSampler(PoissonSampler):
                                  f"{getattr(array, 'shape', None)}")
         table = tf.concat([tf.reshape(tf.range(rows, dtype=tf.int32), [n, v]),
                            tf.fill([1, v], rows)], 0)  # [n + 1, V]: the last is the empty slot
-        return self._stream(x, y, rows, steps, 3, lambda seeds: _grouped_rows(
+        return self._stream(x, y, rows, steps, 3, lambda seeds, _: _grouped_rows(
             table, n, self.sampling_rate, slots, k, rows, seeds,
             f"Poisson sample larger than {slots} examples"), repeat=repeat)
+
+
+@dataclasses.dataclass(frozen=True)
+class BandMFSampler(PoissonSampler):
+    """The batches of amplified BandMF (`DPConfig(bandmf_bands=b)`, edp_tf/bandmf.py): the n
+    examples are split once into b groups and step t Poisson-samples group t mod b at rate b q.
+
+    `sampling_rate` is q = B / n, the expected batch over the examples as for DP-SGD (so
+    `expected_batch_size` and the padded `max_batch_size` are DP-SGD's: a step's count is
+    Binomial(n, q) over the split and the sampling); each example is drawn at rate b q, at
+    most once every b steps, which is what the accounting charges (ceil(T / b) steps at b q).
+
+    The split: each example's group is drawn independently and uniformly from the dataset's
+    key (OS entropy, the shared key, or a fixed seed), once per `dataset()` and the same in every
+    pass. Independent draws, not a balanced cut, so that adding or removing one example leaves
+    the others' groups distributed exactly as before (a balanced cut would move them). The split
+    depends on no data, so the guarantee holds even for an adversary who learns it.
+
+    Every pass holds a multiple of b steps, so the groups keep their cycle across epochs and
+    passes: consecutive draws of one group are always exactly b steps apart, the separation the
+    banded strategy's sensitivity needs.
+    """
+
+    bands: int = 2
+
+    def __post_init__(self) -> None:
+        if _positive_int("bands", self.bands) < 2:
+            raise ValueError("BandMFSampler needs bands >= 2 (one band is DP-SGD: use "
+                             "PoissonSampler)")
+        super().__post_init__()
+        group_sampling_rate(self.sampling_rate, self.bands)  # b q <= 1
+
+    @property
+    def group_sampling_rate(self) -> float:
+        """b q: the rate at which a step samples the examples of its group."""
+        return group_sampling_rate(self.sampling_rate, self.bands)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """b ceil(1 / (b q)): each group seen once in expectation, a whole number of cycles."""
+        return self.bands * int(math.ceil(1.0 / self.group_sampling_rate - 1e-9))
+
+    def groups(self, key: int) -> np.ndarray:
+        """The group (0 .. b-1) of each example under `key`."""
+        return np.random.default_rng(key).integers(0, self.bands, size=self.dataset_size)
+
+    def dataset(self, x: Any, y: Any, steps: Optional[int] = None,
+                repeat: bool = False) -> tf.data.Dataset:
+        """`steps` (default steps_per_epoch, a multiple of b) batches of (x, y, mask): step t
+        of a pass holds group t mod b's Poisson sample (`repeat` as PoissonSampler's)."""
+        steps = self.steps_per_epoch if steps is None else _positive_int("steps", steps)
+        if steps % self.bands:
+            raise ValueError(f"BandMFSampler.dataset: steps={steps} must be a multiple of "
+                             f"bands={self.bands}, so that every group is drawn exactly b steps "
+                             "after its previous draw, across passes too")
+        n, size, q, b = self.dataset_size, self.max_batch_size, self.group_sampling_rate, self.bands
+        key = self._key()
+        group = tf.constant(self.groups(key), tf.int32)
+        return self._stream(x, y, n, steps, 2, lambda seeds, step: _placed(
+            n, q, size, seeds, f"Poisson sample larger than max_batch_size={size}",
+            tf.equal(group, tf.cast(step % b, tf.int32))), repeat=repeat, key=key)
 
 
 def _grouped_rows(table: tf.Tensor, units: int, q: float, slots: int, k: int, rows: int, seeds,

@@ -196,3 +196,40 @@ def test_augmented_sampler_refuses_arrays_without_every_variant():
         sampling.AugmentedPoissonSampler(30, 0.1, copies=4).dataset(x, y)
     with pytest.raises(ValueError, match="variants=2 must be >= copies=3"):
         sampling.AugmentedPoissonSampler(30, 0.1, copies=3, variants=2)
+
+
+# ------------------------------------------------------------------------- BandMF
+def test_bandmf_sampler_draws_each_group_every_b_steps_at_rate_b_q():
+    n, q, bands = 400, 0.02, 5  # each group at b q = 0.1
+    sampler = sampling.BandMFSampler(n, q, bands=bands, seed=11)
+    assert sampler.group_sampling_rate == pytest.approx(0.1)
+    assert sampler.steps_per_epoch == 50 and sampler.expected_batch_size == pytest.approx(8.0)
+    group = sampler.groups(11)
+    steps = 2 * sampler.steps_per_epoch
+    x, y = toy_data(n)
+    counts = np.zeros(n)
+    stream = sampler.dataset(x, y, sampler.steps_per_epoch, repeat=True).take(steps)
+    for t, (_, by, m) in enumerate(stream):
+        real = (by.numpy()[m.numpy() == 1] - 1).astype(int)
+        # only group t mod b, in the second pass (repeat) too: the cycle never breaks
+        assert np.all(group[real] == t % bands), t
+        counts[real] += 1
+    # an example of group g is eligible at steps/b = 20 steps: count ~ Binomial(20, 0.1),
+    # mean 2, var 1.8; the mean over 400 examples has standard error 0.067, 5 of them 0.34
+    # (sampling at q instead of b q would give 0.4)
+    assert abs(counts.mean() - steps / bands * 0.1) < 5 * math.sqrt(1.8 / n), counts.mean()
+    # the split draws groups independently and uniformly: 80 expected per group, sd 8
+    assert np.all(np.abs(np.bincount(group, minlength=bands) - n / bands) < 5 * 8)
+
+
+def test_bandmf_sampler_refuses_what_would_break_the_separation_or_rate():
+    sampler = sampling.BandMFSampler(100, 0.05, bands=4)
+    x, y = toy_data(100)
+    with pytest.raises(ValueError, match="multiple of bands=4"):
+        sampler.dataset(x, y, steps=10)
+    with pytest.raises(ValueError, match="bands >= 2"):
+        sampling.BandMFSampler(100, 0.05, bands=1)
+    with pytest.raises(ValueError, match="b q = 1.2 > 1"):
+        sampling.BandMFSampler(100, 0.05, bands=24)
+    assert sampler.steps_per_epoch % 4 == 0
+    assert edp_tf.batch_source.describe(sampler.dataset(x, y)).sampler == sampler

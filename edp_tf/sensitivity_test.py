@@ -121,3 +121,20 @@ def test_an_example_with_k_copies_moves_the_clipped_sum_by_at_most_c(one_replica
     assert float(full[0]) * scale == pytest.approx(sum(clipped), rel=1e-5, abs=1e-6)
     moved = float(np.linalg.norm(full - neighbour)) * scale
     assert 0.5 * C < moved <= C * (1 + 1e-5), moved
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_bandmf_keeps_the_clipped_sums_sensitivity(one_replica, k):
+    """BandMF only correlates the noise: the clipped sum it is added to moves by at most S C
+    when one example goes, as DP-SGD's (the banded analysis needs exactly that per step)."""
+    config = DPConfig(l2_norm_clip=C, noise_multiplier=0.0, microbatch_size=k,
+                      expected_batch_size=float(ROWS), bandmf_bands=2)
+    removed = np.ones(ROWS, "float32")
+    removed[0] = 0.0
+    with one_replica.scope():
+        full, mechanism = _update(config, np.ones(ROWS, "float32"))
+        neighbour, _ = _update(config, removed)
+    assert mechanism.bands == 2
+    moved = float(np.linalg.norm(full - neighbour)) * mechanism.expected_microbatches
+    assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
+    assert moved > 0.5 * C * mechanism.sensitivity  # the removed example's pull is clipped, not lost

@@ -241,11 +241,14 @@ def run_event(records: Sequence[accounting.EpochRecord], sampling_rate: float,
     consecutive epochs at one multiplier merged (the same event, faster to account)."""
     merged: list = []
     for r in records:
-        if merged and merged[-1].effective_noise_multiplier == r.effective_noise_multiplier:
-            last = merged[-1]
+        last = merged[-1] if merged else None
+        # BandMF epochs (bands b) merge only as whole cycles: ceil(steps / b) must not shrink
+        if last is not None and (last.effective_noise_multiplier, last.bands) == (
+                r.effective_noise_multiplier, r.bands) and not (
+                last.steps % r.bands or r.steps % r.bands):
             merged[-1] = accounting.EpochRecord(last.epoch, last.steps + r.steps,
                                                 last.noise_multiplier,
-                                                last.effective_noise_multiplier)
+                                                last.effective_noise_multiplier, last.bands)
         else:
             merged.append(r)
     return accounting.make_dp_event(merged, sampling_rate, extra_events)

@@ -28,6 +28,16 @@ def test_run_event_is_the_ledgers_event():
         accounting.compute_epsilon(RECORDS, 0.16, DELTA, (), "rdp"), rel=1e-12)
 
 
+def test_run_event_keeps_bandmf_epochs_charged_as_the_ledger_does():
+    """BandMF epochs (ceil(steps / b) steps at b q) must not merge into DP-SGD's T at q, nor
+    merge partial cycles whose ceilings would shrink."""
+    for steps in (8, 7):  # whole cycles of 4, and partial ones
+        records = accounting.plan_schedule(1.3, 3, steps, bands=4)
+        assert tuning.RdpCurve.of_event(tuning.run_event(records, 0.04)).epsilon(
+            DELTA) == pytest.approx(accounting.compute_epsilon(records, 0.04, DELTA, (), "rdp"),
+                                    rel=1e-12)
+
+
 def test_per_run_epsilon_is_the_accountants(run):
     assert run.epsilon == pytest.approx(accounting.compute_epsilon(RECORDS, 0.16, DELTA), rel=1e-9)
     assert run.epsilon_rdp == pytest.approx(

@@ -130,3 +130,19 @@ def test_adafest_canaries_see_the_gradient_noise_only_when_rows_are_selected():
     default = audit_cmd.AuditPlan("adafest", 400, 1, 2, 2.0, 1e-5, seed=4)
     scores = audit_cmd.one_run(default, audit_cmd.calibrated_z(default), make_strategy(2), 0)
     assert (scores["scores"] == 0).mean() > 0.95
+
+
+def test_bandmf_canaries_scored_through_c_match_the_ledger():
+    """BandMF (b = 2): canaries in their group's steps 0 and 2 of 4, scored as C u (the
+    released noise made white again). The scores' std must be the ledger's z S C / D per
+    participation: 800 canaries give it to a standard error of 2.5%, so 0.1 is 4 of them, while
+    noise without its history (y_t = z_t / c_0) or drawn on both replicas would be off by 20%
+    or more; the mu estimate (standard error about 0.07) within 0.3 of the ledger's."""
+    plan = audit_cmd.AuditPlan("bandmf", 800, 4, 2, 2.0, 1e-5, seed=7)
+    result = audit_cmd.audit_mechanism(plan, make_strategy(2), gaussian=True)
+    g = result["gaussian"]
+    assert plan.participations == 2 and result["sensitivity_run"] == 1
+    assert g["std_measured_over_expected"] == pytest.approx(1.0, abs=0.1)
+    assert result["mu_measured"] == pytest.approx(result["mu_ledger"], abs=0.3)
+    assert result["ledger_epsilon"] == pytest.approx(2.0, abs=0.01)
+    assert g["epsilon_lower_bound"] <= result["claimed_epsilon"]

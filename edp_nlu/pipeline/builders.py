@@ -441,6 +441,10 @@ def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixe
         cap = float(config.get("user_weight_cap", 0.0)) or None
         return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
                                                      weight_cap=cap, key=key)
+    bands = int(config.get("bandmf_bands", 1))
+    if bands > 1:  # BandMF: step t samples group t mod b at b q (DPConfig checks the rest)
+        return sampling.BandMFSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
+                                      microbatch_size=k, seed=fixed_seed, key=key, bands=bands)
     return sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
                                    microbatch_size=k, seed=fixed_seed, key=key)
 

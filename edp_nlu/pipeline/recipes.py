@@ -72,10 +72,11 @@ LEARNING_RATE = {  # (model, private) -> peak learning rate of the config's opti
 }
 
 
-def steps_per_epoch(n: int, batch: float, private: bool, sampling: str) -> int:
-    """Steps of one epoch: ceil(1/q) with Poisson sampling (PoissonSampler), else floor(n/B)."""
+def steps_per_epoch(n: int, batch: float, private: bool, sampling: str, bands: int = 1) -> int:
+    """Steps of one epoch: ceil(1/q) with Poisson sampling (PoissonSampler), b ceil(1/(b q))
+    with BandMF's b groups (BandMFSampler: whole cycles), else floor(n/B)."""
     if private and sampling == "poisson":
-        return int(math.ceil(n / batch - 1e-9))
+        return bands * int(math.ceil(n / (bands * batch) - 1e-9))
     return max(1, n // int(batch))
 
 
@@ -117,17 +118,18 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
                  (c.private_sampling_rate or PRIVATE_SAMPLING_RATE[c.model]) * n if private
                  else SGD_BATCH[c.model])
         batch = int(min(n // multiple * multiple, max(multiple, round(batch / multiple) * multiple)))
+    bands = int(c.get("bandmf_bands", 1))  # BandMF: epochs of whole cycles of b steps
     if c.steps > 0:
-        epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling))
+        epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling, bands))
     elif c.epochs > 0:
         epochs = int(c.epochs)
     elif private:
         steps = (USER_STEPS if c.get("privacy_unit") == "user" else
                  c.private_steps or PRIVATE_STEPS[(c.model, data_source(c))])
-        epochs = math.ceil(steps / steps_per_epoch(n, batch, private, c.sampling))
+        epochs = math.ceil(steps / steps_per_epoch(n, batch, private, c.sampling, bands))
     else:
         epochs = max(SGD_EPOCHS[c.model], math.ceil(
-            SGD_MIN_STEPS[c.model] / steps_per_epoch(n, batch, private, c.sampling)))
+            SGD_MIN_STEPS[c.model] / steps_per_epoch(n, batch, private, c.sampling, bands)))
     c.batch_size = batch
     c.epochs = max(1, int(epochs))
     if c.max_words <= 0:
@@ -155,7 +157,8 @@ def with_private_fields(config: ml_collections.ConfigDict,
 
 def total_steps(config: ml_collections.ConfigDict, n: int) -> int:
     private = config.mechanism != "sgd"
-    return int(config.epochs) * steps_per_epoch(n, config.batch_size, private, config.sampling)
+    return int(config.epochs) * steps_per_epoch(n, config.batch_size, private, config.sampling,
+                                                int(config.get("bandmf_bands", 1)))
 
 
 def chunk_rows(config: ml_collections.ConfigDict, microbatch_rows: int, replica_rows: int) -> int:
