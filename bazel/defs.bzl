@@ -1,6 +1,6 @@
 """Macros shared by the project's BUILD files.
 
-Globs keep the targets in step with the files other people add; tests/test_build_files.py checks
+Globs keep the targets in step with the files other people add; tests/build_files_test.py checks
 that nothing falls through (every module in a library, every test file in a py_test, every entry
 point in a py_binary, every first-party import inside the importer's dependencies).
 """

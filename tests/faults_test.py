@@ -4,7 +4,7 @@ an exception in the input pipeline; resumed after each, it finishes with an expo
 and a ledger that charges every step that ran (the soak with every fault kind is the command
 `python -m tools.faults`, docs/faults.md).
 
-The runs are subprocesses, as a user runs them (see test_workers.py for why)."""
+The runs are subprocesses, as a user runs them (see workers_test.py for why)."""
 import json
 import os
 import random
