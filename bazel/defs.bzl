@@ -5,14 +5,14 @@ that nothing falls through (every module in a library, every test file in a py_t
 point in a py_binary, every first-party import inside the importer's dependencies).
 """
 
-_TEST_FILES = ["**/test_*.py", "**/*_test.py"]
+_TEST_FILES = ["**/*_test.py"]
 
 def py_sources():
     """This package's Python modules, sub-directories included up to the next Bazel package."""
     return native.glob(["**/*.py"], exclude = _TEST_FILES)
 
 def test_sources():
-    """This package's pytest files (`test_*.py`, `*_test.py`), as pytest.ini collects them."""
+    """This package's pytest files (`*_test.py`), as pytest.ini collects them."""
     return native.glob(_TEST_FILES)
 
 def package_data():
