@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable
 
 BUILD_NAMES = ("BUILD", "BUILD.bazel")
-TEST_PATTERNS = ("test_*.py", "*_test.py")  # As pytest.ini collects them.
+TEST_PATTERNS = ("*_test.py",)  # As pytest.ini collects them.
 PYTHON_RULES = ("py_library", "py_binary", "py_test")
 OTHER_RULES = ("filegroup", "test_suite", "sh_binary", "sh_test", "genrule")  # Recorded too.
 

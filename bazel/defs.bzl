@@ -1,18 +1,18 @@
 """Macros shared by the project's BUILD files.
 
-Globs keep the targets in step with the files other people add; tests/test_build_files.py checks
+Globs keep the targets in step with the files other people add; tests/build_files_test.py checks
 that nothing falls through (every module in a library, every test file in a py_test, every entry
 point in a py_binary, every first-party import inside the importer's dependencies).
 """
 
-_TEST_FILES = ["**/test_*.py", "**/*_test.py"]
+_TEST_FILES = ["**/*_test.py"]
 
 def py_sources():
     """This package's Python modules, sub-directories included up to the next Bazel package."""
     return native.glob(["**/*.py"], exclude = _TEST_FILES)
 
 def test_sources():
-    """This package's pytest files (`test_*.py`, `*_test.py`), as pytest.ini collects them."""
+    """This package's pytest files (`*_test.py`), as pytest.ini collects them."""
     return native.glob(_TEST_FILES)
 
 def package_data():

@@ -8,7 +8,7 @@ needs:
 * every worker must build the *same* Poisson batches (each keeps its replicas' part of the global
   batch): the sampling key is drawn from OS entropy on worker 0 and all-reduced to the others
   (`shared_key`), never passed on a command line where `ps` would show it;
-* every worker draws its noise from its own OS-entropy generator; `tests/test_multi_worker.py`
+* every worker draws its noise from its own OS-entropy generator; `edp_tf/multi_worker_test.py`
   checks that the summed noise has the single-process law and no two workers draw alike;
 * Keras 3.15 does not run `fit` under this strategy (keras-team/keras#20585: it reduces the first
   batch and the step's scalar logs with `axis=0`); `_patch_keras` fixes those two calls, for

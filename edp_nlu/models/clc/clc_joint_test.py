@@ -89,28 +89,6 @@ def test_per_example_gradients_vectorise_without_fallback(data):
             )
 
 
-@pytest.mark.parametrize("unroll", [True, False])
-def test_the_backward_direction_reads_the_later_words_of_a_padded_utterance(data, unroll):
-    """Each word's backward LSTM features depend on the words after it, also in utterances
-    shorter than max_words (Keras' unrolled go_backwards zeroing made them all zero), and the
-    padded positions are zero in both directions."""
-    pre, x, _ = data
-    backbone = CLCJoint.from_preprocessor(  # one layer: its forward half sees earlier words only
-        pre, unroll=unroll, num_lstm_layers=1, **testing.TINY_CLC).backbone
-    row = 0  # "call mum at 0123": 4 of 6 words
-    changed = {k: np.array(v) for k, v in x.items()}
-    changed["word_ids"][row, 3] = changed["word_ids"][1, 0]
-    changed["char_ids"][row, 3] = changed["char_ids"][1, 0]
-    units = testing.TINY_CLC["lstm_units"]
-    before = backbone(x)["sequence_output"].numpy()[row]
-    after = backbone(changed)["sequence_output"].numpy()[row]
-    # every word before the changed one: some backward feature is non-zero and changes
-    assert np.abs(before[:3, units:] - after[:3, units:]).max(axis=1).min() > 0
-    assert np.abs(before[:4, units:]).max(axis=1).min() > 0
-    np.testing.assert_array_equal(before[:3, :units], after[:3, :units])
-    np.testing.assert_array_equal(before[4:], 0.0)
-
-
 def _op_types(function, *args) -> set:
     return {op.type for op in function.get_concrete_function(*args).graph.get_operations()}
 
@@ -143,14 +121,6 @@ def test_config_round_trip(data):
     clone = CLCJoint.from_config(model.get_config())
     clone.set_weights(model.get_weights())
     np.testing.assert_allclose(clone(x)["tag_potentials"], model(x)["tag_potentials"], atol=1e-6)
-
-
-def test_rejects_mismatched_embeddings(data):
-    pre, _, _ = data
-    vectors_matrix = np.zeros((3, 4), np.float32)
-
-    with pytest.raises(ValueError, match="word_embeddings has 3 rows"):
-        CLCBackbone(word_vocabulary_size=10, char_vocabulary_size=5, word_embeddings=vectors_matrix)
 
 
 def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
@@ -193,14 +163,3 @@ def test_decodes_well_formed_bio_by_default_and_keeps_it_in_its_config(data):
         older.predict_labels(x, decoding="bio")
     with pytest.raises(ValueError, match="decoding must be one of"):
         model.predict_labels(x, decoding="greedy")
-
-
-@pytest.mark.parametrize("kernel_size", [1, 3, 4])
-def test_char_windows_are_zero_padded_same_convolution_windows(kernel_size):
-    """The character CNN is a Dense layer on these windows: entry [.., e, i * d + j] must be
-    character e + i - left's feature j, zero outside the word ('same' padding)."""
-    chars = np.random.default_rng(0).normal(size=(2, 3, 5, 4)).astype(np.float32)
-    left = (kernel_size - 1) // 2
-    padded = np.pad(chars, [(0, 0), (0, 0), (left, kernel_size - 1 - left), (0, 0)])
-    want = np.concatenate([padded[:, :, i:i + 5, :] for i in range(kernel_size)], axis=-1)
-    np.testing.assert_array_equal(_char_windows(tf.constant(chars), kernel_size).numpy(), want)

@@ -105,7 +105,7 @@ def test_checker_reports_what_the_build_files_miss(tmp_path):
         "lib/core.py": "from other import helper\n",
         "lib/forgotten.py": "",
         "lib/tool.py": "if __name__ == '__main__':\n    pass\n",
-        "lib/test_core.py": "from lib import core\n",
+        "lib/core_test.py": "from lib import core\n",
         "lib/vocab.txt": "words\n",
         "lib/BUILD": 'py_library(name = "lib", srcs = ["__init__.py", "core.py", "tool.py"],'
                      ' deps = ["//missing"])\n',
@@ -115,8 +115,8 @@ def test_checker_reports_what_the_build_files_miss(tmp_path):
     })
     graph = build_graph.load_build_graph(tmp_path)
     assert sorted(build_graph.uncovered_files(tmp_path, graph, ["lib", "other"])) == [
+        "lib/core_test.py: test file in no py_test",
         "lib/forgotten.py: module in no py_library",
-        "lib/test_core.py: test file in no py_test",
         "lib/vocab.txt: file in no target's data",
     ]
     assert build_graph.entry_points_without_binary(tmp_path, graph, ["lib"]) == [

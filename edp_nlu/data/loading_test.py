@@ -8,7 +8,7 @@ from edp_nlu.models.labels import LabelVocabulary
 from edp_nlu.data import loading, schema
 from edp_nlu.data.corpus import DataFormatError, Utterance
 
-SHARED_DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 SECRET = "zanzibarquux"  # A token that must never appear in an error or log message.
 
 GOOD_SPLIT = {
