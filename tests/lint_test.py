@@ -3,7 +3,7 @@ inside a function.
 
 CI runs exactly `pytest`, so the gate is a test. Why no function-local imports of our own
 modules: they hide a module's dependencies from its reader and from the layering and cycle
-checks a reader trusts (tests/test_build_files.py), and they are how import cycles creep back in
+checks a reader trusts (tests/build_files_test.py), and they are how import cycles creep back in
 unnoticed. ruff's PLC0415 flags every local import (TensorFlow's optional modules too) and cannot
 be limited to first-party ones, hence the AST check here.
 """

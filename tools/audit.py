@@ -524,7 +524,7 @@ def write_table(out_dir: str) -> str:
                   "C (C u = C x + z: the released noise made white again) and sums the rows the "
                   "canary's participations touch, weighted by C's column; a step whose noise "
                   "ignored its history, or was drawn on every replica, would show std / expected "
-                  "of 1.3 or 1.4 (tests/test_audit.py)."]
+                  "of 1.3 or 1.4 (tests/audit_test.py)."]
     path = os.path.join(out_dir, "table.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
