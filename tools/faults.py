@@ -655,7 +655,8 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
         log(f"  {name}: SIGKILL {delay} s after the start: over-charged {over} {wrong}")
         overs.append(over)
         problems.append(wrong)
-    final = attempt(run_dir, epochs, True, {"kind": "none", "step": 0, "witness": witness},
+    resume = os.path.exists(os.path.join(run_dir, "config.json"))  # all kills in start-up: not
+    final = attempt(run_dir, epochs, resume, {"kind": "none", "step": 0, "witness": witness},
                     flags=STORM_FLAGS)
     if final.returncode:
         why = (f"the resumed run failed (exit {final.returncode}): "
