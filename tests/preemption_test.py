@@ -108,3 +108,7 @@ def test_the_fault_suite_measures_a_kills_over_charge(tmp_path):
     assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, 4 charged"
     (tmp_path / "privacy.json").write_text(json.dumps({"epochs": [], "in_progress": None}))
     assert faults.kill_over_charge(str(tmp_path), str(witness), 0)[1] == "5 steps ran, none charged"
+    # an earlier attempt's charge, left by one killed before its resume: this one charged nothing
+    earlier = {"epoch": 0, "steps": 1}
+    (tmp_path / "privacy.json").write_text(json.dumps({"epochs": [], "in_progress": earlier}))
+    assert faults.kill_over_charge(str(tmp_path), str(witness), 6, earlier) == (0, "")

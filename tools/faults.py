@@ -239,14 +239,23 @@ class Outcome:
     epochs_asked: int = 0
 
 
-def kill_over_charge(run_dir: str, witness: str, before: int) -> tuple[int, str]:
+def in_progress(run_dir: str) -> Optional[dict]:
+    return (_read(os.path.join(run_dir, "privacy.json"), {}) or {}).get("in_progress")
+
+
+def kill_over_charge(run_dir: str, witness: str, before: int,
+                     previous: Optional[dict] = None) -> tuple[int, str]:
     """(steps the killed attempt's epoch is charged beyond those that ran, "" or what is
     wrong): the ledger's `in_progress.steps`, what a resume charges, against the witness's
-    steps of that epoch in this attempt (its entries after the first `before`)."""
+    steps of that epoch in this attempt (its entries after the first `before`). `previous`:
+    `in_progress` before the attempt; still there, it is an earlier attempt's (this one died
+    before its resume charged it) and this one charged nothing."""
     led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
     charge = led.get("in_progress")
     ran = witnessed(witness)[before:]
     steps = ran[-1][1] if ran else 0
+    if charge is not None and charge == previous and not ran:
+        return 0, ""
     if charge is None:  # killed before a step, or between two epochs
         return 0, "" if steps == 0 or _closed(led, ran) else f"{steps} steps ran, none charged"
     if not ran or ran[-1][0] != charge["epoch"]:
@@ -548,7 +557,7 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
         left = steps_left(run_dir, reference)
         step = rng.randint(0 if kind == "input_error" else 1, max(1, left - 1))
         spec = {"kind": kind, "step": step, "witness": witness, "ballast": ballast}
-        before = len(witnessed(witness))
+        before, previous = len(witnessed(witness)), in_progress(run_dir)
         done = attempt(run_dir, epochs, resume, spec)
         started = started or os.path.exists(os.path.join(run_dir, "config.json"))
         if ballast and os.path.exists(ballast):
@@ -559,7 +568,7 @@ def run_chain(name: str, chain: list, rng: random.Random, base: str, reference: 
         if kind in ("enospc_ledger", "enospc_checkpoint", "enospc_export") and ok \
                 and done.returncode and "disk is full" not in last:
             ok = False
-        over, wrong = (kill_over_charge(run_dir, witness, before)
+        over, wrong = (kill_over_charge(run_dir, witness, before, previous)
                        if done.returncode == -signal.SIGKILL else (None, ""))
         ok = ok and not wrong
         problems.append("" if ok else wrong or f"exit {done.returncode} (expected {expected}): "
@@ -632,7 +641,7 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
         if len(overs) == STORM_KILLS:
             break
         resume = os.path.exists(os.path.join(run_dir, "config.json"))
-        before = len(witnessed(witness))
+        before, previous = len(witnessed(witness)), in_progress(run_dir)
         delay = round(rng.uniform(0.0, span), 2)
         done = killed_attempt(run_dir, epochs, resume, witness, delay)
         last = (done.stderr.strip().splitlines() or [""])[-1]
@@ -642,11 +651,12 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
             if done.returncode != 0:
                 return [Outcome("storm", False, why=f"exit {done.returncode}: {last}")]
             break
-        over, wrong = kill_over_charge(run_dir, witness, before)
+        over, wrong = kill_over_charge(run_dir, witness, before, previous)
         log(f"  {name}: SIGKILL {delay} s after the start: over-charged {over} {wrong}")
         overs.append(over)
         problems.append(wrong)
-    final = attempt(run_dir, epochs, True, {"kind": "none", "step": 0, "witness": witness},
+    resume = os.path.exists(os.path.join(run_dir, "config.json"))  # all kills in start-up: not
+    final = attempt(run_dir, epochs, resume, {"kind": "none", "step": 0, "witness": witness},
                     flags=STORM_FLAGS)
     if final.returncode:
         why = (f"the resumed run failed (exit {final.returncode}): "
