@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting, iterators, multi_worker, sampling
+from edp_tf.config import Features, compatibility
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
 from edp_nlu.data import augment, loading
@@ -79,22 +80,12 @@ def _check_augmentation(config, bad) -> None:
     for field in ("augment_word_rate", "augment_slot_rate"):
         if not 0 <= config.get(field, 0.0) <= 1:
             bad(field, config[field], "a probability in [0, 1]")
-    if copies == 1:
-        return
-    # the copies are averaged inside an example's clip: plain training has no clip, micro-batches
-    # of several examples would share one (S = 2C), shuffled batches are not Poisson over
-    # examples, and a user's micro-batch already averages their rows (DPConfig says the same)
-    why = ("needs --mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
-           "micro-batch)")
-    if config.mechanism != "dpsgd":
-        bad("augment_copies", copies, f"1 with mechanism={config.mechanism!r}: augmentation "
-            f"multiplicity {why}")
-    if config.sampling != "poisson":
-        bad("augment_copies", copies, "1 with sampling='shuffle': augmentation multiplicity "
-            "needs Poisson sampling over examples, each bringing its copies")
-    if unit(config) == "user":
-        bad("augment_copies", copies, "1 with privacy_unit='user': a user's micro-batch already "
-            "averages their rows under one clip")
+    # the copies are averaged inside an example's clip, which plain training does not have;
+    # the private rules are edp_tf.config.compatibility's (check_config)
+    if copies > 1 and config.mechanism == "sgd":
+        bad("augment_copies", copies, "1 with mechanism='sgd': augmentation multiplicity needs "
+            "--mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
+            "micro-batch)")
 
 
 def check_config(config) -> None:
@@ -115,10 +106,9 @@ def check_config(config) -> None:
         value = unit(config) if field == "privacy_unit" else config[field]
         if value not in allowed:
             bad(field, value, allowed)
-    if unit(config) == "user" and config.mechanism != "sgd" and (
-            config.sampling != "poisson" or config.examples_per_user < 1):
-        bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
-            "examples_per_user >= 1")
+    if unit(config) == "user" and config.mechanism != "sgd" and config.examples_per_user < 1:
+        bad("examples_per_user", config.examples_per_user, "an integer >= 1 with "
+            "privacy_unit='user'")
     if config.get("user_weight_cap", 0.0) < 0 or (
             config.get("user_weight_cap", 0.0) and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
@@ -128,7 +118,9 @@ def check_config(config) -> None:
 
     label_selection.check_config(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
-        dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
+        dp = dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None,
+                       None)
+        _named_as_flags(config, lambda: compatibility(dp, features(config)))
     if config.get("decoding", "viterbi") not in DECODINGS:
         bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
@@ -137,11 +129,9 @@ def check_config(config) -> None:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
     # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
     probe = config.get("probe_epochs", 0)
-    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"
-                  or config.get("sparse_embeddings", False) or config.get("local_epochs", 0)):
-        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
-            "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
-            "training has no such phase)")
+    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"):
+        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism (the "
+            "private step freezes the encoder; plain training has no such phase)")
     _check_public_subspace(config, bad)
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (edp_nlu/pipeline/recipes.py)
         if int(config[field]) < 0:
@@ -209,10 +199,6 @@ def _check_public_subspace(config, bad) -> None:
         bad("public_subspace_labels", config.public_subspace_labels, ("random", "own"))
     if rank > examples:
         bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
-    if config.get("probe_epochs", 0) or config.get("sparse_embeddings", False) or (
-            config.get("optimizer") == "adam_bc"):
-        bad("public_subspace", source, "'' with probe_epochs, sparse_embeddings or "
-            "optimizer='adam_bc'")
 
 
 def microbatch_size(config) -> Optional[int]:
@@ -483,6 +469,46 @@ def optimizer(config, steps_per_epoch: int):
         private=config.mechanism != "sgd")
 
 
+# edp_tf.config.Features -> the config field that asks for it, and the library's names of the
+# features -> the flags, so that a refusal names what the user set
+_FEATURE_FIELDS = {"freeze": "probe_epochs", "projection": "public_subspace",
+                   "bias_corrected_adam": "optimizer", "sampling": "sampling"}
+_FEATURE_NAMES = {"freeze_until": "probe_epochs",
+                  "project_onto_public_gradients": "public_subspace",
+                  "BiasCorrectedAdam": "optimizer='adam_bc'", "DPConfig.": ""}
+
+
+def features(config) -> Features:
+    """What the config combines with its DPConfig (edp_tf.config.compatibility); the workers
+    are the strategy's, checked by PrivateModel."""
+    return Features(
+        freeze=bool(config.get("probe_epochs", 0)),
+        projection=bool(config.get("public_subspace", "")),
+        bias_corrected_adam=config.get("optimizer") == "adam_bc", sampling=config.sampling)
+
+
+def _named_as_flags(config, check):
+    """`check()`, its ValueError "DPConfig.f must be ..." raised as "--config.f=v is invalid:
+    f must be ..." (the micro-batch size named with the mechanism that sets it)."""
+    try:
+        return check()
+    except ValueError as error:
+        field = getattr(error, "field", None)
+        if field is None:
+            found = re.search(r"DPConfig\.(\w+)", str(error))
+            field = found.group(1) if found else None
+        field = _FEATURE_FIELDS.get(field, field)
+        text = str(error)
+        for name, flag in _FEATURE_NAMES.items():
+            text = text.replace(name, flag)
+        if "got microbatch_size=" in text:  # what edp and dpsgd set (microbatch_size below)
+            text += (f" (mechanism={config.mechanism!r} sets the micro-batch: per-example "
+                     "clipping is --mechanism=dpsgd)")
+        if field is None or field not in config:
+            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
+        raise ValueError(f"--config.{field}={config[field]!r} is invalid: {text}") from None
+
+
 def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
     """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
     by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
@@ -493,17 +519,9 @@ def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
         if name in config:
             value = config[name]
             values[name] = None if name in ZERO_IS_NONE and not value else value
-    try:
-        return edp_tf.DPConfig(microbatch_size=k, seed=fixed_seed,
-                               expected_batch_size=expected_batch, privacy_unit=unit(config),
-                               **values)
-    except ValueError as error:  # "DPConfig.f must be ..." -> "--config.f=v is invalid: f must be ..."
-        found = re.search(r"DPConfig\.(\w+)", str(error))
-        if found is None or found.group(1) not in config:
-            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
-        field = found.group(1)
-        raise ValueError(f"--config.{field}={config[field]!r} is invalid: "
-                         + str(error).replace("DPConfig.", "")) from None
+    return _named_as_flags(config, lambda: edp_tf.DPConfig(
+        microbatch_size=k, seed=fixed_seed, expected_batch_size=expected_batch,
+        privacy_unit=unit(config), **values))
 
 
 def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
