@@ -14,7 +14,6 @@ flat dict all work; the groups are the structure (`config.schedule.decay`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Mapping, Optional, Tuple
 
 from edp_tf import checks

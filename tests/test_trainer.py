@@ -25,6 +25,7 @@ from edp_nlu.configs.base import base_config
 from edp_tf import accounting
 from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
 from edp_nlu.pipeline import builders, recipes, run_files, training
+from edp_nlu.pipeline.run_spec import RunSpec
 from edp_nlu.scoring import predictions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -748,7 +749,7 @@ def test_head_dropout_reaches_the_heads(model):
         splits = builders.load_splits(config)
         preprocessor, vectors = builders.build_preprocessor(
             config, splits.train, builders.label_schema(config, splits))
-        built = builders.build_model(config, preprocessor, vectors)
+        built = builders.build_model(RunSpec.parse(config).model, preprocessor, vectors)
         assert built.intent_dropout.rate == built.tag_dropout.rate == expected
         assert built.dropout_rate == expected  # what get_config saves for the export
 
