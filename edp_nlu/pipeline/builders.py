@@ -475,9 +475,9 @@ def _named_as_flags(config, check):
         text = str(error)
         for name, flag in _FEATURE_NAMES.items():
             text = text.replace(name, flag)
-        if "got microbatch_size=" in text:  # what edp and dpsgd set (microbatch_size below)
-            text += (f" (mechanism={config.mechanism!r} sets the micro-batch: per-example "
-                     "clipping is --mechanism=dpsgd)")
+        if field in ("augment_copies", "noise_mode") and "microbatch_size" in text:
+            text += (f" (mechanism={config.mechanism!r} sets the micro-batch size: edp takes "
+                     "--config.microbatch_size, dpsgd clips per example)")
         if field is None or field not in config:
             raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
         raise ValueError(f"--config.{field}={config[field]!r} is invalid: {text}") from None
