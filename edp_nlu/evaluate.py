@@ -341,7 +341,7 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
 
     check_split(run_dir, split)
     config = run_files.load_run_config(run_dir)
-    if config.get("ema_fraction", 0.0) > 0:  # its checkpoint holds the raw weights, not these
+    if config.ema_fraction > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
                          "its checkpoint does not hold: score its export instead")
     checkpoint = checkpoints.latest_prefix(run_dir)

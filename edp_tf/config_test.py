@@ -1,9 +1,11 @@
 """DPConfig validation and the decay schedule."""
+import json
 import math
 
 import pytest
 
 from edp_tf import DPConfig
+from edp_tf.config import Features, Incompatible, compatibility, defaults
 
 
 @pytest.mark.parametrize(
@@ -86,3 +88,65 @@ def test_physical_batch_size_is_checked(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         DPConfig(**kwargs)
+
+
+def test_groups_and_flat_names_are_one_config():
+    from edp_tf.config import Core, NoiseSchedule, UserLevel
+
+    flat = DPConfig(l2_norm_clip=0.5, microbatch_size=4, expected_batch_size=32.0,
+                    decay="linear", decay_rate=0.2, privacy_unit="user")
+    grouped = DPConfig(core=Core(l2_norm_clip=0.5, microbatch_size=4, expected_batch_size=32.0),
+                       schedule=NoiseSchedule(decay="linear", decay_rate=0.2),
+                       user_level=UserLevel(privacy_unit="user"))
+    assert flat == grouped and hash(flat) == hash(grouped)
+    assert flat.decay == flat.schedule.decay == "linear" and flat.l2_norm_clip == 0.5
+    # a flat name given with its group overrides that field of the group only
+    mixed = DPConfig(core=Core(l2_norm_clip=0.5, microbatch_size=2), microbatch_size=1)
+    assert (mixed.l2_norm_clip, mixed.microbatch_size) == (0.5, 1)
+    assert flat.replace(decay_rate=0.4).schedule == NoiseSchedule(decay="linear", decay_rate=0.4)
+    with pytest.raises(TypeError, match="l2_norm"):
+        DPConfig(l2_norm=1.0)
+    with pytest.raises(TypeError, match="Core"):
+        DPConfig(core=NoiseSchedule())
+
+
+def test_saved_configs_read_back_nested_and_flat():
+    cfg = DPConfig(l2_norm_clip=0.7, microbatch_size=1, augment_copies=2, scaling="public",
+                   layer_scales=(1.0, 2.0), physical_batch_size=4)
+    saved = json.loads(json.dumps(cfg.to_dict()))  # tuples come back as lists
+    assert DPConfig.from_dict(saved) == cfg
+    assert DPConfig.from_dict(json.loads(json.dumps(cfg.flat()))) == cfg  # older, flat files
+    assert set(cfg.flat()) == set(defaults())
+
+
+@pytest.mark.parametrize("changes, features, field", [
+    ({"sparse_embeddings": True}, dict(freeze=True), "freeze"),
+    ({"local_epochs": 1, "privacy_unit": "user", "microbatch_size": 2,
+      "expected_batch_size": 4.0}, dict(freeze=True), "freeze"),
+    ({}, dict(freeze=True, projection=True), "freeze"),
+    ({"sparse_embeddings": True}, dict(projection=True), "projection"),
+    ({}, dict(projection=True, multi_worker=True), "projection"),
+    ({}, dict(bias_corrected_adam=True, projection=True), "bias_corrected_adam"),
+    ({"sparse_embeddings": True}, dict(bias_corrected_adam=True), "bias_corrected_adam"),
+    ({"scaling": "private"}, dict(multi_worker=True), "scaling"),
+    ({"scaling": "first_batch"}, dict(multi_worker=True), "scaling"),
+    ({"sparse_embeddings": True, "microbatch_size": 1}, dict(per_example_method="loop"),
+     "sparse_embeddings"),
+    ({"augment_copies": 2, "microbatch_size": 1}, dict(sampling="shuffle"), "augment_copies"),
+    ({"privacy_unit": "user", "microbatch_size": 2, "expected_batch_size": 4.0},
+     dict(sampling="shuffle"), "privacy_unit"),
+])
+def test_features_a_config_cannot_combine_with_are_refused_naming_the_field(changes, features,
+                                                                             field):
+    cfg = DPConfig(**changes)  # valid alone
+    compatibility(cfg)
+    with pytest.raises(Incompatible) as refused:
+        compatibility(cfg, Features(**features))
+    assert refused.value.field == field
+
+
+def test_compatible_features_pass():
+    compatibility(DPConfig(scaling="public"), Features(freeze=True, bias_corrected_adam=True,
+                                                       multi_worker=True, sampling="shuffle"))
+    compatibility(DPConfig(sparse_embeddings=True, microbatch_size=1),
+                  Features(per_example_method="ghost", sampling="poisson"))

@@ -23,7 +23,7 @@ import tensorflow as tf
 from edp_tf import (batch_source, bias_corrected_adam, clipping, iterators, local_training,
                     microbatch, model_state, multi_worker, noise, projection, scaling, selection,
                     step_guard)
-from edp_tf.config import DPConfig
+from edp_tf.config import DPConfig, Features, Incompatible, compatibility
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 
@@ -286,8 +286,7 @@ class PrivateModel(keras.Model):
         of its energy, the signal what lies in the subspace. `source` names the examples' corpus
         in the privacy statement. The examples must not be chosen by looking at the training
         data (that choice would be a release epsilon does not count). Call before `fit`."""
-        if self._freeze is not None:
-            raise ValueError("project_onto_public_gradients cannot be combined with freeze_until")
+        self._check_compatibility(projection=True)
         self._subspace = projection.PublicSubspace(x, y, rank, every_steps, sample_weight,
                                                    source=source)
 
@@ -306,13 +305,7 @@ class PrivateModel(keras.Model):
         """
         if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
             raise ValueError(f"freeze_until: epoch must be an integer >= 0, got {epoch!r}")
-        cfg = self._dp_config
-        if epoch and self._subspace is not None:
-            raise ValueError("freeze_until cannot be combined with project_onto_public_gradients")
-        if epoch and (cfg.sparse_embeddings or cfg.local_epochs):
-            # both select variables of their own (the tables; the model's own variables)
-            raise ValueError("freeze_until cannot be combined with DPConfig.sparse_embeddings "
-                             "or local_epochs")
+        self._check_compatibility(freeze=bool(epoch))
         trainable = self.wrapped_model.trainable_variables
         known = {id(v) for v in trainable}
         variables = list(variables)
@@ -347,6 +340,24 @@ class PrivateModel(keras.Model):
     def _trained_variables(self) -> list:
         variables = self.wrapped_model.trainable_variables
         return [variables[i] for i in self._trained_indices()]
+
+    def _features(self, **changes) -> Features:
+        """What this wrapper combines with its DPConfig (edp_tf.config.compatibility)."""
+        return dataclasses.replace(Features(
+            freeze=self._freeze is not None, projection=self._subspace is not None,
+            bias_corrected_adam=isinstance(getattr(self, "optimizer", None),
+                                           bias_corrected_adam.BiasCorrectedAdam),
+            multi_worker=multi_worker.is_multi_worker(self.distribute_strategy)), **changes)
+
+    def _check_compatibility(self, why: str = "", **changes) -> None:
+        """edp_tf.config.compatibility of the config with these features (`why`: the reason a
+        feature was chosen for the user, added to the refusal)."""
+        try:
+            compatibility(self._dp_config, self._features(**changes))
+        except Incompatible as error:
+            if not why:
+                raise
+            raise Incompatible(error.field, f"{error} ({why})") from None
 
     def restore_layer_scales(self, scales) -> None:
         """Reinstates the alpha a resumed run decided earlier (their cost is already accounted)."""
@@ -479,6 +490,7 @@ class PrivateModel(keras.Model):
                 f" = {n * (k or 1)}: choose batch_size accordingly"
             )
         method = self._per_example_method(k, fx)
+        self._check_compatibility(per_example_method=method)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._planned(Mechanism.from_config(cfg, n, batch))
         trained = self._trained_indices()
@@ -517,12 +529,6 @@ class PrivateModel(keras.Model):
     def _build_subspace(self) -> None:
         if self._subspace is None:
             return
-        if self._clip_plan.selection is not None:
-            raise ValueError("project_onto_public_gradients cannot be combined with "
-                             "DPConfig.sparse_embeddings (the tables' updates are sparse rows)")
-        if multi_worker.is_multi_worker(self.distribute_strategy):
-            raise ValueError("project_onto_public_gradients runs on one worker: each worker "
-                             "would compute its own basis, and the projection must be one")
         strategy = self.distribute_strategy
         device = strategy.extended.worker_devices[0] if hasattr(strategy, "extended") else None
         self._subspace.build(self.wrapped_model, self._require_loss(), self._trained_variables(),
@@ -538,14 +544,12 @@ class PrivateModel(keras.Model):
             return method
         layers = _unvectorisable_layers(self.wrapped_model)
         if not layers and _unvectorisable_strings(self.wrapped_model, x):
-            if self._dp_config.sparse_embeddings:
-                raise ValueError(
-                    "the model takes strings that tf.vectorized_map cannot split per example "
-                    "(its preprocessing is not a leading row-wise chain, e.g. TextVectorization "
-                    "without output_sequence_length), so per-example clipping runs one "
-                    "micro-batch at a time (per_example_method='loop'), which "
-                    "DPConfig.sparse_embeddings does not support: give TextVectorization an "
-                    "output_sequence_length, or preprocess outside the model")
+            self._check_compatibility(
+                "the model takes strings that tf.vectorized_map cannot split per example (its "
+                "preprocessing is not a leading row-wise chain, e.g. TextVectorization without "
+                "output_sequence_length), so clipping runs the loop: give TextVectorization an "
+                "output_sequence_length, or preprocess outside the model",
+                per_example_method="loop")
             if not self._loop_reported:
                 _log.info("per-example clipping: the model takes strings whose preprocessing "
                           "tf.vectorized_map cannot vectorise (it is not a leading chain of "
@@ -557,11 +561,10 @@ class PrivateModel(keras.Model):
             return "loop"
         if not layers:
             return method
-        if self._dp_config.sparse_embeddings:
-            raise ValueError(
-                f"layer(s) {', '.join(layers)} need per-example clipping one micro-batch at a "
-                "time (per_example_method='loop'), which DPConfig.sparse_embeddings does not "
-                "support: build them with unroll=True (fixed sequence length)" + _UNROLLED_NOTE)
+        self._check_compatibility(
+            f"layer(s) {', '.join(layers)} need per-example clipping one micro-batch at a time: "
+            "build them with unroll=True (fixed sequence length)" + _UNROLLED_NOTE,
+            per_example_method="loop")
         if not self._loop_reported:
             _log.info("per-example clipping: layer(s) %s run a while_loop that cannot be "
                       "vectorised, so micro-batches are clipped one at a time "
@@ -595,18 +598,6 @@ class PrivateModel(keras.Model):
         clipped-denominator estimator too: its noise is fixed on the average)."""
         if not isinstance(self.optimizer, bias_corrected_adam.BiasCorrectedAdam):
             return
-        if self._mechanism.bands > 1:
-            raise ValueError("BiasCorrectedAdam with DPConfig.bandmf_bands > 1: BandMF's noise "
-                             "variance changes over the first steps and is correlated across "
-                             "steps, which DP-AdamBC's correction does not model; use Adam")
-        if self._subspace is not None:
-            raise ValueError("BiasCorrectedAdam with project_onto_public_gradients: the "
-                             "projected noise's variance per weight is not one known constant; "
-                             "use Adam")
-        if self._clip_plan.selection is not None:
-            raise ValueError("BiasCorrectedAdam with DPConfig.sparse_embeddings=True: the "
-                             "tables' rows get noise only when selected, so their noise "
-                             "variance is not one known constant; use Adam")
         unit = self._mechanism.summed_noise_std(1.0) / self._mechanism.expected_microbatches
         self.optimizer.attach_noise(self._trained_variables(),
                                     [a * unit for a in self._clip_plan.scales],
@@ -628,12 +619,6 @@ class PrivateModel(keras.Model):
                                       cfg.selection_threshold * summed_std)
 
     def _decide_layer_scales(self, fx, fy, fw) -> tuple:
-        if (self._dp_config.scaling in ("private", "first_batch")
-                and multi_worker.is_multi_worker(self.distribute_strategy)):
-            # each worker would measure its own part of the first batch and scale differently
-            raise ValueError(f"DPConfig.scaling={self._dp_config.scaling!r} measures the scales "
-                             "on one worker's data: use 'uniform' or 'public' with several "
-                             "workers")
         rows = int(tf.nest.flatten(fx)[0].shape[0])
 
         def per_example_norms(used: int) -> np.ndarray:

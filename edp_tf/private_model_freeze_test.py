@@ -134,3 +134,16 @@ def test_freeze_until_refuses_what_it_cannot_do(strategy):
     stranger = keras.Variable(np.zeros(3, np.float32), name="stranger")
     with pytest.raises(ValueError, match="stranger.*not a trainable variable"):
         private.freeze_until(1, [stranger])
+
+
+def test_a_freeze_and_a_projection_are_refused_together_in_either_order(strategy):
+    init = small_model().get_weights()
+    inner, private = _private(strategy, init, DPConfig(l2_norm_clip=1.0, noise_multiplier=1.0))
+    private.freeze_until(1, inner.layers[0].trainable_variables)
+    x, y = np.zeros((4, 5), np.float32), np.zeros((4, 3), np.float32)
+    with pytest.raises(ValueError, match="freeze_until cannot be combined with project_onto"):
+        private.project_onto_public_gradients(x, y, rank=1)
+    private.freeze_until(0, ())  # off: the projection is allowed
+    private.project_onto_public_gradients(x, y, rank=1)
+    with pytest.raises(ValueError, match="freeze_until cannot be combined with project_onto"):
+        private.freeze_until(1, inner.layers[0].trainable_variables)

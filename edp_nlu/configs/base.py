@@ -68,11 +68,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
 """
-import dataclasses
-
 import ml_collections
 
-from edp_tf.config import DPConfig
+from edp_tf import config as dp_config
 
 # DPConfig fields a run sets from its geometry and flags, not from a config field of that name
 SET_BY_THE_RUN = ("microbatch_size", "seed", "expected_batch_size", "privacy_unit",
@@ -84,8 +82,8 @@ ZERO_IS_NONE = ("physical_batch_size", "local_batch_size")
 
 def dp_knob_defaults() -> dict:
     """{DPConfig field: its default} for the mechanism's knobs a config carries by name."""
-    return {f.name: 0 if f.name in ZERO_IS_NONE and f.default is None else f.default
-            for f in dataclasses.fields(DPConfig) if f.name not in SET_BY_THE_RUN}
+    return {name: 0 if name in ZERO_IS_NONE and default is None else default
+            for name, default in dp_config.defaults().items() if name not in SET_BY_THE_RUN}
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import re
 import secrets
-import weakref
 from typing import Optional
 
 import numpy as np
@@ -25,6 +24,7 @@ import tensorflow as tf
 
 import edp_tf
 from edp_tf import accounting, iterators, multi_worker, sampling
+from edp_tf.config import Features, compatibility
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
 from edp_nlu.data import augment, loading
@@ -34,67 +34,53 @@ _log = logging.getLogger(__name__)
 
 MECHANISMS = ("sgd", "edp", "dpsgd")
 MODELS = ("clc", "bert")
-# Dropout on the encoder's outputs before the intent and slot heads; runs whose config.json
-# predates the `head_dropout` field used this value.
-HEAD_DROPOUT = 0.1
 
 
 def unit(config) -> str:
-    """The config's privacy unit ("example" for configs written before the field existed)."""
-    return config.get("privacy_unit", "example")
+    """The config's privacy unit."""
+    return config.privacy_unit
 
 
 def augment_copies(config) -> int:
-    """K, the rows of each example's clip (1: no augmentation; configs before the field)."""
-    return int(config.get("augment_copies", 1))
+    """K, the rows of each example's clip (1: no augmentation)."""
+    return int(config.augment_copies)
 
 
 def augment_variants(config) -> int:
     """V >= K, the variants of each example made at load (K of them drawn each step)."""
-    return int(config.get("augment_variants", 0)) or augment_copies(config)
+    return int(config.augment_variants) or augment_copies(config)
 
 
 def augmenter(config) -> augment.Augmenter:
     """The config's augmentations (edp_nlu/data/augment.py)."""
-    return augment.Augmenter(augment.parse_kinds(config.get("augment", ",".join(augment.KINDS))),
-                             float(config.get("augment_word_rate", 0.15)),
-                             float(config.get("augment_slot_rate", 0.5)))
+    return augment.Augmenter(augment.parse_kinds(config.augment),
+                             float(config.augment_word_rate), float(config.augment_slot_rate))
 
 
 def _check_augmentation(config, bad) -> None:
     """Augmentation multiplicity runs where one example's copies are one clipped micro-batch:
     private per-example clipping of Poisson-sampled examples."""
-    copies = config.get("augment_copies", 1)
+    copies = config.augment_copies
     if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
         bad("augment_copies", copies, "an integer >= 1 (1: no augmented copies)")
-    variants = config.get("augment_variants", 0)
+    variants = config.augment_variants
     if isinstance(variants, bool) or not isinstance(variants, int) or not (
             variants == 0 or variants >= copies):
         bad("augment_variants", variants, f"0 (= augment_copies) or an integer >= "
             f"augment_copies={copies}")
     try:
-        augment.parse_kinds(config.get("augment", ",".join(augment.KINDS)))
+        augment.parse_kinds(config.augment)
     except ValueError:
         bad("augment", config.augment, f"a comma-separated subset of {augment.KINDS}")
     for field in ("augment_word_rate", "augment_slot_rate"):
-        if not 0 <= config.get(field, 0.0) <= 1:
+        if not 0 <= config[field] <= 1:
             bad(field, config[field], "a probability in [0, 1]")
-    if copies == 1:
-        return
-    # the copies are averaged inside an example's clip: plain training has no clip, micro-batches
-    # of several examples would share one (S = 2C), shuffled batches are not Poisson over
-    # examples, and a user's micro-batch already averages their rows (DPConfig says the same)
-    why = ("needs --mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
-           "micro-batch)")
-    if config.mechanism != "dpsgd":
-        bad("augment_copies", copies, f"1 with mechanism={config.mechanism!r}: augmentation "
-            f"multiplicity {why}")
-    if config.sampling != "poisson":
-        bad("augment_copies", copies, "1 with sampling='shuffle': augmentation multiplicity "
-            "needs Poisson sampling over examples, each bringing its copies")
-    if unit(config) == "user":
-        bad("augment_copies", copies, "1 with privacy_unit='user': a user's micro-batch already "
-            "averages their rows under one clip")
+    # the copies are averaged inside an example's clip, which plain training does not have;
+    # the private rules are edp_tf.config.compatibility's (check_config)
+    if copies > 1 and config.mechanism == "sgd":
+        bad("augment_copies", copies, "1 with mechanism='sgd': augmentation multiplicity needs "
+            "--mechanism=dpsgd (per-example clipping: an example's copies are one clipped "
+            "micro-batch)")
 
 
 def check_config(config) -> None:
@@ -115,12 +101,10 @@ def check_config(config) -> None:
         value = unit(config) if field == "privacy_unit" else config[field]
         if value not in allowed:
             bad(field, value, allowed)
-    if unit(config) == "user" and config.mechanism != "sgd" and (
-            config.sampling != "poisson" or config.examples_per_user < 1):
-        bad("privacy_unit", config.privacy_unit, "with sampling='poisson' and "
-            "examples_per_user >= 1")
-    if config.get("user_weight_cap", 0.0) < 0 or (
-            config.get("user_weight_cap", 0.0) and unit(config) != "user"):
+    if unit(config) == "user" and config.mechanism != "sgd" and config.examples_per_user < 1:
+        bad("examples_per_user", config.examples_per_user, "an integer >= 1 with "
+            "privacy_unit='user'")
+    if config.user_weight_cap < 0 or (config.user_weight_cap and unit(config) != "user"):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
     _check_augmentation(config, bad)
@@ -128,20 +112,20 @@ def check_config(config) -> None:
 
     label_selection.check_config(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
-        dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None, None)
-    if config.get("decoding", "viterbi") not in DECODINGS:
+        dp = dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None,
+                       None)
+        _named_as_flags(config, lambda: compatibility(dp, features(config)))
+    if config.decoding not in DECODINGS:
         bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
         bad("replicas", config.replicas, "an integer >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
     # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
-    probe = config.get("probe_epochs", 0)
-    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"
-                  or config.get("sparse_embeddings", False) or config.get("local_epochs", 0)):
-        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism, without "
-            "sparse_embeddings or local_epochs (the private step freezes the encoder; plain "
-            "training has no such phase)")
+    probe = config.probe_epochs
+    if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"):
+        bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism (the "
+            "private step freezes the encoder; plain training has no such phase)")
     _check_public_subspace(config, bad)
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (edp_nlu/pipeline/recipes.py)
         if int(config[field]) < 0:
@@ -162,27 +146,27 @@ def check_config(config) -> None:
             bad("bert.vocabulary", b.vocabulary, ("minilm", "train"))
         if b.finetune not in FINETUNE:
             bad("bert.finetune", b.finetune, FINETUNE)
-        if b.get("private_finetune", "") not in FINETUNE + ("",):  # "": bert.finetune
+        if b.private_finetune not in FINETUNE + ("",):  # "": bert.finetune
             bad("bert.private_finetune", b.private_finetune, FINETUNE + ("",))
         if not 0 <= b.dropout < 1:
             bad("bert.dropout", b.dropout, "in [0, 1)")
-        if not b.get("private_dropout", -1.0) < 1:
+        if not b.private_dropout < 1:
             bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
-        if b.get("lora_layout", "per_head") not in LORA_LAYOUTS:
+        if b.lora_layout not in LORA_LAYOUTS:
             bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
-        if b.get("lora_targets", "all") not in LORA_TARGETS:
+        if b.lora_targets not in LORA_TARGETS:
             bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
-        if b.get("pooling", "cls") not in POOLING:
+        if b.pooling not in POOLING:
             bad("bert.pooling", b.pooling, POOLING)
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
-    if not 0 <= config.get("ema_fraction", 0.0) < 1:
+    if not 0 <= config.ema_fraction < 1:
         bad("ema_fraction", config.ema_fraction, "in [0, 1)")
-    if not config.get("adam_bc_floor", 1.0) > 0:
+    if not config.adam_bc_floor > 0:
         bad("adam_bc_floor", config.adam_bc_floor, "> 0")
-    if not 0 <= config.get("head_dropout", HEAD_DROPOUT) < 1:
+    if not 0 <= config.head_dropout < 1:
         bad("head_dropout", config.head_dropout, "in [0, 1)")
-    if not config.get("private_head_dropout", -1.0) < 1:
+    if not config.private_head_dropout < 1:
         bad("private_head_dropout", config.private_head_dropout,
             "in [0, 1), or < 0 for head_dropout")
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
@@ -191,7 +175,7 @@ def check_config(config) -> None:
 
 
 def _check_public_subspace(config, bad) -> None:
-    source = config.get("public_subspace", "")
+    source = config.public_subspace
     if not source:
         return
     if config.mechanism == "sgd":
@@ -205,14 +189,10 @@ def _check_public_subspace(config, bad) -> None:
                          ("public_subspace_every", config.public_subspace_every)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             bad(field, value, "an integer >= 1")
-    if config.get("public_subspace_labels", "random") not in ("random", "own"):
+    if config.public_subspace_labels not in ("random", "own"):
         bad("public_subspace_labels", config.public_subspace_labels, ("random", "own"))
     if rank > examples:
         bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
-    if config.get("probe_epochs", 0) or config.get("sparse_embeddings", False) or (
-            config.get("optimizer") == "adam_bc"):
-        bad("public_subspace", source, "'' with probe_epochs, sparse_embeddings or "
-            "optimizer='adam_bc'")
 
 
 def microbatch_size(config) -> Optional[int]:
@@ -241,16 +221,9 @@ def minilm_path() -> str:
 
 
 def build_preprocessor(config, train: tuple, schema):
-    """The model's preprocessor: public vocabulary unless the config asks for the training one;
-    labels from `schema` (edp_nlu/data/schema.py). With augmented copies (a private run's
-    `augment_copies` > 1), encoding `train` with it gives each example's copies
-    (`with_training_copies`); the vocabulary is the originals'."""
-    preprocessor, vectors = _preprocessor(config, train, schema)
-    with_training_copies(config, preprocessor, train)
-    return preprocessor, vectors
-
-
-def _preprocessor(config, train: tuple, schema):
+    """The model's preprocessor: public vocabulary unless the config asks for the training one
+    (the originals' words, never the augmented copies'); labels from `schema`
+    (edp_nlu/data/schema.py)."""
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
@@ -281,51 +254,40 @@ def _preprocessor(config, train: tuple, schema):
 
 @dataclasses.dataclass(frozen=True)
 class TrainingCopies:
-    """The augmented copies to encode for one training split (see `with_training_copies`)."""
+    """How `encode` expands the training split into each example's augmented copies."""
 
-    utterances: tuple  # the training split itself: only this object gets copies
     variants: int  # V rows per example: the example, then V - 1 augmentations
     augmenter: augment.Augmenter
     key: int  # the run's augmentation key: its fixed seed, else OS entropy
 
 
-# preprocessor -> the TrainingCopies of the split it was built for: the run encodes its training
-# split with `encode(preprocessor, split, ...)`, which takes no config, so the copies the config
-# asks for are found through the preprocessor built for that split (and only for that very
-# object: dev, test and attack sets are encoded plainly).
-_TRAINING_COPIES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-def with_training_copies(config, preprocessor, train) -> None:
-    """Makes `encode(preprocessor, train, ...)` encode each example of `train` as
-    augment_variants consecutive rows (the example, then augmentations of it: edp_nlu/data/
-    augment.py), the rows AugmentedPoissonSampler groups, when the config asks for augmented
-    copies in a private run; does nothing otherwise."""
+def training_copies(config) -> Optional[TrainingCopies]:
+    """The augmented copies a private run's training split is encoded with (`encode`: each
+    example as augment_variants consecutive rows, the example then augmentations of it,
+    edp_nlu/data/augment.py: the rows AugmentedPoissonSampler groups); None without them."""
     if augment_copies(config) == 1 or config.mechanism == "sgd":
-        _TRAINING_COPIES.pop(preprocessor, None)
-        return
-    key = int(config.seed) if config.seed >= 0 else secrets.randbits(63)
-    _TRAINING_COPIES[preprocessor] = TrainingCopies(train, augment_variants(config),
-                                                    augmenter(config), key)
-
-
-def bert_checkpoint(config) -> Optional[str]:
-    if not config.bert.checkpoint:
         return None
-    return minilm_path() if config.bert.checkpoint == "minilm" else config.bert.checkpoint
+    key = int(config.seed) if config.seed >= 0 else secrets.randbits(63)
+    return TrainingCopies(augment_variants(config), augmenter(config), key)
 
 
-def build_model(config, preprocessor, vectors=None):
-    """The joint model (call it inside the strategy's scope)."""
-    task = dict(intent_weight=float(config.intent_loss_weight),
-                tag_weight=float(config.slot_loss_weight), tag_reduction=config.slot_loss,
-                head_dropout=float(config.get("head_dropout", HEAD_DROPOUT)),
-                # runs before the field decoded without the BIO constraint
-                decoding=config.get("decoding", "viterbi"))
-    if config.model == "clc":
+def bert_checkpoint(bert) -> Optional[str]:
+    """The BERT checkpoint directory of `bert` (a RunSpec's model.bert), or None."""
+    if not bert.checkpoint:
+        return None
+    return minilm_path() if bert.checkpoint == "minilm" else bert.checkpoint
+
+
+def build_model(spec, preprocessor, vectors=None):
+    """The joint model of `spec` (a RunSpec's `model` part; call it inside the strategy's
+    scope)."""
+    task = dict(intent_weight=float(spec.intent_loss_weight),
+                tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
+                head_dropout=float(spec.head_dropout), decoding=spec.decoding)
+    if spec.model == "clc":
         from edp_nlu.models.clc.clc_joint import CLCJoint
 
-        c = config.clc
+        c = spec.clc
         return CLCJoint.from_preprocessor(
             preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
             num_lstm_layers=c.num_lstm_layers, char_embedding_dim=c.char_embedding_dim,
@@ -334,18 +296,17 @@ def build_model(config, preprocessor, vectors=None):
             **({} if vectors is not None else {"word_embedding_dim": 50}))
     from edp_nlu.models.bert.bert_joint import BertJoint
 
-    c = config.bert
-    checkpoint = bert_checkpoint(config)
+    c = spec.bert
+    checkpoint = bert_checkpoint(c)
     size = {} if checkpoint else dict(num_layers=c.num_layers, num_heads=c.num_heads,
                                       hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
     model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
-                                        pooling=c.get("pooling", "cls"), **task, **size)
+                                        pooling=c.pooling, **task, **size)
     from edp_nlu.models.bert.finetuning import set_finetuning
 
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
-                   lora_layout=c.get("lora_layout", "per_head"),  # config.json before the field
-                   lora_targets=c.get("lora_targets", "all"),
-                   lora_freeze_a=c.get("lora_freeze_a", False))
+                   lora_layout=c.lora_layout, lora_targets=c.lora_targets,
+                   lora_freeze_a=c.lora_freeze_a)
     return model
 
 
@@ -363,18 +324,18 @@ def training_counts_in_logs(config) -> bool:
     return bool(config.diagnostics) or config.mechanism == "sgd"
 
 
-def encode(preprocessor, utterances, split: str, log_counts: bool = True) -> Encoded:
+def encode(preprocessor, utterances, split: str, log_counts: bool = True,
+           copies: Optional[TrainingCopies] = None) -> Encoded:
     """Token lists -> model inputs; logs only counts (truncations, unknowns), never text, and
     those only with `log_counts` (the training split of a private run: see
-    `training_counts_in_logs`). The training split a preprocessor was built for with augmented
-    copies is encoded with them."""
-    copies = _TRAINING_COPIES.get(preprocessor)
-    if copies is not None and utterances is copies.utterances:
+    `training_counts_in_logs`). With `copies` (the training split's: `training_copies`) each
+    utterance is encoded as its rows of augmented copies."""
+    if copies is not None:
+        _log.info("%s: each of %d examples as %d rows (itself and %d augmented copies: %s)",
+                  split, len(utterances), copies.variants, copies.variants - 1,
+                  ", ".join(copies.augmenter.kinds))
         utterances = augment.with_copies(utterances, copies.variants, copies.augmenter,
                                          copies.key)
-        _log.info("%s: each of %d examples as %d rows (itself and %d augmented copies: %s)",
-                  split, len(copies.utterances), copies.variants, copies.variants - 1,
-                  ", ".join(copies.augmenter.kinds))
     x, y, report = preprocessor.encode(
         [u.tokens for u in utterances], [u.tags for u in utterances],
         [u.intent for u in utterances])
@@ -438,10 +399,10 @@ def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixe
             dataset_size=n, sampling_rate=q, replicas=replicas, seed=fixed_seed, key=key,
             copies=augment_copies(config), variants=augment_variants(config))
     if users is not None:
-        cap = float(config.get("user_weight_cap", 0.0)) or None
+        cap = float(config.user_weight_cap) or None
         return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
                                                      weight_cap=cap, key=key)
-    bands = int(config.get("bandmf_bands", 1))
+    bands = int(config.bandmf_bands)
     if bands > 1:  # BandMF: step t samples group t mod b at b q (DPConfig checks the rest)
         return sampling.BandMFSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
                                       microbatch_size=k, seed=fixed_seed, key=key, bands=bands)
@@ -479,14 +440,52 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     return iterators.without_autotune(ds), n // batch, q, None, None
 
 
-def optimizer(config, steps_per_epoch: int):
-    private = config.mechanism != "sgd"
+def optimizer(spec, total_steps: int, private: bool):
+    """The optimizer of `spec` (a RunSpec's `optimizer` part) for a run of `total_steps`."""
     built = optimizers.build_optimizer(
-        config.optimizer, float(config.learning_rate), int(config.epochs) * steps_per_epoch,
-        config.lr_schedule, float(config.warmup_fraction), float(config.weight_decay),
-        float(config.get("ema_fraction", 0.0)), float(config.get("adam_bc_floor", 1.0)),
-        private=private)
-    return optimizers.with_noise_filter(built, config.get("noise_filter", "none"), private)
+        spec.optimizer, float(spec.learning_rate), total_steps, spec.lr_schedule,
+        float(spec.warmup_fraction), float(spec.weight_decay), float(spec.ema_fraction),
+        float(spec.adam_bc_floor), private=private)
+    return optimizers.with_noise_filter(built, spec.noise_filter, private)
+
+
+# edp_tf.config.Features -> the config field that asks for it, and the library's names of the
+# features -> the flags, so that a refusal names what the user set
+_FEATURE_FIELDS = {"freeze": "probe_epochs", "projection": "public_subspace",
+                   "bias_corrected_adam": "optimizer", "sampling": "sampling"}
+_FEATURE_NAMES = {"freeze_until": "probe_epochs",
+                  "project_onto_public_gradients": "public_subspace",
+                  "BiasCorrectedAdam": "optimizer='adam_bc'", "DPConfig.": ""}
+
+
+def features(config) -> Features:
+    """What the config combines with its DPConfig (edp_tf.config.compatibility); the workers
+    are the strategy's, checked by PrivateModel."""
+    return Features(
+        freeze=bool(config.probe_epochs), projection=bool(config.public_subspace),
+        bias_corrected_adam=config.optimizer == "adam_bc", sampling=config.sampling)
+
+
+def _named_as_flags(config, check):
+    """`check()`, its ValueError "DPConfig.f must be ..." raised as "--config.f=v is invalid:
+    f must be ..." (the micro-batch size named with the mechanism that sets it)."""
+    try:
+        return check()
+    except ValueError as error:
+        field = getattr(error, "field", None)
+        if field is None:
+            found = re.search(r"DPConfig\.(\w+)", str(error))
+            field = found.group(1) if found else None
+        field = _FEATURE_FIELDS.get(field, field)
+        text = str(error)
+        for name, flag in _FEATURE_NAMES.items():
+            text = text.replace(name, flag)
+        if field in ("augment_copies", "noise_mode") and "microbatch_size" in text:
+            text += (f" (mechanism={config.mechanism!r} sets the micro-batch size: edp takes "
+                     "--config.microbatch_size, dpsgd clips per example)")
+        if field is None or field not in config:
+            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
+        raise ValueError(f"--config.{field}={config[field]!r} is invalid: {text}") from None
 
 
 def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
@@ -499,17 +498,9 @@ def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
         if name in config:
             value = config[name]
             values[name] = None if name in ZERO_IS_NONE and not value else value
-    try:
-        return edp_tf.DPConfig(microbatch_size=k, seed=fixed_seed,
-                               expected_batch_size=expected_batch, privacy_unit=unit(config),
-                               **values)
-    except ValueError as error:  # "DPConfig.f must be ..." -> "--config.f=v is invalid: f must be ..."
-        found = re.search(r"DPConfig\.(\w+)", str(error))
-        if found is None or found.group(1) not in config:
-            raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
-        field = found.group(1)
-        raise ValueError(f"--config.{field}={config[field]!r} is invalid: "
-                         + str(error).replace("DPConfig.", "")) from None
+    return _named_as_flags(config, lambda: edp_tf.DPConfig(
+        microbatch_size=k, seed=fixed_seed, expected_batch_size=expected_batch,
+        privacy_unit=unit(config), **values))
 
 
 def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,

@@ -41,13 +41,10 @@ _log = logging.getLogger(__name__)
 CHOICES = ("private", "training", "schema")
 EVENT_NAME = "label_selection"
 SOURCE = "the training split, selected with DP partition selection"
-# Fields a config.json written before private selection existed lacks: such a run took its labels
-# from the training split, and resumes that way.
-OLD_RUN_CHOICE = "training"
 
 
 def choice(config) -> str:
-    return config.get("label_selection", OLD_RUN_CHOICE)
+    return config.label_selection
 
 
 def check_config(config, bad) -> None:

@@ -65,7 +65,7 @@ def public_examples(config, preprocessor) -> PublicExamples:
     """`public_subspace_examples` public utterances, encoded, with labels drawn from this run's
     vocabularies (or their own); chosen from the public corpus alone, never the training split."""
     utterances, name = corpus(config)
-    own = config.get("public_subspace_labels", "random") == "own"
+    own = config.public_subspace_labels == "own"
     if own:
         _check_own_labels(config, preprocessor, utterances)
     rng = np.random.default_rng(_CHOICE_SEED)
@@ -105,7 +105,7 @@ def _check_own_labels(config, preprocessor, utterances) -> None:
 def attach(config, trainer, preprocessor) -> None:
     """Sets the projection on `trainer` (an edp_tf.PrivateModel) when the config asks for one.
     It takes no training data: the public set must not depend on it."""
-    if not config.get("public_subspace", ""):
+    if not config.public_subspace:
         return
     public = public_examples(config, preprocessor)
     trainer.project_onto_public_gradients(public.x, public.y, int(config.public_subspace_rank),

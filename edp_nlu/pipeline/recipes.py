@@ -107,12 +107,12 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
                          "[0, 1] (0 = use batch_size)")
     if c.steps < 0:
         raise ValueError(f"--config.steps={c.steps!r} is invalid: expected >= 0 (0 = use epochs)")
-    per_unit = c.mechanism == "dpsgd" or (c.get("privacy_unit") == "user" and private)
+    per_unit = c.mechanism == "dpsgd" or (c.privacy_unit == "user" and private)
     multiple = int(c.replicas) * (1 if per_unit else max(1, int(c.microbatch_size)))
     if c.batch_size > 0 and c.sampling_rate == 0:
         batch = int(c.batch_size)  # explicit: kept as given (too large is an error later)
     else:  # round(q n) to a multiple of the micro-batches a step needs
-        by_user = private and c.get("privacy_unit") == "user"
+        by_user = private and c.privacy_unit == "user"
         batch = (c.sampling_rate * n if c.sampling_rate > 0 else
                  USER_SAMPLING_RATE * n if by_user else
                  (c.private_sampling_rate or PRIVATE_SAMPLING_RATE[c.model]) * n if private
@@ -124,7 +124,7 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
     elif c.epochs > 0:
         epochs = int(c.epochs)
     elif private:
-        steps = (USER_STEPS if c.get("privacy_unit") == "user" else
+        steps = (USER_STEPS if c.privacy_unit == "user" else
                  c.private_steps or PRIVATE_STEPS[(c.model, data_source(c))])
         epochs = math.ceil(steps / steps_per_epoch(n, batch, private, c.sampling, bands))
     else:
@@ -146,11 +146,11 @@ def with_private_fields(config: ml_collections.ConfigDict,
     (what a private run trains, see `resolve`): also how a resumed run's config file is compared
     with the config.json that recorded what ran."""
     c = ml_collections.ConfigDict(config.to_dict())
-    if private and c.bert.get("private_finetune"):
+    if private and c.bert.private_finetune:
         c.bert.finetune = c.bert.private_finetune
-    if private and c.bert.get("private_dropout", -1.0) >= 0:
+    if private and c.bert.private_dropout >= 0:
         c.bert.dropout = c.bert.private_dropout
-    if private and c.get("private_head_dropout", -1.0) >= 0:
+    if private and c.private_head_dropout >= 0:
         c.head_dropout = c.private_head_dropout
     return c
 
@@ -159,6 +159,15 @@ def total_steps(config: ml_collections.ConfigDict, n: int) -> int:
     private = config.mechanism != "sgd"
     return int(config.epochs) * steps_per_epoch(n, config.batch_size, private, config.sampling,
                                                 int(config.get("bandmf_bands", 1)))
+
+
+def with_chunks(config: ml_collections.ConfigDict, microbatch_rows: int,
+                replica_rows: int) -> ml_collections.ConfigDict:
+    """A copy of `config` with its physical_batch_size decided (`chunk_rows`): what config.json
+    records and a resumed run reads back."""
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.physical_batch_size = chunk_rows(config, microbatch_rows, replica_rows)
+    return c
 
 
 def chunk_rows(config: ml_collections.ConfigDict, microbatch_rows: int, replica_rows: int) -> int:

@@ -18,6 +18,7 @@ import time
 import ml_collections
 
 from edp_tf import ledger as ledger_lib
+from edp_nlu.pipeline import run_spec
 
 CONFIG_FILE = "config.json"
 STATE_FILE = "state.json"
@@ -35,7 +36,8 @@ def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.Con
         what = "does not exist" if not os.path.isdir(run_dir) else f"holds no {CONFIG_FILE}"
         raise ValueError(f"{flag}={run_dir}: the directory {what}, so it is not a run directory "
                          "(edp-train writes one)")
-    return ml_collections.ConfigDict(read_run_file(run_dir, CONFIG_FILE)["config"])
+    return ml_collections.ConfigDict(
+        run_spec.upgrade_saved_config(read_run_file(run_dir, CONFIG_FILE)["config"]))
 
 
 # "auto" values a run resolves from its data (recipes.py): a config file's auto value is no

@@ -23,7 +23,7 @@ from edp_tf import accounting
 from edp_nlu.data import loading
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.pipeline import (builders, checkpoints, label_selection, public_subspace, recipes,
-                               run_files, timing, warm_start)
+                               run_files, run_spec, timing, warm_start)
 from edp_nlu.pipeline import callbacks as callbacks_lib
 from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
                                          write_json)
@@ -70,7 +70,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     """
     started = time.time()
     phases = timing.Phases()
-    builders.check_config(config)
+    run_spec.RunSpec.parse(config)  # every field checked once, before anything is written
     state = _open_run_dir(run_dir, resume)
     strategy = _strategy(config, strategy)
     fixed_seed = int(config.seed) if config.seed >= 0 else None
@@ -82,7 +82,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
     source = (warm_start.prepare(config, data.splits.train)
-              if config.get("init_from") and restored is None else None)
+              if config.init_from and restored is None else None)
     if source is not None:  # kept in state.json: a resumed run states it without the source
         state["warm_start"] = source.facts()
     warm = state.get("warm_start")
@@ -93,7 +93,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
             config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
         dp = plan = None
         if private:  # chunked clipping bounds the step's memory (recipes.chunk_rows)
-            config.physical_batch_size = recipes.chunk_rows(
+            config = recipes.with_chunks(
                 config, (k or 1) * builders.augment_copies(config),
                 (sampler.max_batch_size if sampler else int(config.batch_size))
                 // strategy.num_replicas_in_sync)
@@ -277,7 +277,8 @@ def _load_data(config, splits, resume: bool, run_dir: str, strategy,
 
     return _Data(config, splits, units, users, delta, labels, unseen, preprocessor, vectors,
                  builders.encode(preprocessor, splits.train, "train",
-                                 builders.training_counts_in_logs(config)), encode(splits.dev),
+                                 builders.training_counts_in_logs(config),
+                                 builders.training_copies(config)), encode(splits.dev),
                  encode(splits.test))
 
 
@@ -333,12 +334,14 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
            source: Optional[warm_start.Source] = None):
     """(model, what `fit` runs: the PrivateModel or the model, its tf.train.Checkpoint),
     restored from `restored` when resuming, its backbone from `source` when given."""
+    spec = run_spec.RunSpec.of_checked(config)
     with strategy.scope():
-        model = builders.build_model(config, data.preprocessor, data.vectors)
+        model = builders.build_model(spec.model, data.preprocessor, data.vectors)
         if source is not None:
             copied = warm_start.load_backbone(model, data.preprocessor, source)
             _log.info("backbone: %d variables from %s", copied, source.run_dir)
-        optimizer = builders.optimizer(config, steps)
+        optimizer = builders.optimizer(spec.optimizer, spec.sampling.epochs * steps,
+                                       spec.privacy.private)
         if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp, plan=plan,
                                           training_statistics=bool(config.diagnostics))
@@ -360,7 +363,7 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
 def _probe_first(config, model, trainer) -> None:
     """--config.probe_epochs: the heads train alone for that many epochs, then the encoder
     joins (the step leaves the encoder's variables out until then: edp_tf freeze_until)."""
-    probe = int(config.get("probe_epochs", 0))
+    probe = int(config.probe_epochs)
     if not probe:
         return
     if probe >= int(config.epochs):
@@ -380,7 +383,7 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
                     from_training_data=data.labels.from_training_data,
                     selection=data.labels.selection))
     write_json(os.path.join(run_dir, CONFIG_FILE), {
-        "config": config.to_dict(), "dataset_size": n, "data_source": data.splits.source,
+        "config": run_spec.RunSpec.of_checked(config).to_dict(), "dataset_size": n, "data_source": data.splits.source,
         "delta": delta})
 
 

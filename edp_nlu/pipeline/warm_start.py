@@ -38,7 +38,7 @@ import tensorflow as tf
 
 from edp_tf import accounting, ledger as ledger_lib
 from edp_tf.accounting import EpochRecord
-from edp_nlu.pipeline import checkpoints, public_subspace, run_files
+from edp_nlu.pipeline import checkpoints, public_subspace, run_files, run_spec
 
 MAX_CHAIN = 16  # sources of sources followed before giving up (a loop, or a broken chain)
 
@@ -162,7 +162,7 @@ def _uses(run_dir: str, config, ours: set) -> list:
     private, how = _how_trained(run_dir, config)
     uses = [Use(run_dir, _training_corpus(config), "trained on", how, private,
                 bool(ours & _training_utterances(run_dir, config)))]
-    if config.get("public_subspace", ""):
+    if config.public_subspace:
         try:
             utterances, name = public_subspace.corpus(config)
         except ValueError as error:
@@ -184,7 +184,7 @@ def prepare(config, train) -> Source:
     if source_config.model != config.model:
         _bad(run_dir, f"that run trained a {source_config.model} model, this run a "
                       f"{config.model} model")
-    if source_config.get("ema_fraction", 0.0) > 0:
+    if source_config.ema_fraction > 0:
         _bad(run_dir, "that run averaged its weights (ema_fraction > 0), and its checkpoint "
                       "holds the raw ones; start from a run without ema_fraction")
     ours = {tuple(u.tokens) for u in train}
@@ -215,7 +215,8 @@ def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0)
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
     from edp_nlu.pipeline import builders
 
-    model = builders.build_model(config, preprocessor, shape_only_vectors(config, embedding_dim))
+    model = builders.build_model(run_spec.RunSpec.of_checked(config).model, preprocessor,
+                                 shape_only_vectors(config, embedding_dim))
     # read, not restore: the run's checkpoints are written without a save counter
     # (edp_nlu/pipeline/checkpoints.py), which restore would expect
     tf.train.Checkpoint(model=model).read(

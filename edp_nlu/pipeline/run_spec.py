@@ -1,0 +1,302 @@
+"""`RunSpec`: a run's config as frozen, typed parts, validated once and resolved once.
+
+    spec = RunSpec.parse(config)        # every field checked (named as --config.<field>)
+    spec = spec.resolved(n)             # the automatic fields for n training units
+    builders.build_model(spec.model, ...), builders.optimizer(spec.optimizer, ...)
+
+Each field of the experiment config (edp_nlu/configs/base.py) belongs to exactly one part:
+`data`, `model`, `optimizer`, `sampling`, `privacy` or `run`; the mechanism's knobs are
+`privacy.knobs` (edp_tf.DPConfig's names). A part is immutable: what a run decides later (the
+chunk size of its clipping) makes a new spec (`with_knobs`), never an edit. config.json holds
+`to_dict()`, and `upgrade_saved_config` is the one place that knows what runs written before a
+field existed used instead.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Tuple
+
+import ml_collections
+
+from edp_nlu.configs.base import base_config, dp_knob_defaults
+from edp_nlu.pipeline import builders, recipes
+
+
+@dataclasses.dataclass(frozen=True)
+class ClcSpec:
+    word_vectors: str
+    vocabulary_size: int
+    train_word_embeddings: bool
+    lstm_units: int
+    num_lstm_layers: int
+    char_embedding_dim: int
+    char_filters: int
+    max_word_length: int
+    dropout: float
+
+
+@dataclasses.dataclass(frozen=True)
+class BertSpec:
+    checkpoint: str
+    vocabulary: str
+    sequence_length: int
+    num_layers: int
+    num_heads: int
+    hidden_dim: int
+    intermediate_dim: int
+    dropout: float
+    finetune: str
+    lora_rank: int
+    lora_alpha: float
+    lora_layout: str
+    lora_targets: str
+    lora_freeze_a: bool
+    pooling: str
+    private_finetune: str
+    private_dropout: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    data_dir: str
+    data_seed: int
+    label_schema: str
+    label_selection: str
+    label_selection_noise: float
+    label_selection_max_labels: int
+    label_selection_delta_share: float
+    synthetic_size: int
+    synthetic_canaries: int
+    synthetic_canary_repeats: int
+    augment: str
+    augment_word_rate: float
+    augment_slot_rate: float
+    augment_variants: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    model: str
+    max_words: int
+    init_from: str
+    head_dropout: float
+    private_head_dropout: float
+    slot_loss: str
+    decoding: str
+    intent_loss_weight: float
+    slot_loss_weight: float
+    clc: ClcSpec
+    bert: BertSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+    optimizer: str
+    learning_rate: float
+    private_learning_rate: float
+    lr_schedule: str
+    warmup_fraction: float
+    weight_decay: float
+    ema_fraction: float
+    adam_bc_floor: float
+    noise_filter: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSpec:
+    sampling: str
+    batch_size: int
+    sampling_rate: float
+    epochs: int
+    steps: int
+    private_sampling_rate: float
+    private_steps: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacySpec:
+    mechanism: str
+    target_epsilon: float
+    delta: float
+    microbatch_size: int
+    privacy_unit: str
+    examples_per_user: int
+    user_weight_cap: float
+    probe_epochs: int
+    public_subspace: str
+    public_subspace_rank: int
+    public_subspace_examples: int
+    public_subspace_every: int
+    public_subspace_labels: str
+    knobs: Tuple[Tuple[str, Any], ...]  # edp_tf.DPConfig's knobs, by name (configs/base.py)
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism != "sgd"
+
+    def knob(self, name: str) -> Any:
+        return dict(self.knobs)[name]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunWide:
+    name: str
+    replicas: int
+    seed: int
+    diagnostics: bool
+
+
+_PARTS = {"data": DataSpec, "model": ModelSpec, "optimizer": OptimizerSpec,
+          "sampling": SamplingSpec, "privacy": PrivacySpec, "run": RunWide}
+_NESTED = {"clc": ClcSpec, "bert": BertSpec}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    data: DataSpec
+    model: ModelSpec
+    optimizer: OptimizerSpec
+    sampling: SamplingSpec
+    privacy: PrivacySpec
+    run: RunWide
+
+    @classmethod
+    def parse(cls, config) -> "RunSpec":
+        """The spec of an experiment config (a ConfigDict or its dict), every field checked
+        once: a ValueError names the first bad one as --config.<field>."""
+        config = _as_config(config)
+        _refuse_unknown_or_missing(config.to_dict())
+        builders.check_config(config)
+        return cls.of_checked(config)
+
+    @classmethod
+    def of_checked(cls, config) -> "RunSpec":
+        """The spec of a config checked before: a resolved copy of a parsed one, or a run's
+        config.json (read through `upgrade_saved_config`), whose run checked it when it
+        started (a check now could refuse what was valid then, e.g. a moved public corpus)."""
+        flat = _as_config(config).to_dict()
+        _refuse_unknown_or_missing(flat)
+        knobs = tuple((name, flat[name]) for name in dp_knob_defaults())
+        parts = {}
+        for part, part_cls in _PARTS.items():
+            values = {}
+            for f in dataclasses.fields(part_cls):
+                if f.name == "knobs":
+                    values["knobs"] = knobs
+                elif f.name in _NESTED:
+                    values[f.name] = _NESTED[f.name](**flat[f.name])
+                else:
+                    values[f.name] = flat[f.name]
+            parts[part] = part_cls(**values)
+        return cls(**parts)
+
+    def resolved(self, n: int) -> "RunSpec":
+        """The spec with the automatic fields (0) filled for n training units (privacy units),
+        and a private run's private_ fields in the places they stand for (recipes.resolve)."""
+        return RunSpec.parse(recipes.resolve(self.to_config(), n))
+
+    def with_knobs(self, **knobs: Any) -> "RunSpec":
+        """A copy with these DPConfig knobs changed (what the run decides once it knows its
+        batches, e.g. the chunk size of its clipping), checked again."""
+        unknown = set(knobs) - set(dict(self.privacy.knobs))
+        if unknown:
+            raise ValueError(f"not DPConfig knobs of a run: {sorted(unknown)}")
+        merged = tuple((name, knobs.get(name, value)) for name, value in self.privacy.knobs)
+        return RunSpec.parse(_replaced(self, merged))
+
+    def to_dict(self) -> dict:
+        """The experiment config's fields (what config.json holds), nested as the config is."""
+        out = {}
+        for part in _PARTS:
+            for key, value in dataclasses.asdict(getattr(self, part)).items():
+                if key == "knobs":
+                    out.update(dict(value))
+                else:
+                    out[key] = value
+        return out
+
+    def to_config(self) -> ml_collections.ConfigDict:
+        """The spec as an experiment ConfigDict (for what still reads one)."""
+        return ml_collections.ConfigDict(self.to_dict())
+
+
+def _replaced(spec: RunSpec, knobs: tuple) -> ml_collections.ConfigDict:
+    values = spec.to_dict()
+    values.update(dict(knobs))
+    return ml_collections.ConfigDict(values)
+
+
+def _as_config(config) -> ml_collections.ConfigDict:
+    if isinstance(config, ml_collections.ConfigDict):
+        return config
+    return ml_collections.ConfigDict(dict(config))
+
+
+def _known_fields() -> dict:
+    """{field: None, or its nested fields} of every part."""
+    known = {}
+    for part_cls in _PARTS.values():
+        for f in dataclasses.fields(part_cls):
+            if f.name == "knobs":
+                known.update(dict.fromkeys(dp_knob_defaults()))
+            elif f.name in _NESTED:
+                known[f.name] = {g.name for g in dataclasses.fields(_NESTED[f.name])}
+            else:
+                known[f.name] = None
+    return known
+
+
+def _refuse_unknown_or_missing(flat: Mapping[str, Any]) -> None:
+    known = _known_fields()
+    for key in sorted(set(flat) | set(known)):
+        if key not in known:
+            raise ValueError(f"--config.{key} is not a field of the experiment config "
+                             "(edp_nlu/configs/base.py lists them)")
+        if key not in flat:
+            raise ValueError(f"--config.{key} is missing: a config starts from "
+                             "edp_nlu.configs.base.base_config() (a saved one is read with "
+                             "run_spec.upgrade_saved_config)")
+        nested = known[key]
+        if nested is not None:
+            for inner in sorted(set(flat[key]) ^ nested):
+                raise ValueError(f"--config.{key}.{inner} is "
+                                 + ("missing" if inner in nested else "not a field"))
+
+
+# What a run whose config.json predates a field used in its place (the code's fallback then):
+# the only place old defaults live. A field missing from this table and from a saved config
+# takes base_config's value (it was not read by the run, or its default never changed).
+OLD_DEFAULTS = {
+    "privacy_unit": "example",
+    "augment_copies": 1,
+    "augment_variants": 0,
+    "user_weight_cap": 0.0,
+    "decoding": "viterbi",  # runs before the field decoded without the BIO constraint
+    "head_dropout": 0.1,
+    "private_head_dropout": -1.0,
+    "probe_epochs": 0,
+    "public_subspace": "",
+    "ema_fraction": 0.0,
+    "adam_bc_floor": 1.0,
+    "init_from": "",
+    "label_selection": "training",  # before private selection, labels came from the split
+    "bert": {"private_finetune": "", "private_dropout": -1.0, "lora_layout": "per_head",
+             "lora_targets": "all", "lora_freeze_a": False, "pooling": "cls"},
+}
+
+
+def upgrade_saved_config(saved: Mapping[str, Any]) -> dict:
+    """A config.json's "config" with every field of today's config: a field it lacks gets what
+    runs before that field used (OLD_DEFAULTS), else base_config's value."""
+    out = base_config().to_dict()
+    for key, value in OLD_DEFAULTS.items():
+        if isinstance(value, dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    for key, value in saved.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
