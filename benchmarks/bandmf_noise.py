@@ -25,6 +25,8 @@ import time
 
 from absl import app, flags
 
+from edp_tf import accounting, bandmf
+
 FLAGS = flags.FLAGS
 
 
@@ -46,8 +48,6 @@ def default_bands(q: float) -> list:
 def row(n: int, q: float, epsilon: float, delta: float, steps: int, bands: int,
         dpsgd_z: float) -> dict:
     """One (T, b) row against DP-SGD's multiplier `dpsgd_z` at the same target."""
-    from edp_tf import accounting, bandmf
-
     z = dpsgd_z if bands == 1 else accounting.calibrate_noise(
         epsilon, delta, q, 1, steps, bands=bands)
     c = bandmf.optimal_coefficients(steps, bands)
@@ -93,7 +93,6 @@ def write_table(out_dir: str) -> str:
 
 def main(argv) -> None:
     del argv
-    from edp_tf import accounting
 
     n, q, eps = FLAGS.n, FLAGS.q, FLAGS.epsilon
     delta = FLAGS.delta or 0.1 / n

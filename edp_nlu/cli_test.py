@@ -4,6 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from edp_nlu import cli
+from edp_nlu.configs import DIRECTORY, accept_names, config_file
+from edp_nlu.pipeline import run_files
+
 REPO = Path(__file__).resolve().parents[1]
 PLANNED = ["--dataset_size=3000", "--epochs=2", "--noise_multiplier=1.0"]
 NATIVE_NOISE = ("oneDNN", "cuInit", "cpu_feature_guard", "absl::InitializeLog")
@@ -32,8 +36,6 @@ def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2():
 
 
 def test_a_run_directory_that_is_not_one_names_the_commands_flag(tmp_path):
-    from edp_nlu.pipeline import run_files
-
     import pytest
 
     with pytest.raises(ValueError, match=r"^--run_dir=.*missing: the directory does not exist"):
@@ -81,7 +83,6 @@ def _allocator_probe(env):
 
 
 def test_commands_set_the_bfc_cpu_allocator_and_keep_the_users_choice(monkeypatch):
-    from edp_nlu import cli
     monkeypatch.delenv("TF_CPU_ALLOCATOR_USE_BFC", raising=False)
     cli.use_bfc_cpu_allocator()
     assert os.environ["TF_CPU_ALLOCATOR_USE_BFC"] == "true"
@@ -103,8 +104,6 @@ def test_a_config_is_a_path_or_a_packaged_configs_name(tmp_path):
     package has no configs/ beside the user's files); a path stays a path."""
     from absl import flags
     from ml_collections import config_flags
-
-    from edp_nlu.configs import DIRECTORY, accept_names, config_file
 
     assert config_file("snips_clc") == os.path.join(DIRECTORY, "snips_clc.py")
     assert config_file("snips_clc:x") == os.path.join(DIRECTORY, "snips_clc.py") + ":x"

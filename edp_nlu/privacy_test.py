@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import edp_tf
+from edp_nlu import privacy
 from edp_tf import accounting as acc
 from edp_tf import ledger
-from edp_nlu import privacy
+from edp_tf.partition_selection import GaussianThresholding
 
 
 def test_planned_statement_shows_both_modes_per_epoch():
@@ -94,8 +95,6 @@ def test_statement_of_a_run_with_private_label_selection(tmp_path):
     """A ledger charging the DP label selection: the statement names its sensitivity and the
     delta it spends, recomputes epsilon at the reduced delta, gives inf at a reported delta the
     threshold exhausts, and says where the label sets come from."""
-    from edp_tf.partition_selection import GaussianThresholding
-
     selection = GaussianThresholding.for_delta(5.0, 4, 2e-6).extra_event("label_selection")
     records = acc.plan_schedule(1.2, 2, 10)
     content = {

@@ -23,6 +23,8 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from edp_nlu.configs import accept_names, config_file  # noqa: E402
+from edp_nlu.pipeline import callbacks, recipes, run_files, timing, training, worker_processes
+from edp_tf import make_multi_worker_strategy, make_strategy
 
 _CONFIG = accept_names(config_flags.DEFINE_config_file(
     "config", config_file("default"), "Experiment config file, or the name of a packaged one "
@@ -63,9 +65,6 @@ def main(argv):
             if flag.value is not None:
                 config[field] = flag.value
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
-    from edp_tf import make_strategy
-
-    from edp_nlu.pipeline import callbacks, run_files, timing, training
 
     run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
     if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
@@ -78,8 +77,6 @@ def main(argv):
             print(training.summary_line(finished), flush=True)
             return
     if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
-        from edp_nlu.pipeline import worker_processes
-
         sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
                                          _WORKERS.value, run_dir, _RESUME.value))
     if _WORKER_INDEX.value is not None:
@@ -123,8 +120,6 @@ def _resumed_config(config, run_dir: str):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
-    from edp_nlu.pipeline import recipes, run_files
-
     saved = run_files.load_run_config(run_dir, "--resume: --run_dir")
     requested = _requested_fields()
     given_file = None
@@ -149,10 +144,6 @@ def _resumed_config(config, run_dir: str):
 def _worker(config, run_dir: str) -> None:
     """One worker of a --workers run: the same training, in its own directory (the chief's is
     the run's); the replica count is the strategy's (workers x devices per worker)."""
-    from edp_tf import make_multi_worker_strategy
-
-    from edp_nlu.pipeline import training, worker_processes
-
     strategy = make_multi_worker_strategy()
     index = _WORKER_INDEX.value
     own_dir = worker_processes.worker_dir(run_dir, index)

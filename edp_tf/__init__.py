@@ -17,8 +17,12 @@ from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
 from edp_tf.private_training import AutoPrivateModel, make_private
-from edp_tf.sampling import (AugmentedPoissonSampler, BandMFSampler, PoissonSampler,
-                              UserPoissonSampler)
+from edp_tf.sampling import (
+    AugmentedPoissonSampler,
+    BandMFSampler,
+    PoissonSampler,
+    UserPoissonSampler,
+)
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 

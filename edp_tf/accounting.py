@@ -29,7 +29,12 @@ import numpy as np
 
 from edp_tf import checks
 from edp_tf.mechanism import (  # noqa: F401  (re-exported: the accountant's vocabulary)
-    DECAYS, NOISE_MODES, effective_noise_multiplier, joint_noise_multiplier, noise_multiplier_at)
+    DECAYS,
+    NOISE_MODES,
+    effective_noise_multiplier,
+    joint_noise_multiplier,
+    noise_multiplier_at,
+)
 from edp_tf.mechanism import sensitivity as sensitivity_for  # noqa: F401
 
 ACCOUNTANTS = ("pld", "rdp")

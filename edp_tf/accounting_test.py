@@ -8,6 +8,7 @@ import pytest
 
 from edp_tf import DPConfig
 from edp_tf import accounting as acc
+
 accounting = acc
 
 # n = 4096, batch 64: q = 1/64 exactly, so tf-privacy's ceil(epochs / q) is exactly 64 * epochs.

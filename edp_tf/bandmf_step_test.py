@@ -7,8 +7,18 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import (DPConfig, Mechanism, PrivacyLedger, PrivacyPlan, PrivateModel, accounting,
-                    bandmf, make_strategy, sampling)
+import edp_tf
+from edp_tf import (
+    DPConfig,
+    Mechanism,
+    PrivacyLedger,
+    PrivacyPlan,
+    PrivateModel,
+    accounting,
+    bandmf,
+    make_strategy,
+    sampling,
+)
 from edp_tf.testing import wide_model, zero_loss
 
 BATCH, WIDTH = 8, 1250
@@ -157,8 +167,6 @@ def test_a_bandmf_step_refuses_a_plain_poisson_ledger(tmp_path):
 
 
 def test_make_private_runs_bandmf_through_its_own_sampler():
-    import edp_tf
-
     private = edp_tf.make_private(_tiny(), target_epsilon=8.0, epochs=2, batch_size=8,
                                   bandmf_bands=4)
     private.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss)

@@ -17,8 +17,13 @@ import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
 from edp_tf import checks
-from edp_tf.mechanism import (DECAYS, NOISE_MODES, PRIVACY_UNITS, USER_ESTIMATORS,
-                              noise_multiplier_at)
+from edp_tf.mechanism import (
+    DECAYS,
+    NOISE_MODES,
+    PRIVACY_UNITS,
+    USER_ESTIMATORS,
+    noise_multiplier_at,
+)
 
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")

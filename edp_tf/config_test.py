@@ -5,7 +5,15 @@ import math
 import pytest
 
 from edp_tf import DPConfig
-from edp_tf.config import Features, Incompatible, compatibility, defaults
+from edp_tf.config import (
+    Core,
+    Features,
+    Incompatible,
+    NoiseSchedule,
+    UserLevel,
+    compatibility,
+    defaults,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,15 +92,11 @@ def test_decay_schedules_per_epoch():
      "multiple of microbatch_size=1 x augment_copies=4"),
 ])
 def test_physical_batch_size_is_checked(kwargs, message):
-    from edp_tf import DPConfig
-
     with pytest.raises(ValueError, match=message):
         DPConfig(**kwargs)
 
 
 def test_groups_and_flat_names_are_one_config():
-    from edp_tf.config import Core, NoiseSchedule, UserLevel
-
     flat = DPConfig(l2_norm_clip=0.5, microbatch_size=4, expected_batch_size=32.0,
                     decay="linear", decay_rate=0.2, privacy_unit="user")
     grouped = DPConfig(core=Core(l2_norm_clip=0.5, microbatch_size=4, expected_batch_size=32.0),

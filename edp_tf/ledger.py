@@ -27,6 +27,7 @@ from absl import logging
 
 from edp_tf import accounting, checks
 from edp_tf.accounting import EpochRecord
+from edp_tf.sampling import PoissonSampler, UserPoissonSampler
 
 FILENAME = "privacy.json"
 SAMPLINGS = ("poisson", "shuffle")
@@ -207,8 +208,6 @@ class PrivacyLedger(keras.callbacks.Callback):
         # (an exported artifact holds data of the training split) makes the run not private
         self.artifacts: Optional[dict] = None
         if sampler is not None:
-            from edp_tf.sampling import PoissonSampler
-
             if not isinstance(sampler, PoissonSampler) or sampling != "poisson":
                 raise ValueError("sampler must be an edp_tf.sampling.PoissonSampler, with "
                                  "sampling='poisson'")
@@ -568,7 +567,6 @@ class PrivacyLedger(keras.callbacks.Callback):
         change that can be larger."""
         if self.sampler is None:
             return
-        from edp_tf.sampling import UserPoissonSampler
 
         by_user = isinstance(self.sampler, UserPoissonSampler)
         if by_user != (mechanism.privacy_unit == "user"):

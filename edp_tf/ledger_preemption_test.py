@@ -9,8 +9,6 @@ import sys
 import textwrap
 import time
 
-import pytest
-
 FLUSH = 3  # flush_steps of the child's ledger: the most a kill may over-charge
 CHILD = textwrap.dedent("""
     import json, os, signal, sys

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from edp_tf import DPConfig, PrivateModel
+from edp_tf import DPConfig, PrivateModel, noise
 from edp_tf.testing import wide_model, zero_loss
 
 N = 4  # replicas (conftest.py)
@@ -90,8 +90,6 @@ def test_noise_differs_between_consecutive_steps_of_one_fit(strategy):
 
 
 def test_noise_owners_balance_the_draws():
-    from edp_tf import noise
-
     assert noise.noise_owners([10, 1000, 5, 990], 2) == (1, 0, 0, 1)
     assert noise.noise_owners([7, 3], 1) == (0, 0)
     assert sorted(noise.noise_owners([4] * 8, 4)) == [0, 0, 1, 1, 2, 2, 3, 3]

@@ -5,7 +5,8 @@ import dataclasses
 import keras
 import pytest
 
-from edp_tf import DPConfig, Mechanism, PrivacyPlan, PrivateModel, accounting, plan
+from edp_tf import DPConfig, Mechanism, PrivacyLedger, PrivacyPlan, PrivateModel, accounting, plan
+from edp_tf.partition_selection import GaussianThresholding
 from edp_tf.testing import mse, small_model, small_regression
 
 
@@ -63,9 +64,6 @@ def test_a_release_before_training_is_calibrated_for_and_charged_once(tmp_path):
     """A query answered before the first step (DP label selection) is in the plan's releases:
     calibration counts it with its delta, the model reports it, and the ledger charges it once
     however many fits run."""
-    from edp_tf import PrivacyLedger
-    from edp_tf.partition_selection import GaussianThresholding
-
     release = GaussianThresholding.for_delta(5.0, 4, 1e-4).extra_event("label_selection")
     calibrated = _plan(releases=(release,)).calibrated(4.0)
     assert 3.9 < calibrated.epsilon() <= 4.0

@@ -20,9 +20,22 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import (batch_source, bias_corrected_adam, clipping, iterators, local_training,
-                    microbatch, model_state, multi_worker, noise, projection, scaling, selection,
-                    step_guard)
+from edp_tf import (
+    batch_source,
+    bias_corrected_adam,
+    clipping,
+    ghost,
+    iterators,
+    local_training,
+    microbatch,
+    model_state,
+    multi_worker,
+    noise,
+    projection,
+    scaling,
+    selection,
+    step_guard,
+)
 from edp_tf.config import DPConfig, Features, Incompatible, compatibility
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
@@ -818,8 +831,6 @@ def _unvectorisable_layers(model) -> list:
     """Recurrent layers that are not unrolled: each runs its own while_loop, which
     `tf.vectorized_map` (the ghost and vectorized methods) fails to vectorise over masked
     inputs, deep inside tracing."""
-    from edp_tf import ghost
-
     return [f"{layer.name!r} ({type(layer).__name__}, unroll=False)"
             for layer in ghost.flatten_layers(model)
             if isinstance(layer, keras.layers.RNN) and not getattr(layer, "unroll", True)]

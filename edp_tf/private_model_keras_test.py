@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import edp_tf
 from edp_tf import DPConfig, PrivateModel, microbatch
 
 T, VOCAB, TAGS, ROWS = 6, 9, 3, 16
@@ -237,8 +238,6 @@ def test_text_vectorization_declared_public_trains(replicas, length, method):
     name, trains with the default per-example method on one and two replicas (its inner
     StringLookup is covered by the declaration); without a fixed output length it is not
     row-wise, and the step clips one example at a time instead."""
-    import edp_tf
-
     strategy = edp_tf.make_strategy(replicas)
     with strategy.scope():
         model = _text_classifier(length)
@@ -296,8 +295,6 @@ def test_loop_and_edp_draw_a_dropout_mask_per_example(method, microbatch_size):
 def test_replicas_draw_the_same_dropout_masks_as_in_plain_keras():
     """Keras' seed state is one mirrored variable: under a MirroredStrategy every replica draws
     the same masks for its rows, in plain Keras as in the private step."""
-    import edp_tf
-
     strategy = edp_tf.make_strategy(2)
     with strategy.scope():
         model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dropout(0.5)])

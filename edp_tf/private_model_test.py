@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import DPConfig, PrivateModel
+from edp_tf import DPConfig, PrivateModel, microbatch
 from edp_tf.testing import mse, per_example_update, small_model, small_regression
 
 
@@ -152,8 +152,6 @@ def test_wrapped_model_is_free_of_privacy_machinery(strategy):
 def test_physical_batch_size_processes_chunks(strategy, monkeypatch):
     """The chunked path really runs: each replica traces the gradients of one chunk of 2 rows
     (the loop body), once."""
-    from edp_tf import microbatch
-
     rows = []
     original = microbatch.unchunked_gradients
 
@@ -209,8 +207,6 @@ def test_keras_compile_with_a_loss_per_output_trains_as_keras_does(strategy):
 
 
 def test_per_example_loss_of_several_outputs_is_their_weighted_sum():
-    from edp_tf import microbatch
-
     rng = np.random.default_rng(4)
     y_true = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]
     y_pred = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]

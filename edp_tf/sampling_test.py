@@ -8,6 +8,7 @@ from scipy import stats
 
 import edp_tf
 from edp_tf import sampling
+from edp_tf.sampling import slot_keys
 
 N_EX = 1000
 
@@ -152,8 +153,6 @@ def test_wrong_row_count_is_refused():
 def test_slot_keys_do_not_tie():
     """Ties would make argsort's placement depend on position; float32 keys tied in ~2.5% of
     draws at this size (about 60 of 2000 expected), 64-bit keys essentially never."""
-    from edp_tf.sampling import slot_keys
-
     size, draws = 1200, 2000
     tied = 0
     for i in range(draws):

@@ -48,6 +48,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from edp_nlu.configs import config_file
+from edp_nlu.pipeline import builders, label_selection, recipes
+from edp_tf import accounting, attacks, checks, tuning
+from edp_tf.ledger import read_ledger, write_json_atomically
 
 _GRID = config_flags.DEFINE_config_file("grid", None, "Grid config file (experiments/grids/*.py).")
 _CELLS = flags.DEFINE_list("cells", None, "Only these cells (default: all of the grid).")
@@ -119,8 +122,6 @@ def _bytes(path):
 
 
 def _write(path, payload) -> None:
-    from edp_tf.ledger import write_json_atomically
-
     write_json_atomically(path, payload, sort_keys=True)
 
 
@@ -324,7 +325,6 @@ def _auc_interval(mia: dict) -> str:
     """"lo-hi", the attack AUC's 95% interval (from the counts, so older cells get it too)."""
     if not mia.get("members") or not mia.get("nonmembers"):
         return ""
-    from edp_tf import attacks
 
     lo, hi = attacks.auc_interval(mia["auc"], mia["members"], mia["nonmembers"])
     return f"{lo:.3f}-{hi:.3f}"
@@ -462,8 +462,6 @@ def write_epsilon_per_epoch(grid, results: list) -> None:
     key = [r["epsilon"], r["sampling_rate"], r["epochs"], r["delta"]]
     cached = _read(path)
     if not cached or cached.get("key") != key:
-        from edp_tf import accounting
-
         steps = math.ceil(1.0 / r["sampling_rate"] - 1e-9)
         curves = {}
         for decay, rate in (("none", 0.0), ("linear", 0.1), ("exponential", 0.1)):
@@ -536,11 +534,7 @@ def planned_run(config) -> dict:
 
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
-    from edp_tf import accounting
-    from edp_nlu.pipeline import builders, recipes
-
     builders.check_config(config)
-    from edp_nlu.pipeline import label_selection
 
     if label_selection.selects_privately(config):
         raise ValueError(
@@ -573,8 +567,6 @@ def planned_run(config) -> dict:
 
 def _same_schedule(ledger: dict, plan: dict) -> str:
     """"" if the run's ledger charged (a prefix of) the planned schedule, else why not."""
-    from edp_tf import accounting
-
     recorded = [accounting.EpochRecord.from_dict(e) for e in ledger["epochs"]]
     planned = plan["records"]
     close = lambda a, b: math.isclose(a, b, rel_tol=1e-9)  # noqa: E731
@@ -596,8 +588,6 @@ def _same_schedule(ledger: dict, plan: dict) -> str:
 def tuning_plan(grid, cells, mu: float, distribution: str, extra_overrides=()) -> tuple:
     """(the plan's dict for the results file, the edp_tf.tuning.TuningCost): every candidate's
     planned schedule and per-run epsilon, and the released model's epsilon with the selection."""
-    from edp_tf import tuning
-
     plans = {c.name: planned_run(cell_config(c, extra_overrides)) for c in cells}
     deltas = {p["delta"] for p in plans.values()}
     if len(deltas) != 1:
@@ -721,8 +711,6 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     line for the released run: nothing that tells K or another candidate's score."""
     import numpy as np
 
-    from edp_tf import checks, tuning
-
     checks.number("mean", mu, 1.0)  # before the candidates are planned (that loads the corpus)
     shape = DISTRIBUTION_SHAPES[distribution]
     plan, cost, plans = tuning_plan(grid, cells, mu, distribution, extra_overrides)
@@ -773,7 +761,6 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
                  "tie_key": draw["tie_keys"][i]}
         try:
             _train_candidate(grid, candidate, runs_dir, python)
-            from edp_tf.ledger import read_ledger
 
             ledger, metrics = read_ledger(run_dir), _read(os.path.join(run_dir, "metrics.json"))
             entry["discarded"] = _same_schedule(ledger, plans[cell_name])

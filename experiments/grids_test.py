@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from experiments.grids.common import BERT_FULL_FINETUNING, bert_private
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRIDS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "grids", "*.py"))
                if os.path.basename(p) not in ("__init__.py", "common.py"))
@@ -57,8 +59,6 @@ def test_private_cells_do_not_set_what_the_private_recipe_replaces(path):
 
 
 def test_bert_private_pins_cells_against_the_private_recipe():
-    from experiments.grids.common import BERT_FULL_FINETUNING, bert_private
-
     assert bert_private() == BERT_FULL_FINETUNING
     pinned = bert_private("steps=150", "bert.finetune=lora", "bert.dropout=0.0")
     assert pinned[:3] == ("steps=150", "bert.private_finetune=lora", "bert.private_dropout=0.0")

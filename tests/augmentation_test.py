@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from tests.tiny_runs import corpus, read, strategy, tiny_config
 from edp_nlu.pipeline import builders, training
+from tests.tiny_runs import corpus, read, strategy, tiny_config
 
 
 @pytest.mark.parametrize("overrides, reason", [

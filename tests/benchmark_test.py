@@ -5,7 +5,7 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
-from benchmarks import benchmark
+from benchmarks import benchmark, streaming_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +73,6 @@ def test_finetuning_suffix_is_checked(parsed_flags):
 def test_scale_writes_corpora_once_and_measures_an_epoch_each(tmp_path):
     """--scale's work: sharded text, one epoch of streaming sampling per size in a fresh process
     (n / batch steps, about n rows sampled: 5 sd of Binomial(n, q) is < 60 here)."""
-    from benchmarks import streaming_benchmark
-
     results = streaming_benchmark.run_scale([500, 2000], str(tmp_path), expected_batch=100,
                                             block_records=150)
     for r, n in zip(results, (500, 2000)):

@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_nlu.configs.base import base_config
 from edp_nlu import evaluate
+from edp_nlu.configs.base import base_config
 from edp_nlu.data import synthetic
 from edp_nlu.pipeline import training
 

@@ -8,9 +8,12 @@ import sys
 
 import pytest
 
-from experiments.grids.common import cell, grid
-from edp_tf import attacks
+from edp_tf import attacks, tuning
+from edp_tf.accounting import EpochRecord
+from edp_tf.ledger import read_ledger
 from experiments import experiment
+from experiments.grids.common import cell, grid
+from tests.tiny_runs import many_csv_rows, write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=8",
@@ -191,9 +194,6 @@ def test_select_plans_the_schedule_the_trainer_charges(finished):
     """A candidate's schedule is planned before training (the selection's bound must cover
     every candidate first); the plan is what edp_nlu.train then recorded, and a ledger that
     differs from its plan is caught (the candidate would be discarded)."""
-    from edp_tf.accounting import EpochRecord
-    from edp_tf.ledger import read_ledger
-
     g, _ = finished
     plan = experiment.planned_run(experiment.cell_config(g.cells[1]))
     ledger = read_ledger(os.path.join(g.runs_dir, "clc_dpsgd"))
@@ -215,8 +215,6 @@ def test_select_plans_the_schedule_the_trainer_charges(finished):
 def test_select_refuses_candidates_that_would_select_their_labels_privately(tmp_path):
     """A corpus without a schema: each private candidate would select its label sets with DP,
     whose threshold delta the tuning accountant cannot compose; refused before any training."""
-    from tests.tiny_runs import many_csv_rows, write_csv
-
     corpus = write_csv(tmp_path / "data.csv", many_csv_rows("alarm", "set", 40))
     candidate = cell("csv", "per-example", "per-example", "edp_nlu/configs/default.py",
                      "mechanism=dpsgd", f"data_dir={corpus}", *TINY)
@@ -324,8 +322,6 @@ def test_accounted_tuning_releases_nothing_that_tells_k_or_the_other_candidates(
     """A private selection (no seed): Papernot & Steinke's bound needs K secret and only the
     best candidate released. The released files and the console name the chosen run without an
     index (no position, no count) and show no other candidate's score."""
-    from edp_tf import tuning
-
     g, _ = finished
     twin = cell("clc_dpsgd_twin", "the same recipe", "per-example", "edp_nlu/configs/default.py",
                 "mechanism=dpsgd", "target_epsilon=8.0", *TINY)

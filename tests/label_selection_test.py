@@ -7,12 +7,14 @@ import pytest
 
 from edp_nlu.data import schema
 from edp_nlu.data.corpus import Utterance
+from edp_nlu.pipeline import label_selection, training
+from edp_tf import accounting
+from edp_tf.partition_selection import GaussianThresholding
+from tests.tiny_runs import csv_row, many_csv_rows, read, strategy, tiny_config, write_csv
 
 
 # ------------------------------------------------------------ labels selected with DP (no schema)
 def test_each_unit_contributes_its_intent_and_slot_types():
-    from edp_nlu.pipeline import label_selection
-
     train = [Utterance(("call", "ann", "now"), ("O", "B-name", "B-time"), "call", "u1"),
              Utterance(("ann", "smith"), ("B-name", "I-name"), "call", "u1"),
              Utterance(("hi",), ("O",), "[UNK]", "u2")]
@@ -26,8 +28,6 @@ def test_each_unit_contributes_its_intent_and_slot_types():
 
 
 def test_unselected_labels_become_unk_and_o_keeping_the_user():
-    from edp_nlu.pipeline import label_selection
-
     selected = schema.LabelSchema(("call",), ("name",), label_selection.SOURCE,
                                   selection={"noise_stddev": 5.0})
     train = (Utterance(("call", "ann", "now"), ("O", "B-name", "B-time"), "call", "u1"),
@@ -38,9 +38,6 @@ def test_unselected_labels_become_unk_and_o_keeping_the_user():
 
 
 def test_a_resumed_run_keeps_its_selected_labels_and_is_charged_once(tmp_path):
-    from edp_tf.partition_selection import GaussianThresholding
-    from edp_nlu.pipeline import label_selection
-
     assert label_selection.resumed(str(tmp_path)) is None
     assert not label_selection.charged(str(tmp_path))
     selector = GaussianThresholding.for_delta(5.0, 4, 1e-6)
@@ -62,10 +59,6 @@ def test_private_run_on_a_csv_corpus_without_schema_selects_its_labels_privately
     (a chance of 1e-5 each: P[1 + N(0, 25) > tau ~ 22]); the selection is charged as an extra
     event with its delta, calibration to the target counts it, and the run is private."""
     import math
-
-    from edp_tf import accounting
-    from tests.tiny_runs import csv_row, many_csv_rows, read, strategy, tiny_config, write_csv
-    from edp_nlu.pipeline import training
 
     rare = csv_row(9000, "iot", "hue_off", "turn off the [device_type : lamp]")
     path = write_csv(tmp_path / "corpus" / "data.csv", many_csv_rows("alarm", "set", 120)

@@ -1,6 +1,7 @@
 """Offline LiRA scoring (tools.lira): the attack itself, on synthetic log-likelihoods."""
 import numpy as np
 
+from edp_tf import attacks
 from tools import lira
 
 
@@ -36,7 +37,6 @@ def test_per_utterance_calibration_is_what_makes_lira_strong():
     rng = np.random.default_rng(2)
     masks = lira.membership_masks(17, 600)
     phi = _likelihoods(masks, 1.0, rng)
-    from edp_tf import attacks
 
     global_threshold = attacks.attack_summary(phi[masks], phi[~masks])
     assert lira.summarise(phi, masks)["auc"] > global_threshold["auc"] + 0.1

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from edp_nlu import console
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("edp_tf", "edp_nlu", "experiments", "benchmarks", "tools")  # copied; two are built
 COMMANDS = ("train", "evaluate", "privacy")
@@ -86,8 +88,6 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
 
 
 def test_a_command_without_the_nlu_extra_says_how_to_get_it(monkeypatch):
-    from edp_nlu import console
-
     def missing(name):
         raise ModuleNotFoundError("No module named 'ml_collections'", name="ml_collections")
 

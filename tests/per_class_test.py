@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
-from tests import tiny_runs
+from edp_nlu import evaluate
 from edp_nlu.scoring import metrics
 from edp_nlu.scoring import per_class as pc
 from edp_nlu.scoring.per_class import INTENT
+from tests import tiny_runs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,8 +144,6 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
 
 
 def test_per_class_run_alone_and_its_output_path(runs, tmp_path):
-    from edp_nlu import evaluate
-
     result = evaluate.per_class_run(runs["oracle"], split="dev")
     assert result["split"] == "dev" and "compare_to" not in result
     assert result["diagnostic"] == pc.DIAGNOSTIC
@@ -157,8 +156,6 @@ def test_per_class_run_alone_and_its_output_path(runs, tmp_path):
 
 
 def test_a_comparison_on_other_data_is_refused(runs, tmp_path):
-    from edp_nlu import evaluate
-
     other = tmp_path / "other"
     os.makedirs(other)
     config = json.load(open(os.path.join(runs["oracle"], "config.json")))
@@ -176,8 +173,6 @@ def evaluate_command(*args):
 def test_a_private_run_is_not_scored_on_its_training_split(runs):
     """Exact scores of a private run on its training split, overall or per class, are unnoised
     statistics of the data epsilon protects: refused with one line, exit code 2."""
-    from edp_nlu import evaluate
-
     private = runs["private"]
     for args in (["--per_class"], []):
         proc = evaluate_command(f"--run_dir={private}", "--split=train", *args)
@@ -199,8 +194,6 @@ def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, 
     """per_class.json holds per-class training counts, unnoised: by default it goes beside the
     run directory, and a private run's directory (which privacy.json lists file by file) is
     refused as its place."""
-    from edp_nlu import evaluate
-
     private = runs["private"]
     before = sorted(os.listdir(private))
     proc = evaluate_command(f"--run_dir={private}", "--per_class")

@@ -9,7 +9,7 @@ import pytest
 from edp_nlu.pipeline import training
 from edp_tf import DPConfig, Mechanism, PrivacyPlan, accounting, ledger
 from tests.tiny_runs import read, strategy, tiny_config
-
+from tools import faults
 
 
 def _plan_and_dp():
@@ -85,8 +85,6 @@ def test_a_budget_stop_says_so_in_the_summary_and_state(tmp_path, monkeypatch):
 def test_the_fault_suite_pairs_epochs_begun_with_charges():
     """tools.faults' check: an epoch begun by an attempt killed before its first step may be
     uncharged (start-up, tracing); every epoch that ran a step is charged, at least its steps."""
-    from tools import faults
-
     ran = [(0, 30), (1, 0), (1, 12), (1, 0), (1, 30), (2, 30)]
     assert faults.align(ran, [(0, 30), (1, 14), (1, 30), (2, 30)]) == [
         (30, 30), (12, 14), (30, 30), (30, 30)]
@@ -96,8 +94,6 @@ def test_the_fault_suite_pairs_epochs_begun_with_charges():
 
 
 def test_the_fault_suite_measures_a_kills_over_charge(tmp_path):
-    from tools import faults
-
     witness = tmp_path / "w"
     witness.write_text("begin 0\n" + "step 0\n" * 5)
     (tmp_path / "privacy.json").write_text(json.dumps(

@@ -8,8 +8,8 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from tests import tiny_runs
 from edp_nlu.pipeline import builders, training
+from tests import tiny_runs
 
 
 def _config(**overrides):

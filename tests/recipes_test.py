@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from edp_nlu.configs.base import base_config
-from edp_nlu.pipeline import optimizers, recipes
+from edp_nlu.configs.snips_bert import get_config
+from edp_nlu.data import synthetic
+from edp_nlu.pipeline import builders, optimizers, recipes
+from edp_tf.bias_corrected_adam import BiasCorrectedAdam
+from edp_tf.filtering import KalmanFilter, LowPassFilter
 
 
 def config(**overrides):
@@ -153,8 +157,6 @@ def dict_update(c, **kw):
 
 
 def test_auto_max_words_is_a_public_constant_per_data_kind():
-    from edp_nlu.data import synthetic
-
     assert recipes.resolve(config(max_words=0), n=1000).max_words == 20
     assert recipes.resolve(config(max_words=0, data_dir="/some/corpus"), n=1000).max_words == 32
     assert recipes.resolve(config(max_words=7), n=1000).max_words == 7  # explicit wins
@@ -174,8 +176,6 @@ def test_user_level_batches_count_users_in_multiples_of_the_replicas():
 
 def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_finetuning():
     """The recipe results/pilot_snips_bert chose: the grids' pinned rows depend on it."""
-    from edp_nlu.configs.snips_bert import get_config
-
     private = recipes.resolve(get_config(), n=13_084)
     assert (private.bert.finetune, private.bert.dropout, private.learning_rate) == (
         "lora", 0.0, 0.005)
@@ -189,8 +189,6 @@ def test_snips_bert_gives_private_runs_lora_without_dropout_and_plain_runs_full_
 @pytest.mark.parametrize("name", ["default", "snips_clc", "snips_bert", "atis_clc", "atis_bert"])
 def test_dataset_configs_pass_the_trainers_checks(name):
     import importlib
-
-    from edp_nlu.pipeline import builders
 
     config = importlib.import_module(f"edp_nlu.configs.{name}").get_config()
     for mechanism in ("sgd", config.mechanism):
@@ -208,8 +206,6 @@ def test_adam_bc_is_the_bias_corrected_adam_only_when_private():
     """Non-private runs have no noise to take out of Adam's second moment: plain Adam."""
     import keras
 
-    from edp_tf.bias_corrected_adam import BiasCorrectedAdam
-
     private = optimizers.build_optimizer("adam_bc", 1e-3, 100, adam_bc_floor=0.2)
     assert isinstance(private, BiasCorrectedAdam) and private.floor == 0.2
     plain = optimizers.build_optimizer("adam_bc", 1e-3, 100, private=False)
@@ -222,9 +218,6 @@ def test_noise_filter_wraps_the_optimizer_of_private_runs_only():
     """--config.noise_filter: the filter around the config's optimizer when private; plain runs
     have no privacy noise to filter; adam_bc's noise variance would be the unfiltered one."""
     import keras
-
-    from edp_nlu.pipeline import builders
-    from edp_tf.filtering import KalmanFilter, LowPassFilter
 
     def built(**fields):
         return builders.optimizer(dict_update(base_config(), **fields), 10)

@@ -7,6 +7,7 @@ import pathlib
 
 import edp_tf
 from edp_nlu.configs.base import base_config
+from edp_nlu.data import schema as schema_lib
 from edp_nlu.data import synthetic
 
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
@@ -60,8 +61,6 @@ def write_joint_dir(path, splits, schema: bool = False) -> str:
     `schema`, the synthetic generator's public label schema beside them (schema.json), so that
     the labels are not derived from the training split."""
     if schema:
-        from edp_nlu.data import schema as schema_lib
-
         os.makedirs(path, exist_ok=True)
         schema_lib.write_schema(os.path.join(path, schema_lib.SCHEMA_FILE),
                                 synthetic.label_schema())

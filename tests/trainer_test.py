@@ -7,8 +7,8 @@ each, BERT edp (2 replicas) runs as an interrupted-then-resumed run with a targe
 serves the smoke checks), and CLC edp runs through the command line (1 replica) with canaries.
 Multi-replica noise and clipping are the library tests' business; here it is the wiring.
 """
-import glob
 import dataclasses
+import glob
 import math
 import os
 import re
@@ -22,11 +22,13 @@ import pytest
 import tensorflow as tf
 
 from edp_nlu.configs.base import base_config
-from edp_tf import accounting
-from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
 from edp_nlu.pipeline import builders, recipes, run_files, training
+from edp_nlu.pipeline.callbacks import PublicProgress
 from edp_nlu.pipeline.run_spec import RunSpec
+from edp_nlu.privacy import statement_from_ledger
 from edp_nlu.scoring import predictions
+from edp_tf import Mechanism, accounting
+from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EPSILON = 4.0
@@ -507,8 +509,6 @@ def test_a_damaged_run_file_is_named_with_the_way_out(tmp_path):
 
 
 def test_public_progress_shows_no_statistic_of_the_private_batches(capsys):
-    from edp_nlu.pipeline.callbacks import PublicProgress
-
     bar = PublicProgress()
     bar.set_params({"verbose": 2, "epochs": 1, "steps": 2})
     bar.on_train_begin()
@@ -632,8 +632,6 @@ def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path
 
 # --------------------------------------------------------------------------- user-level privacy
 def edp_tf_mechanism(dp):
-    from edp_tf import Mechanism
-
     return Mechanism.from_config(dp, 2, 8 * dp.microbatch_size)
 
 
@@ -654,7 +652,6 @@ def test_user_level_run_accounts_users(tmp_path):
     assert any(a.startswith("metrics.json: test metrics (user level")
                for a in led["artifacts"]["not_covered"])
     assert not any(a.startswith("metrics.json: test") for a in led["artifacts"]["covered"])
-    from edp_nlu.privacy import statement_from_ledger
 
     statement = statement_from_ledger(led)
     assert "add/remove-one-user (all of that user's data)" in statement
@@ -693,7 +690,6 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
         assert e["effective_noise_multiplier"] == pytest.approx(
             (e["noise_multiplier"] ** -2 + 3.0 ** -2) ** -0.5)
     assert TARGET_EPSILON * 0.95 < led["epsilon"] <= TARGET_EPSILON
-    from edp_nlu.privacy import statement_from_ledger
 
     assert "DP-AdaFEST" in statement_from_ledger(led)
 

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
+from edp_nlu import privacy
 from edp_tf import DPConfig, Mechanism, PrivateModel, UserPoissonSampler, ledger, microbatch
 
 N = 2
@@ -216,7 +217,6 @@ def test_clipped_estimator_is_recorded_and_checked(strategy, tmp_path):
     sampler = UserPoissonSampler.for_users(USER_OF_ROW, 0.25, K, replicas=N)
     led = fit(strategy, tmp_path, sampler, privacy_unit="user", user_estimator="clipped")
     assert led["user_estimator"] == "clipped" and led["sensitivity"] == 2
-    from edp_nlu import privacy
 
     assert "clipped-denominator estimator" in privacy.statement_from_ledger(led)
 

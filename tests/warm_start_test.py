@@ -16,8 +16,8 @@ import keras
 import numpy as np
 import pytest
 
-from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
 from edp_nlu.pipeline import run_files, training, warm_start
+from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
 
 
 def config_with(vectors, **overrides):

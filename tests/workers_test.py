@@ -13,9 +13,9 @@ import time
 import dp_accounting
 import pytest
 
+from edp_nlu.pipeline import worker_processes
 from edp_tf import accounting
 from tests.tiny_runs import SMALL_CLC_FLAGS
-from edp_nlu.pipeline import worker_processes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2  # killed in the second, resumed to the end

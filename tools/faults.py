@@ -45,6 +45,11 @@ from typing import Optional  # noqa: E402
 
 from absl import flags  # noqa: E402
 
+import edp_nlu.models.export as export
+from edp_nlu.pipeline import builders, training
+from edp_tf import accounting, batch_source, private_model
+from edp_tf.mechanism import noise_multiplier_at
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = "EDP_TF_FAULT"
 
@@ -117,9 +122,6 @@ def _arm(spec: dict) -> None:
     """Installs the fault of `spec` into this (child) process before training starts."""
     import keras
     import tensorflow as tf
-
-    from edp_nlu.pipeline import builders, training
-    from edp_tf import batch_source
 
     kind, at, witness = spec["kind"], int(spec["step"]), spec["witness"]
     ballast = spec.get("ballast")
@@ -194,7 +196,6 @@ def _arm(spec: dict) -> None:
         training._build = killed_while_building
 
     if kind == "kill_in_tracing":  # the step's Python body runs only while it is traced
-        from edp_tf import private_model
 
         def killed_while_tracing(self, data):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -202,8 +203,6 @@ def _arm(spec: dict) -> None:
         private_model.PrivateModel.train_step = killed_while_tracing
 
     if kind in AT_THE_END:
-        import edp_nlu.models.export as export
-
         serving = export.export_serving_model
 
         def faulty_export(task, preprocessor, path):
@@ -445,8 +444,6 @@ def align(ran: list, charged: list) -> Optional[list]:
 
 def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[int, int, str]:
     """(steps lost, steps over-charged, what is wrong or "") of a finished run."""
-    from edp_tf import accounting
-
     state = _read(os.path.join(run_dir, "state.json"), {}) or {}
     led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
     if state.get("epochs_done") != reference["epochs"] or not state.get("finished"):
@@ -528,8 +525,6 @@ def reference_run(work: str, epochs: int) -> dict:
 def planned_reference(steps_per_epoch: int, epochs: int) -> dict:
     """The records an uninterrupted run of RUN_FLAGS charges, from its flags (z0 = 1, linear
     decay 0.1) rather than from a run: what the quick test compares against."""
-    from edp_tf.mechanism import noise_multiplier_at
-
     return {"epochs": epochs, "steps_per_epoch": steps_per_epoch,
             "records": {t: (steps_per_epoch, round(noise_multiplier_at(t, 1.0, "linear", 0.1), 12))
                         for t in range(epochs)}}

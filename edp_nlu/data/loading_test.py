@@ -4,9 +4,9 @@ import pathlib
 
 import pytest
 
-from edp_nlu.models.labels import LabelVocabulary
 from edp_nlu.data import loading, schema
-from edp_nlu.data.corpus import DataFormatError, Utterance
+from edp_nlu.data.corpus import DataFormatError, Splits, Utterance
+from edp_nlu.models.labels import LabelVocabulary
 
 SHARED_DATA = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data"
 SECRET = "zanzibarquux"  # A token that must never appear in an error or log message.
@@ -236,8 +236,6 @@ def test_atis_counts_and_unseen_labels_match_source_md():
 
 
 def test_user_level_dev_and_test_hold_no_training_user():
-    from edp_nlu.data.corpus import Splits
-
     def said(user, word):
         return Utterance((word,), ("O",), "greet", user)
 

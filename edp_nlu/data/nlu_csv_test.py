@@ -3,13 +3,13 @@ import collections
 
 import pytest
 
+from edp_nlu.data import nlu_csv
+from edp_nlu.data.corpus import DataFormatError, Utterance, bio_error
+from edp_nlu.data.loading import load_data
 from tests.tiny_runs import CSV_HEADER as HEADER
 from tests.tiny_runs import csv_row as row
 from tests.tiny_runs import many_csv_rows as many_rows
 from tests.tiny_runs import write_csv
-from edp_nlu.data import nlu_csv
-from edp_nlu.data.corpus import DataFormatError, Utterance, bio_error
-from edp_nlu.data.loading import load_data
 
 SECRET = "zanzibarquux"
 

@@ -23,12 +23,23 @@ import numpy as np
 import tensorflow as tf
 
 import edp_tf
+from edp_nlu.configs.base import ZERO_IS_NONE, dp_knob_defaults
+from edp_nlu.data import augment, loading, schema
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.bert.choices import POOLING
+from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS, set_finetuning
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import load_word_vectors
+from edp_nlu.models.joint_loss import TAG_REDUCTIONS
+from edp_nlu.models.joint_task import DECODINGS
+from edp_nlu.pipeline import label_selection, optimizers
+from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
 from edp_tf import accounting, iterators, multi_worker, sampling
 from edp_tf.config import Features, compatibility
 from edp_tf.ledger import SAMPLINGS
 from edp_tf.mechanism import PRIVACY_UNITS, Mechanism
-from edp_nlu.data import augment, loading
-from edp_nlu.pipeline import optimizers
 
 _log = logging.getLogger(__name__)
 
@@ -88,12 +99,6 @@ def check_config(config) -> None:
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
-    from edp_nlu.models.bert.choices import POOLING
-    from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
-    from edp_nlu.models.joint_loss import TAG_REDUCTIONS
-    from edp_nlu.models.joint_task import DECODINGS
-    from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
-
     choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
                "privacy_unit": PRIVACY_UNITS,
                "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
@@ -108,7 +113,6 @@ def check_config(config) -> None:
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
     _check_augmentation(config, bad)
-    from edp_nlu.pipeline import label_selection
 
     label_selection.check_config(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
@@ -230,9 +234,6 @@ def build_preprocessor(config, train: tuple, schema):
     label_kwargs = dict(tag_vocabulary=schema.tag_vocabulary,
                         intent_vocabulary=schema.intent_vocabulary)
     if config.model == "clc":
-        from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
-        from edp_nlu.models.clc.word_vectors import load_word_vectors
-
         kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length,
                       **label_kwargs)
         if config.clc.word_vectors:
@@ -243,7 +244,6 @@ def build_preprocessor(config, train: tuple, schema):
                 **kwargs), vectors
         return CLCPreprocessor.from_training_data(
             tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
-    from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
     kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words,
                   **label_kwargs)
@@ -285,8 +285,6 @@ def build_model(spec, preprocessor, vectors=None):
                 tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
                 head_dropout=float(spec.head_dropout), decoding=spec.decoding)
     if spec.model == "clc":
-        from edp_nlu.models.clc.clc_joint import CLCJoint
-
         c = spec.clc
         return CLCJoint.from_preprocessor(
             preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
@@ -294,7 +292,6 @@ def build_model(spec, preprocessor, vectors=None):
             char_filters=c.char_filters, dropout=c.dropout,
             word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
-    from edp_nlu.models.bert.bert_joint import BertJoint
 
     c = spec.bert
     checkpoint = bert_checkpoint(c)
@@ -302,7 +299,6 @@ def build_model(spec, preprocessor, vectors=None):
                                       hidden_dim=c.hidden_dim, intermediate_dim=c.intermediate_dim)
     model = BertJoint.from_preprocessor(preprocessor, checkpoint=checkpoint, dropout=c.dropout,
                                         pooling=c.pooling, **task, **size)
-    from edp_nlu.models.bert.finetuning import set_finetuning
 
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.lora_layout, lora_targets=c.lora_targets,
@@ -355,16 +351,12 @@ def vocabulary_not_covered(preprocessor) -> list:
 
 def given_label_schema(config):
     """A label schema the run is given, or None (edp_nlu/pipeline/label_selection.py)."""
-    from edp_nlu.pipeline import label_selection
-
     return label_selection.given_schema(config)
 
 
 def label_schema(config, splits: loading.Splits):
     """The run's labels without private selection: given, else the training split's (not
     covered by epsilon; edp_nlu/pipeline/label_selection.py selects them privately instead)."""
-    from edp_nlu.data import schema
-
     return given_label_schema(config) or schema.schema_from_training_data(splits.train)
 
 
@@ -491,8 +483,6 @@ def _named_as_flags(config, check):
 def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
     """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
     by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
-    from edp_nlu.configs.base import ZERO_IS_NONE, dp_knob_defaults
-
     values = {}
     for name in dp_knob_defaults():
         if name in config:

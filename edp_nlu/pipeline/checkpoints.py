@@ -20,6 +20,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from edp_nlu.pipeline.run_files import STATE_FILE, read_json
+
 _log = logging.getLogger(__name__)
 
 DIRECTORY = "checkpoints"
@@ -132,8 +134,6 @@ def latest(run_dir: str, state: dict) -> tuple[Optional[Committed], list]:
 
 def latest_prefix(run_dir: str) -> Optional[str]:
     """The prefix of a run's newest intact committed checkpoint (for scoring, warm starts)."""
-    from edp_nlu.pipeline.run_files import STATE_FILE, read_json
-
     found, skipped = latest(run_dir, read_json(os.path.join(run_dir, STATE_FILE), {}))
     for why in skipped:
         _log.warning("skipping a damaged checkpoint: %s", why)

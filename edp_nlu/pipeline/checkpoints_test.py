@@ -7,8 +7,8 @@ import os
 import pytest
 import tensorflow as tf
 
-from edp_tf import ledger as ledger_lib
 from edp_nlu.pipeline import checkpoints, run_files
+from edp_tf import ledger as ledger_lib
 
 
 def _state_writer(run_dir):

@@ -31,10 +31,12 @@ import logging
 import os
 from typing import Optional
 
-from edp_tf import accounting
-from edp_tf.partition_selection import GaussianThresholding, select_partitions
 from edp_nlu.data import schema as schema_lib
+from edp_nlu.data import synthetic
 from edp_nlu.data.corpus import OUTSIDE, UNKNOWN_INTENT
+from edp_tf import accounting
+from edp_tf.ledger import FILENAME
+from edp_tf.partition_selection import GaussianThresholding, select_partitions
 
 _log = logging.getLogger(__name__)
 
@@ -70,8 +72,6 @@ def given_schema(config) -> Optional[schema_lib.LabelSchema]:
     if config.label_schema:
         return schema_lib.read_schema_file(config.label_schema)
     if not config.data_dir:
-        from edp_nlu.data import synthetic
-
         return synthetic.label_schema()
     return schema_lib.read_data_dir_schema(config.data_dir)
 
@@ -163,8 +163,6 @@ def resumed(run_dir: str) -> Optional[schema_lib.LabelSchema]:
 def charged(run_dir: str, name: str = EVENT_NAME) -> bool:
     """Whether the run directory's ledger already charges an extra event `name` (a run resumed
     after its first epoch began); a run that stopped before leaves it to be charged now."""
-    from edp_tf.ledger import FILENAME
-
     ledger = _read_json(os.path.join(run_dir, FILENAME))
     return any(e.get("name") == name for e in ledger.get("extra_events", []))
 

@@ -17,8 +17,9 @@ import time
 
 import ml_collections
 
-from edp_tf import ledger as ledger_lib
+from edp_nlu.data.schema import origin_sentence
 from edp_nlu.pipeline import run_spec
+from edp_tf import ledger as ledger_lib
 
 CONFIG_FILE = "config.json"
 STATE_FILE = "state.json"
@@ -213,7 +214,6 @@ def artifacts(diagnostics: bool, labels, vocabulary_from_training: bool = False,
             "nonfinite_microbatches), train_encoding, membership_inference and "
             "membership_inference_dev (training losses)",
             "tensorboard/ (the same training statistics)"]
-    from edp_nlu.data.schema import origin_sentence
 
     return {"covered": covered, "not_covered": not_covered, "diagnostics_released": diagnostics,
             "release_covered": not from_training and not weights_outside_epsilon,

@@ -11,6 +11,7 @@ from typing import Optional
 
 import keras
 
+
 def process_age() -> Optional[float]:
     """Seconds since this process started (Linux /proc; None elsewhere): the start-up phase
     (interpreter, TensorFlow's import) happens before any code of the run can time it."""

@@ -19,15 +19,26 @@ import keras
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import accounting
 from edp_nlu.data import loading
 from edp_nlu.data import schema as schema_lib
-from edp_nlu.pipeline import (builders, checkpoints, label_selection, public_subspace, recipes,
-                               run_files, run_spec, timing, warm_start)
+from edp_nlu.models.export import export_serving_model
+from edp_nlu.pipeline import (
+    builders,
+    checkpoints,
+    label_selection,
+    public_subspace,
+    recipes,
+    run_files,
+    run_spec,
+    timing,
+    warm_start,
+)
 from edp_nlu.pipeline import callbacks as callbacks_lib
-from edp_nlu.pipeline.run_files import (CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json,
-                                         write_json)
+from edp_nlu.pipeline.run_files import CONFIG_FILE, METRICS_FILE, STATE_FILE, read_json, write_json
 from edp_nlu.scoring import predictions
+from edp_tf import accounting
+from edp_tf import ledger as ledger_lib
+from edp_tf.ledger import PrivacyLedger
 
 _log = logging.getLogger(__name__)
 # the exit code of a run the privacy budget stopped before its last epoch, or refused to resume
@@ -148,8 +159,6 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         record, test, attack = _final_metrics(run_dir, config, data, model,
                                               epoch_end.predict_step)
     if export:
-        from edp_nlu.models.export import export_serving_model
-
         with phases.phase("export"):
             run_files.write_directory_atomically(
                 os.path.join(run_dir, "saved_model"),
@@ -184,8 +193,6 @@ def _replan(run_dir: str, config, dp, plan, done: int) -> tuple:
     from `done` on land at the target. The ledger is public (its charges depend on when the
     process died, not on the data), so the new noise is chosen from nothing private.
     BudgetSpentError, before any step, if no noise can."""
-    from edp_tf import ledger as ledger_lib
-
     path = os.path.join(run_dir, ledger_lib.FILENAME)
     if done >= plan.epochs or not os.path.exists(path):
         return dp, plan
@@ -412,8 +419,6 @@ def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q:
     """The privacy ledger (with the budget when a target epsilon is set), with what the run
     directory's files are, for the statement's scope; a warm start whose source used this run's
     training data outside epsilon (`warm`) leaves the weights uncovered, so the run not private."""
-    from edp_tf.ledger import PrivacyLedger
-
     budget = config.target_epsilon if config.target_epsilon > 0 else None
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
               PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,

@@ -36,9 +36,13 @@ import ml_collections
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import accounting, ledger as ledger_lib
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors
+from edp_nlu.pipeline import builders, checkpoints, public_subspace, run_files, run_spec
+from edp_tf import accounting
+from edp_tf import ledger as ledger_lib
 from edp_tf.accounting import EpochRecord
-from edp_nlu.pipeline import checkpoints, public_subspace, run_files, run_spec
 
 MAX_CHAIN = 16  # sources of sources followed before giving up (a loop, or a broken chain)
 
@@ -124,8 +128,6 @@ def _training_corpus(config) -> str:
 
 def _training_utterances(run_dir: str, config) -> set:
     """The token sequences a run trained on (its corpus is read again, by its config)."""
-    from edp_nlu.pipeline import builders
-
     try:
         train = builders.load_splits(config).train
     except (ValueError, OSError) as error:
@@ -202,10 +204,7 @@ def run_preprocessor(run_dir: str, config):
     """A finished run's preprocessor, from its preprocessor.json."""
     saved = run_files.read_json(os.path.join(run_dir, "preprocessor.json"))
     if config.model == "clc":
-        from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
-
         return CLCPreprocessor.from_config(saved)
-    from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
     return BertPreprocessor.from_config(saved)
 
@@ -213,8 +212,6 @@ def run_preprocessor(run_dir: str, config):
 def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0):
     """A finished run's model, rebuilt from its config and preprocessor with the weights of
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
-    from edp_nlu.pipeline import builders
-
     model = builders.build_model(run_spec.RunSpec.of_checked(config).model, preprocessor,
                                  shape_only_vectors(config, embedding_dim))
     # read, not restore: the run's checkpoints are written without a save counter
@@ -264,7 +261,6 @@ def shape_only_vectors(config, dim: int):
     checkpoint then fills every row), instead of reading its vectors file again."""
     if config.model != "clc" or not config.clc.word_vectors:
         return None
-    from edp_nlu.models.clc.word_vectors import WordVectors
 
     return WordVectors(("",), np.zeros((1, dim), np.float32))
 

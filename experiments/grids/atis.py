@@ -5,7 +5,6 @@
 from experiments.grids.common import EDP_BERT_LEFT_OUT, bert_private, cell, grid
 from experiments.grids.snips import rows
 
-
 ATIS = "edp_nlu/configs/atis_bert.py"
 
 

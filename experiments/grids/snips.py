@@ -4,8 +4,7 @@ best mechanism of both models, and epsilon 8 for the others.
 
     python -m experiments.experiment --grid=experiments/grids/snips.py
 """
-from experiments.grids.common import (EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell,
-                                  grid)
+from experiments.grids.common import EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell, grid
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
 # experiments on public benchmarks, not shareable runs.

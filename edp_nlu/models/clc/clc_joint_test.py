@@ -4,7 +4,6 @@ import pytest
 import tensorflow as tf
 
 from edp_nlu.models import testing
-from edp_nlu.models.clc.clc_backbone import CLCBackbone, _char_windows
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
