@@ -56,7 +56,8 @@ def test_privacy_command_runs(tmp_path):
 
 def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path):
     """A real run's privacy.json (tiny model, 2 replicas, Poisson sampling, decay): the command
-    recomputes its epsilon from the recorded fields alone and agrees; a halved epsilon is flagged."""
+    recomputes its epsilon from the recorded fields alone and agrees; a halved epsilon is
+    flagged."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 3)).astype("float32")
     y = x @ np.array([[1.0], [-2.0], [0.5]], "float32")

@@ -1,7 +1,7 @@
 """`python -m edp_nlu.train`: train a joint intent + slot model, privately by default.
 
-    python -m edp_nlu.train                                  # CLC, per-example DP-SGD, synthetic corpus
-    python -m edp_nlu.train --config=snips_clc --mechanism=sgd --run_dir=runs/snips  # or a file's path
+    python -m edp_nlu.train                       # CLC, per-example DP-SGD, synthetic corpus
+    python -m edp_nlu.train --config=snips_clc --mechanism=sgd --run_dir=runs/snips  # or a .py path
     python -m edp_nlu.train --config.batch_size=256 --target_epsilon=8 --run_dir=runs/x
     python -m edp_nlu.train --run_dir=runs/x --resume        # continue an interrupted run
     python -m edp_nlu.train --workers=2 --run_dir=runs/w     # two worker processes, one run
@@ -29,7 +29,8 @@ from edp_tf import make_multi_worker_strategy, make_strategy
 _CONFIG = accept_names(config_flags.DEFINE_config_file(
     "config", config_file("default"), "Experiment config file, or the name of a packaged one "
     "(snips_clc: edp_nlu/configs/snips_clc.py)."))
-_RUN_DIR = flags.DEFINE_string("run_dir", None, "Run directory (default: runs/<config name>-<time>).")
+_RUN_DIR = flags.DEFINE_string("run_dir", None,
+                               "Run directory (default: runs/<config name>-<time>).")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.")
 # Shortcuts for the most used config fields (a given flag overrides --config.<field>).
 _MECHANISM = flags.DEFINE_enum("mechanism", None, ["sgd", "edp", "dpsgd"], "Training mechanism.")

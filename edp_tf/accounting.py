@@ -5,9 +5,10 @@ Poisson-subsampled Gaussian, `SelfComposedDpEvent(PoissonSampledDpEvent(q, Gauss
 steps_t)`, and the run is their composition (plus extra events such as the private alpha query).
 
 BandMF (edp_tf/bandmf.py): an epoch of a b-banded mechanism is charged as DP-SGD with
-ceil(steps_t / b) steps at the group's rate b q (Choquette-Choo et al. 2023, Theorem 4; jax-privacy's
-amplified BandMF accounting): `SelfComposedDpEvent(PoissonSampledDpEvent(b q, Gaussian(z_eff_t)),
-ceil(steps_t / b))`. Each record carries its b, so a ledger's epochs say how to charge them.
+ceil(steps_t / b) steps at the group's rate b q (Choquette-Choo et al. 2023, Theorem 4;
+jax-privacy's amplified BandMF accounting):
+`SelfComposedDpEvent(PoissonSampledDpEvent(b q, Gaussian(z_eff_t)), ceil(steps_t / b))`. Each
+record carries its b, so a ledger's epochs say how to charge them.
 
 `z_eff` is the std of the noise on the *sum* of clipped micro-batch gradients divided by the
 sensitivity S*C of that sum (docs/design.md, noise on each replica and sensitivity): `z_t` in

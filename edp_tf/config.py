@@ -286,7 +286,8 @@ class DPConfig:
     """Parameters of (efficient) DP-SGD, in groups (each documented on its class): `core`
     (Core), and the optional `schedule` (NoiseSchedule), `layer_scaling` (LayerScaling),
     `user_level` (UserLevel), `sparse` (SparseEmbeddings), `augmentation` (Augmentation),
-    `correlated` (CorrelatedNoise), each off at its default; `execution` (Execution) changes how the step runs, not what it releases.
+    `correlated` (CorrelatedNoise), each off at its default; `execution` (Execution) changes how
+    the step runs, not what it releases.
 
     Built from groups, flat names, or both (flat names override the given groups' fields):
     `DPConfig(l2_norm_clip=1.0, microbatch_size=1, decay="linear", decay_rate=0.2)` is

@@ -645,7 +645,8 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     def _schedule(self) -> dict:
         m = self.model.mechanism
-        return {"noise_multiplier": m.noise_multiplier, "decay": m.decay, "decay_rate": m.decay_rate}
+        return {"noise_multiplier": m.noise_multiplier, "decay": m.decay,
+                "decay_rate": m.decay_rate}
 
     def _planned_steps(self) -> Optional[int]:
         steps = (self.params or {}).get("steps")
@@ -662,7 +663,8 @@ class PrivacyLedger(keras.callbacks.Callback):
         if interrupted:
             if interrupted.get("steps") is None:
                 raise ValueError(
-                    f"{self.path or 'the ledger'}: epoch {interrupted['epoch']} was interrupted and its step "
+                    f"{self.path or 'the ledger'}: epoch {interrupted['epoch']} was interrupted "
+                    "and its step "
                     "count was unknown (a dataset of unknown length): its cost cannot be bounded")
             led["epochs"] = list(led["epochs"]) + [
                 EpochRecord.from_dict(interrupted).to_dict()]

@@ -66,7 +66,8 @@ def _attempt(tmp_path, log_path, kill_in_trace, delay):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while not kill_in_trace and child.poll() is None and time.time() < deadline:
-        if any(line.startswith("step") for line in open(log_path).read().splitlines()[len(before):]):
+        new_lines = open(log_path).read().splitlines()[len(before):]
+        if any(line.startswith("step") for line in new_lines):
             time.sleep(delay)
             child.send_signal(signal.SIGKILL)
             break

@@ -98,7 +98,8 @@ class PoissonSampler:
         _positive_int("replicas", self.replicas)
         if self.microbatch_size is not None:
             _positive_int("microbatch_size", self.microbatch_size)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+        if self.seed is not None and (isinstance(self.seed, bool)
+                                      or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be None or an integer, got {self.seed!r}")
         if self.key is not None and (isinstance(self.key, bool) or not isinstance(self.key, int)
                                      or not 0 <= self.key < 2 ** 63):

@@ -137,4 +137,5 @@ def test_bandmf_keeps_the_clipped_sums_sensitivity(one_replica, k):
     assert mechanism.bands == 2
     moved = float(np.linalg.norm(full - neighbour)) * mechanism.expected_microbatches
     assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
-    assert moved > 0.5 * C * mechanism.sensitivity  # the removed example's pull is clipped, not lost
+    # The removed example's pull is clipped, not lost.
+    assert moved > 0.5 * C * mechanism.sensitivity

@@ -121,7 +121,8 @@ def test_checker_reports_what_the_build_files_miss(tmp_path):
     ]
     assert build_graph.entry_points_without_binary(tmp_path, graph, ["lib"]) == [
         "lib/tool.py: entry point (has a __main__ block) without a py_binary"]
-    assert build_graph.unknown_deps(graph) == ["//lib:lib: depends on unknown target //missing:missing"]
+    assert build_graph.unknown_deps(graph) == [
+        "//lib:lib: depends on unknown target //missing:missing"]
     unmet = build_graph.unmet_imports(tmp_path, graph)
     assert "//lib:lib: lib/core.py needs other/__init__.py, which no dependency provides" in unmet
     assert "//lib:lib: lib/core.py needs other/helper.py, which no dependency provides" in unmet
@@ -131,7 +132,8 @@ def test_checker_reports_what_the_build_files_miss(tmp_path):
 
 def test_globs_stop_at_sub_packages_and_macros_load(tmp_path):
     _write(tmp_path, {
-        "defs.bzl": 'def lib(name):\n    native.py_library(name = name, srcs = native.glob(["**/*.py"]))\n',
+        "defs.bzl": 'def lib(name):\n'
+                    '    native.py_library(name = name, srcs = native.glob(["**/*.py"]))\n',
         "BUILD": "",
         "pkg/BUILD": 'load("//:defs.bzl", "lib")\nlib(name = "pkg")\n',
         "pkg/a.py": "",

@@ -1,4 +1,5 @@
-"""The experiment command: cells run as edp_nlu.train processes, resumably, into tables and plots."""
+"""The experiment command: cells run as edp_nlu.train processes, resumably, into tables and
+plots."""
 import csv
 import json
 import os
@@ -26,7 +27,8 @@ def tiny_grid(tmp_path):
         cell("clc_sgd", "SGD", "sgd", "edp_nlu/configs/default.py", "mechanism=sgd", *TINY),
         cell("clc_dpsgd", "per-example eps 8", "per-example", "edp_nlu/configs/default.py",
              "mechanism=dpsgd", "target_epsilon=8.0", *TINY),
-        cell("clc_never", "not run", "per-example", "edp_nlu/configs/default.py", "mechanism=dpsgd", *TINY),
+        cell("clc_never", "not run", "per-example", "edp_nlu/configs/default.py",
+             "mechanism=dpsgd", *TINY),
     ], schedule_reference="clc_dpsgd")
     g.results_dir = str(tmp_path / "results")
     g.runs_dir = str(tmp_path / "runs")
@@ -52,7 +54,8 @@ def test_cells_collect_the_runs_numbers(finished):
         assert r["test"] == metrics["test_by_decoding"]["viterbi"]
         assert r["test_bio"] == metrics["test"] == metrics["test_by_decoding"]["bio"]
         assert 0 <= r["membership_inference"]["auc"] <= 1
-        assert r["command"].startswith("python -m edp_nlu.train --config=edp_nlu/configs/default.py")
+        assert r["command"].startswith(
+            "python -m edp_nlu.train --config=edp_nlu/configs/default.py")
     assert sgd["epsilon"] == float("inf") and sgd["private"] is False
     with open(os.path.join(g.runs_dir, "clc_dpsgd", "privacy.json")) as f:
         privacy = json.load(f)
@@ -62,8 +65,8 @@ def test_cells_collect_the_runs_numbers(finished):
 
 def test_a_cell_with_overrides_resumes_with_its_own_settings(finished):
     """A cell whose run directory has a checkpoint is resumed from the run's own config: its
-    config file alone (here edp_nlu/configs/default.py without synthetic_size=240, ...) would ask for
-    another run, which edp_nlu.train refuses."""
+    config file alone (here edp_nlu/configs/default.py without synthetic_size=240, ...) would ask
+    for another run, which edp_nlu.train refuses."""
     g, (_, dp) = finished
     command = experiment.cell_command(g, g.cells[1], sys.executable, resume=True)
     assert "--resume" in command and not any(a.startswith("--config") for a in command)

@@ -16,7 +16,8 @@ from edp_nlu import console
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("edp_tf", "edp_nlu", "experiments", "benchmarks", "tools")  # copied; two are built
 COMMANDS = ("train", "evaluate", "privacy")
-TOOLS = ("audit", "lira", "experiment", "benchmark")  # `python -m tools.audit` etc., from a checkout
+# `python -m tools.audit` etc., from a checkout
+TOOLS = ("audit", "lira", "experiment", "benchmark")
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,9 @@ def wheel(tmp_path_factory) -> Path:
         shutil.copytree(REPO / package, src / package,
                         ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                           "-q", "-w", str(out), str(src)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                           "--no-build-isolation", "-q", "-w", str(out), str(src)],
+                          capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     (built,) = out.glob("edp_tf-*.whl")
@@ -44,7 +46,8 @@ def test_the_wheel_holds_the_library_the_application_and_its_commands(wheel):
         metadata = z.read(info.replace("entry_points.txt", "METADATA")).decode()
     for module in ("edp_tf/__init__.py", "edp_tf/private_model.py", "edp_tf/ghost/__init__.py",
                    "edp_nlu/models/crf.py", "edp_nlu/models/bert/bert_joint.py", "edp_nlu/train.py",
-                   "edp_nlu/console.py", "edp_nlu/configs/default.py", "edp_nlu/configs/snips_clc.py"):
+                   "edp_nlu/console.py", "edp_nlu/configs/default.py",
+                   "edp_nlu/configs/snips_clc.py"):
         assert module in names, module
     assert {n.split("/")[0] for n in names if not n.startswith("edp_tf-")} == {"edp_tf", "edp_nlu"}
     assert not [n for n in names if n.endswith("_test.py") or n.endswith("conftest.py")

@@ -53,7 +53,8 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
     stopped_at = epochs_done(run_dir)
     assert 1 <= stopped_at < EPOCHS
     for pid in pids:  # no worker is left behind
-        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        assert (not os.path.exists(f"/proc/{pid}")
+                or "zombie" in open(f"/proc/{pid}/status").read().lower())
 
     resumed = subprocess.run(command(run_dir, "--resume"), cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=600)

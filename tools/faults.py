@@ -454,7 +454,8 @@ def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[in
     # the last charge of each epoch is the kept one: the uninterrupted run's records
     kept = {e["epoch"]: (e["steps"], round(e["noise_multiplier"], 12)) for e in led["epochs"]}
     if kept != reference["records"]:
-        return 0, 0, f"kept epochs {kept} differ from the uninterrupted run's {reference['records']}"
+        return 0, 0, (f"kept epochs {kept} differ from the uninterrupted run's "
+                      f"{reference['records']}")
     records = [accounting.EpochRecord.from_dict(e) for e in led["epochs"]]
     epsilon = accounting.compute_epsilon(records, led["sampling_rate"], led["delta"],
                                          accounting.as_extra_events(led["extra_events"]))

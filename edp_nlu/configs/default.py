@@ -17,8 +17,8 @@ per example (z / (q n)). 84 steps keep the built-in job within its time goal at 
 SER of 100 or 150 steps (results/pilot_default); a --data_dir corpus has no time goal and gets
 150, which did better than 84. The layer, loss, dropout and the built-in corpus's step count
 were chosen on the synthetic corpus (public); q 0.16 and 3e-2 were found on SNIPS
-(edp_nlu/configs/snips_clc.py) and confirmed here, and the 150 steps of a --data_dir corpus on SNIPS and
-ATIS (results/default_on_*), so neither is an unseen corpus for these values.
+(edp_nlu/configs/snips_clc.py) and confirmed here, and the 150 steps of a --data_dir corpus on SNIPS
+and ATIS (results/default_on_*), so neither is an unseen corpus for these values.
 """
 from edp_nlu.configs.base import base_config
 

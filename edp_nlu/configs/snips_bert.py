@@ -1,18 +1,19 @@
 """SNIPS (../shared/data/snips) with BERT (MiniLM-L6 weights); private by default (epsilon 8).
 
-    python -m edp_nlu.train --config=edp_nlu/configs/snips_bert.py                    # DP, epsilon 8
-    python -m edp_nlu.train --config=edp_nlu/configs/snips_bert.py --mechanism=sgd    # plain fine-tuning
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_bert.py                  # DP, epsilon 8
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_bert.py --mechanism=sgd  # not private
 
 Private recipe (Li et al. 2022, Yu et al. 2022): per-example clipping (ghost norms: about the
 cost of a plain step), Poisson sampling at q = 0.08 (expected batch ~1050), 300 steps, Adam 5e-3
 with warm-up and linear decay, LoRA r 8 on every attention and feed-forward kernel (kernels and
 embedding tables frozen: the noise covers 0.33M factor weights instead of 10.6M, one rank-8
-pair per kernel matrix; edp_nlu/models/bert/finetuning.py) and no dropout in the encoder (the heads keep
-0.1). Fewer trained weights share each clipped norm and get less noise in all: at epsilon 8 this did
-better than Keras' per-head LoRA layout (0.89M factor weights), than dropout 0.1, and than training
-every kernel (results/pilot_snips_bert, one run each). Plain fine-tuning (--mechanism=sgd) trains
-every kernel with dropout 0.1: private runs read bert.private_finetune / bert.private_dropout
-instead (set those to change what a private run trains). These values were chosen from the
+pair per kernel matrix; edp_nlu/models/bert/finetuning.py) and no dropout in the encoder (the heads
+keep 0.1). Fewer trained weights share each clipped norm and get less noise in all: at epsilon 8
+this did better than Keras' per-head LoRA layout (0.89M factor weights), than dropout 0.1, and
+than training every kernel (results/pilot_snips_bert, one run each). Plain fine-tuning
+(--mechanism=sgd) trains every kernel with dropout 0.1: private runs read
+bert.private_finetune / bert.private_dropout instead (set those to change what a private run
+trains). These values were chosen from the
 literature and the SNIPS dev and test splits (a public benchmark), not on private data.
 """
 from edp_nlu.configs.base import base_config

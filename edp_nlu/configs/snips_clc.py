@@ -1,7 +1,7 @@
 """SNIPS (../shared/data/snips) with CLC; private by default (per-example DP-SGD, epsilon 8).
 
-    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py                    # DP, epsilon 8
-    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py --mechanism=sgd    # plain training
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py                  # DP, epsilon 8
+    python -m edp_nlu.train --config=edp_nlu/configs/snips_clc.py --mechanism=sgd  # plain training
 
 Private: per-example clipping at q = 0.16 (expected batch ~2,090) for 150 steps, Adam 3e-2 at a
 constant rate, slot loss per word, one BiLSTM layer, no dropout. At epsilon 8 the recipe did better

@@ -48,7 +48,8 @@ def _bert(strategy):
 def _train_privately(strategy, pre, model, microbatch_size):
     x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
     # Small noise (z = 0.05) so that a few steps show learning; C large enough not to stall it.
-    config = edp_tf.DPConfig(l2_norm_clip=5.0, noise_multiplier=0.05, microbatch_size=microbatch_size)
+    config = edp_tf.DPConfig(l2_norm_clip=5.0, noise_multiplier=0.05,
+                             microbatch_size=microbatch_size)
     with strategy.scope():
         private = edp_tf.PrivateModel(model, config, training_statistics=True)
         private.compile(optimizer=keras.optimizers.Adam(0.03), loss=model.per_example_loss)
@@ -77,6 +78,7 @@ def test_clc_trains_privately(strategy, microbatch_size):
 @pytest.mark.parametrize("microbatch_size", MODES)
 def test_bert_trains_privately(strategy, microbatch_size):
     # The per-example step uses edp_tf's default method (ghost norms), which runs with oneDNN on;
-    # plain vectorised per-example gradients of BERT are checked in edp_nlu/models/bert/bert_joint_test.py.
+    # plain vectorised per-example gradients of BERT are checked in
+    # edp_nlu/models/bert/bert_joint_test.py.
     pre, model = _bert(strategy)
     _train_privately(strategy, pre, model, microbatch_size)

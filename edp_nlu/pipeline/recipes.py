@@ -19,8 +19,8 @@ import ml_collections
 
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
 # CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
-# came from SNIPS (edp_nlu/configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch at the
-# same epsilon lowers a step's noise per example, z / (q n).
+# came from SNIPS (edp_nlu/configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch
+# at the same epsilon lowers a step's noise per example, z / (q n).
 # The built-in corpus is easy and its default job has a time goal (180 s on a 2-core machine):
 # 84 steps fit it where 100 do not (docs/benchmarks.md), at nearly the same test SER
 # (results/pilot_default). A user's corpus has no such goal and wants the steps: on SNIPS and
@@ -117,7 +117,8 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
                  USER_SAMPLING_RATE * n if by_user else
                  (c.private_sampling_rate or PRIVATE_SAMPLING_RATE[c.model]) * n if private
                  else SGD_BATCH[c.model])
-        batch = int(min(n // multiple * multiple, max(multiple, round(batch / multiple) * multiple)))
+        batch = int(min(n // multiple * multiple,
+                        max(multiple, round(batch / multiple) * multiple)))
     bands = int(c.get("bandmf_bands", 1))  # BandMF: epochs of whole cycles of b steps
     if c.steps > 0:
         epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling, bands))

@@ -27,7 +27,8 @@ METRICS_FILE = "metrics.json"
 
 
 def default_run_dir(config) -> str:
-    return os.path.join("runs", f"{config.name}-{config.mechanism}-{time.strftime('%Y%m%d-%H%M%S')}")
+    return os.path.join(
+        "runs", f"{config.name}-{config.mechanism}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.ConfigDict:

@@ -390,8 +390,8 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
                     from_training_data=data.labels.from_training_data,
                     selection=data.labels.selection))
     write_json(os.path.join(run_dir, CONFIG_FILE), {
-        "config": run_spec.RunSpec.of_checked(config).to_dict(), "dataset_size": n, "data_source": data.splits.source,
-        "delta": delta})
+        "config": run_spec.RunSpec.of_checked(config).to_dict(), "dataset_size": n,
+        "data_source": data.splits.source, "delta": delta})
 
 
 def _not_covered(data: _Data, warm: Optional[dict]) -> list:

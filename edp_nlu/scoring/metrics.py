@@ -112,7 +112,8 @@ def intent_accuracy(ref_intents: Sequence[str], hyp_intents: Sequence[str]) -> f
 def slot_prf(ref_tags: Sequence[Sequence[str]],
              hyp_tags: Sequence[Sequence[str]]) -> tuple[float, float, float]:
     """Micro (precision, recall, F1) over slots: seqeval's default (CoNLL) mode, computed from
-    `slot_spans` (the same slots; edp_nlu/scoring/metrics_test.py checks the numbers against seqeval)."""
+    `slot_spans` (the same slots; edp_nlu/scoring/metrics_test.py checks the numbers against
+    seqeval)."""
     return _prf(*_slot_counts(zip(map(slot_spans, ref_tags), map(slot_spans, hyp_tags))))
 
 

@@ -25,9 +25,9 @@ def test_compact_bert_default_size(data):
     pre, _, _ = data
     model = BertJoint.from_preprocessor(pre)
     backbone = model.backbone
-    assert (backbone.num_layers, backbone.num_heads, backbone.hidden_dim, backbone.intermediate_dim) == (
-        4, 12, 312, 1200
-    )
+    assert (
+        backbone.num_layers, backbone.num_heads, backbone.hidden_dim, backbone.intermediate_dim
+    ) == (4, 12, 312, 1200)
     # 4 layers x (4 H^2 + 4 H attention, 2 H I + I + H feed-forward, 4 H layer norms)
     h, i = 312, 1200
     per_layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h
@@ -63,7 +63,8 @@ def test_mean_pooling_averages_the_real_pieces_and_freezes_the_pooler(data):
     # CLS pooling keeps the pooler in training, and the choice survives serialization
     cls = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     assert pooler.isdisjoint({id(v) for v in cls.trainable_variables})
-    assert {id(v) for v in cls.backbone.pooled_dense.weights} <= {id(v) for v in cls.trainable_variables}
+    assert {id(v) for v in cls.backbone.pooled_dense.weights} <= {
+        id(v) for v in cls.trainable_variables}
     clone = BertJoint.from_config(model.get_config())
     clone.set_weights(model.get_weights())
     np.testing.assert_allclose(clone(x)["intent_logits"], model(x)["intent_logits"], atol=1e-6)
@@ -119,7 +120,8 @@ def _numpy_bert(w, ids, layers, heads, gelu):
             w[p + "attention.output.LayerNorm.bias"],
         )
         hidden = dense(gelu(dense(x, "intermediate.dense")), "output.dense")
-        x = _layer_norm(x + hidden, w[p + "output.LayerNorm.weight"], w[p + "output.LayerNorm.bias"])
+        x = _layer_norm(x + hidden, w[p + "output.LayerNorm.weight"],
+                        w[p + "output.LayerNorm.bias"])
     return x
 
 
@@ -145,8 +147,8 @@ def test_minilm_checkpoint_matches_direct_forward_pass():
     # remains (measured 3e-6 for states up to |h| = 5.4); 1e-4 leaves a 30x margin.
     np.testing.assert_allclose(got, tanh_reference, atol=1e-4)
     # The checkpoint was trained with exact (erf) GELU, which the HF model uses: the approximation
-    # moves the states by up to 2.8e-3 here (docs/benchmarks.md: about 4e-3); 1e-2 bounds it, far below
-    # the scale of the states themselves.
+    # moves the states by up to 2.8e-3 here (docs/benchmarks.md: about 4e-3); 1e-2 bounds it, far
+    # below the scale of the states themselves.
     np.testing.assert_allclose(got, exact_reference, atol=1e-2)
     assert np.abs(exact_reference).max() > 1.0
     # The word-level encoder gathers these states at the first piece of each word.
