@@ -57,7 +57,8 @@ def get_config():
     # CLC's SGD row (3,080 steps) missed the paper's 6.3% (6.8%) with its dev SER still falling at
     # the last epoch: twice the steps.
     clc_sgd_long = cell("clc_sgd_steps6000", "SGD (not private), 88 epochs (6,072 steps)", "sgd",
-                        "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=sgd", "epochs=88")
+                        "edp_nlu/configs/atis_clc.py", "diagnostics=True", "mechanism=sgd",
+                        "epochs=88")
     # Public pretraining (edp_nlu/pipeline/warm_start.py): the backbone starts from the SNIPS
     # grid's CLC SGD run (run that cell first); SNIPS is public, and not ATIS
     from_snips = cell("clc_dpsgd_eps8_from_snips", "per-example DP-SGD, eps 8, backbone from "
@@ -169,9 +170,9 @@ def get_config():
                             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0",
                             *bert_private("private_steps=300", *matrix,
                                           "init_from=runs/experiments/snips/bert_sgd"))
-    # FFA-LoRA (Sun et al. 2024; edp_nlu/models/bert/finetuning.py): every A frozen at its random start,
-    # only B trains. B starts at 0, so A's gradient starts at 0 and A gets mostly noise while it
-    # shares each example's clipped norm with B; frozen, the noise is drawn for B alone (0.17M of
+    # FFA-LoRA (Sun et al. 2024; edp_nlu/models/bert/finetuning.py): every A frozen at its random
+    # start, only B trains. B starts at 0, so A's gradient starts at 0 and A gets mostly noise while
+    # it shares each example's clipped norm with B; frozen, the noise is drawn for B alone (0.17M of
     # the 0.33M factor entries) at the same rank 8 (rank 4 halves both factors and lost). Everything
     # else as lora_matrix. It was level with lora_matrix, one run each (results/atis).
     frozen_a = dp8("bert_dpsgd_eps8_lora_frozen_a", "per-example DP-SGD, eps 8, LoRA r 8 "
@@ -210,8 +211,8 @@ def get_config():
              "fixed (second run)", "per-example", "edp_nlu/configs/atis_clc.py", "diagnostics=True",
              "mechanism=dpsgd", "target_epsilon=8.0"),
         cell("clc_dpsgd_sigma0_both_directions", "per-example, sigma = 0 (clipping only), Adam "
-             "1e-2, backward LSTM fixed", "diagnostic", "edp_nlu/configs/atis_clc.py", "diagnostics=True",
-             "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
+             "1e-2, backward LSTM fixed", "diagnostic", "edp_nlu/configs/atis_clc.py",
+             "diagnostics=True", "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0",
              "learning_rate=0.01"),
         # augmentation multiplicity (experiments/grids/augmentation.py): ATIS's city, date, day and
         # time slots have public fillers, so its copies vary slots as well as masked words
@@ -228,7 +229,8 @@ def get_config():
                                 bert_from_snips, q16, q04, lora_qv, lr1e2, lr25e4,
                                 meanpool_lora, clip01, adam_bc, rank4, bert_from_snips2, frozen_a,
                                 probe, run2, sgd2]
-                + rows("clc", "edp_nlu/configs/atis_clc.py") + [clc_sgd_long, from_snips, clc_intent2]
+                + rows("clc", "edp_nlu/configs/atis_clc.py")
+                + [clc_sgd_long, from_snips, clc_intent2]
                 + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes="Every CLC cell but the *_both_directions ones ran with a backward LSTM "
@@ -236,7 +238,8 @@ def get_config():
                       "of CLC). "
                       "BERT cells other than rows() are pinned (experiments/grids/common.py "
                       "bert_private): what they leave open is what atis_bert gave private runs "
-                      "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix (its "
+                      "when they ran. bert_dpsgd_eps8 is the run of bert_dpsgd_eps8_lora_matrix "
+                      "(its "
                       "command: the same config as atis_bert's default since its LoRA layout "
                       "became matrix); bert_dpsgd_eps8_lora_nodropout was the "
                       "default before. bert_dpsgd_eps8_lora_matrix ran 22 of its 24 epochs: it "

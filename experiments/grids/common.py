@@ -22,8 +22,9 @@ def grid(dataset: str, cells: list, notes: str = "", schedule_reference: str = "
     return g
 
 
-# What edp_nlu/configs/snips_bert.py (and atis_bert.py) gave private runs before their private recipe became
-# LoRA r 8 without dropout at Adam 5e-3, and so what the grids' cells that leave it open ran with:
+# What edp_nlu/configs/snips_bert.py (and atis_bert.py) gave private runs before their private
+# recipe became LoRA r 8 without dropout at Adam 5e-3, and so what the grids' cells that leave it
+# open ran with:
 # every kernel but the embedding tables trained, dropout 0.1, Adam 2e-3.
 BERT_FULL_FINETUNING = ("bert.private_finetune=no_embeddings", "bert.private_dropout=0.1",
                         "private_learning_rate=0.002")

@@ -2,12 +2,12 @@
 
     python -m experiments.experiment --grid=experiments/grids/default_on_snips.py
 
-Each cell is exactly what a new user types: `python -m edp_nlu.train --data_dir=<corpus>`
-(private, epsilon 8) and the same with `--mechanism=sgd`, with edp_nlu/configs/default.py's automatic
-batch, steps and learning rate (edp_nlu/pipeline/recipes.py). No SNIPS-specific setting is
-involved: edp_nlu/configs/default.py was chosen on the synthetic corpus, except its private sampling rate
-and learning rate (q 0.16, 3e-2), which were found on SNIPS (edp_nlu/configs/snips_clc.py) and confirmed on
-the synthetic corpus, and its step count on a --data_dir corpus (150), chosen on these SNIPS and
+Each cell is exactly what a new user types: `python -m edp_nlu.train --data_dir=<corpus>` (private,
+epsilon 8) and the same with `--mechanism=sgd`, with edp_nlu/configs/default.py's automatic batch,
+steps and learning rate (edp_nlu/pipeline/recipes.py). No SNIPS-specific setting is involved:
+edp_nlu/configs/default.py was chosen on the synthetic corpus, except its private sampling rate and
+learning rate (q 0.16, 3e-2), which were found on SNIPS (edp_nlu/configs/snips_clc.py) and confirmed
+on the synthetic corpus, and its step count on a --data_dir corpus (150), chosen on these SNIPS and
 ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60 of
 the goal's corpus: a proxy.
 """
@@ -34,8 +34,8 @@ def cells(data_dir: str):
              "edp_nlu/configs/default.py", *common, "private_steps=84"),
         # 100 steps at q 0.16: between the built-in corpus's 84 and a --data_dir corpus's 150
         cell("clc_default_steps100", "an earlier default, before 84 steps (q 0.16, 100 "
-             "steps), private, eps 8", "per-example (100 steps)", "edp_nlu/configs/default.py", *common,
-             "private_steps=100"),
+             "steps), private, eps 8", "per-example (100 steps)", "edp_nlu/configs/default.py",
+             *common, "private_steps=100"),
         cell("clc_default_q053", "an earlier default, before q 0.16 (q 0.053, 190 steps, "
              "Adam 2e-2), private, eps 8", "per-example (q 0.053)", "edp_nlu/configs/default.py",
              *common, *q053),

@@ -1,4 +1,5 @@
-"""Pilot: the default job's private recipe on the synthetic corpus (public; chooses edp_nlu/configs/default.py).
+"""Pilot: the default job's private recipe on the synthetic corpus (public; chooses
+edp_nlu/configs/default.py).
 
 The recipe this pilot starts from (per-example, 95 steps of the expected batch 512) leaves time
 to spare under the default job's 180 s goal on a 2-core machine, its test SER varies widely from
@@ -11,9 +12,9 @@ variance.
 from experiments.grids.common import cell, grid
 
 DEFAULT = "edp_nlu/configs/default.py"
-# Every recipe states its knobs, so its command reproduces it whatever edp_nlu/configs/default.py says
-# (edp_nlu/configs/default.py is q16_steps84). Recipes that leave the sampling rate and the learning rate
-# open were measured at q 0.0533, Adam 2e-2: get_config pins them.
+# Every recipe states its knobs, so its command reproduces it whatever edp_nlu/configs/default.py
+# says (edp_nlu/configs/default.py is q16_steps84). Recipes that leave the sampling rate and the
+# learning rate open were measured at q 0.0533, Adam 2e-2: get_config pins them.
 BEFORE_Q16 = ("private_sampling_rate=0.0533", "private_learning_rate=0.02")
 D = "clc.dropout=0.25"
 OLD = ("slot_loss=sum", "clc.num_lstm_layers=2", "private_steps=95", D)
@@ -29,7 +30,8 @@ RECIPES = {
                           ("slot_loss=mean", "clc.num_lstm_layers=2", "private_steps=190", D)),
     "slotmean_1lstm_steps190": ("slot loss per word, one BiLSTM layer, 190 steps (an earlier "
                                 "default, before no dropout)",
-                                ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190", D)),
+                                ("slot_loss=mean", "clc.num_lstm_layers=1", "private_steps=190",
+                                 D)),
     # no dropout helped SNIPS CLC (results/pilot_snips_clc); the same here
     "slotmean_1lstm_steps190_nodropout": (
         "slot loss per word, one BiLSTM layer, 190 steps, no dropout (an earlier default, "

@@ -1,9 +1,9 @@
 """Pilot: BERT private recipes on SNIPS at epsilon 8 (per-example, q 0.08, Adam linear decay).
 
-What edp_nlu/configs/snips_bert.py's private recipe rests on (results/pilot_snips_bert, one run each):
-at 150 steps Adam 2e-3 beat 1e-3 and 5e-3; 300 steps beat 150; LoRA r 8 at 5e-3 beat every kernel
-trained, no dropout beat dropout 0.1, and the matrix layout beat the per-head one, which gives
-the recipe (that run is the SNIPS grid's bert_dpsgd_eps8 row; LoRA cells that leave the layout
+What edp_nlu/configs/snips_bert.py's private recipe rests on (results/pilot_snips_bert, one run
+each): at 150 steps Adam 2e-3 beat 1e-3 and 5e-3; 300 steps beat 150; LoRA r 8 at 5e-3 beat every
+kernel trained, no dropout beat dropout 0.1, and the matrix layout beat the per-head one, which
+gives the recipe (that run is the SNIPS grid's bert_dpsgd_eps8 row; LoRA cells that leave the layout
 open ran per_head, which bert_private pins). Twice the sampling rate for half the steps (q 0.16,
 150 steps, the same 24 epochs) could not be told apart from it in one run each, so the default
 stays q 0.08 / 300 steps. Runs that shared the CPU with other jobs have seconds per epoch that

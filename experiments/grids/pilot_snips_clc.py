@@ -53,10 +53,10 @@ def _grid():
         cell("dpsgd_q16_lr1e-1", "per-example, q 0.16, 150 steps, lr 1e-1 constant", "dpsgd",
              CLC, *DP, "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.1",
              "lr_schedule=constant"),
-        cell("sigma0_q16_lr3e-3", "per-example, sigma = 0, q 0.16, 150 steps, lr 3e-3", "diagnostic",
-             CLC, "mechanism=dpsgd", "replicas=1", "target_epsilon=0.0", "noise_multiplier=0.0",
-             "batch_size=0", "sampling_rate=0.16", "steps=150", "learning_rate=0.003",
-             "lr_schedule=constant"),
+        cell("sigma0_q16_lr3e-3", "per-example, sigma = 0, q 0.16, 150 steps, lr 3e-3",
+             "diagnostic", CLC, "mechanism=dpsgd", "replicas=1", "target_epsilon=0.0",
+             "noise_multiplier=0.0", "batch_size=0", "sampling_rate=0.16", "steps=150",
+             "learning_rate=0.003", "lr_schedule=constant"),
         # The joint loss. Every example is clipped, so an example moves the model in the direction
         # of its whole gradient, and the summed slot loss (one CRF term per word) outweighs the
         # intent's: private intent accuracy falls well short of plain training's. Per-word slot
@@ -114,8 +114,8 @@ def _grid():
         # it knows, so Adam's per-weight step sizes come back. Weights with no measurable signal
         # step up to 4.5x further (floor 0.05) than under DP-Adam, so at 1e-2 they step as DP-Adam's
         # at ~4.5e-2 (the tried 5e-2 range). It did worse than the default, and ATIS's BERT with it
-        # went off too (experiments/grids/atis.py, adam_bc). Floor 1 keeps the noise-only weights' steps
-        # at DP-Adam's and only lets weights whose signal exceeds the noise (g^2 > phi) step
+        # went off too (experiments/grids/atis.py, adam_bc). Floor 1 keeps the noise-only weights'
+        # steps at DP-Adam's and only lets weights whose signal exceeds the noise (g^2 > phi) step
         # further, up to sqrt(2) x; at the default learning rate:
         cell("dpsgd_adam_bc_lr1e-2", "per-example, snips_clc's default, DP-AdamBC 1e-2 (floor "
              "0.05)", "dpsgd", CLC, *DP, "optimizer=adam_bc", "private_learning_rate=0.01",

@@ -59,7 +59,8 @@ def get_config():
                     *bert_private("private_steps=150"))
     # The 300-step default before LoRA: every kernel but the embedding tables, dropout 0.1, 2e-3
     full = cell("bert_dpsgd_eps8_full", "per-example DP-SGD, eps 8, every kernel trained, "
-                "dropout 0.1 (the default before)", "per-example", "edp_nlu/configs/snips_bert.py", DIAG,
+                "dropout 0.1 (the default before)", "per-example", "edp_nlu/configs/snips_bert.py",
+                DIAG,
                 "mechanism=dpsgd", "target_epsilon=8.0", *bert_private())
     bert = rows("bert", "edp_nlu/configs/snips_bert.py")
     # The sigma = 0 and eDP k = 2 rows of CLC with snips_clc's earlier recipe (two BiLSTM layers,
@@ -83,12 +84,14 @@ def get_config():
              "loss (the recipe before)", "diagnostic", "edp_nlu/configs/snips_clc.py", DIAG,
              "mechanism=dpsgd", "target_epsilon=0.0", "noise_multiplier=0.0", *old_clc),
         cell("clc_edp_k2_eps8_2lstm", "eDP, micro-batches of 2, eps 8, two BiLSTM layers, "
-             "summed slot loss (the recipe before)", "eDP k=2", "edp_nlu/configs/snips_clc.py", DIAG,
+             "summed slot loss (the recipe before)", "eDP k=2", "edp_nlu/configs/snips_clc.py",
+             DIAG,
              "mechanism=edp", "microbatch_size=2", "target_epsilon=8.0", *old_clc),
     ]
     # snips_bert's private recipe in LoRA's per-head layout, beside the "matrix" layout it uses
     per_head = cell("bert_dpsgd_eps8_lora_per_head", "per-example DP-SGD, eps 8, LoRA per-head "
-                    "layout (the default before)", "per-example", "edp_nlu/configs/snips_bert.py", DIAG,
+                    "layout (the default before)", "per-example", "edp_nlu/configs/snips_bert.py",
+                    DIAG,
                     "mechanism=dpsgd", "target_epsilon=8.0",
                     *bert_private("bert.finetune=lora", "steps=300", "learning_rate=0.005",
                                   "bert.dropout=0.0"))
@@ -150,7 +153,8 @@ def get_config():
         "public_subspace=../shared/data/snips/dev", "public_subspace_labels=own",
         "public_subspace_rank=128", "public_subspace_examples=512", "public_subspace_every=5"))
     return grid("snips", bert[:2] + [per_head, full, steps150] + bert[2:] + [run2, bert_from_atis]
-                + rows("clc", "edp_nlu/configs/snips_clc.py") + [clc_sigma0_3e3, from_atis] + clc_old
+                + rows("clc", "edp_nlu/configs/snips_clc.py") + [clc_sigma0_3e3, from_atis]
+                + clc_old
                 + clc_both,
                 schedule_reference="bert_dpsgd_eps8",
                 notes=("Every CLC cell but the *_both_directions ones ran with a backward LSTM "
@@ -161,17 +165,20 @@ def get_config():
                        "command: it resolves to the same config as snips_bert's default since "
                        "its LoRA layout became matrix). bert_dpsgd_eps8_lora_per_head, "
                        "the default before, is that pilot's dpsgd_lora_nodropout, and "
-                       "bert_dpsgd_eps8_full, the default before that, its dpsgd_steps300. bert_dpsgd_eps8_steps150 ran "
+                       "bert_dpsgd_eps8_full, the default before that, its dpsgd_steps300. "
+                       "bert_dpsgd_eps8_steps150 ran "
                        "as bert_dpsgd_eps8 when the default was ~150 steps; its command is the "
                        "one that reproduces it today. CLC rows run before snips_clc's slot loss "
                        "became per-word carry --config.slot_loss=sum in their "
-                       "commands, which reproduces them today. Likewise CLC rows run before snips_clc "
+                       "commands, which reproduces them today. Likewise CLC rows run before "
+                       "snips_clc "
                        "went to one BiLSTM layer without dropout carry "
                        "--config.clc.num_lstm_layers=2 --config.clc.dropout=0.25 "
                        "(clc_sgd_2lstm and clc_dpsgd_eps8_2lstm ran as clc_sgd and "
                        "clc_dpsgd_eps8). clc_dpsgd_eps8 is the run of results/pilot_snips_clc "
                        "(dpsgd_q16_1lstm_nodropout, with diagnostics): its command sets what "
-                       "snips_clc's defaults now are. clc_dpsgd_eps8_from_atis needs the ATIS grid's "
+                       "snips_clc's defaults now are. clc_dpsgd_eps8_from_atis needs the ATIS "
+                       "grid's "
                        "clc_sgd_steps6000 run (its init_from). bert_sgd's run directory holds a "
                        "second run of its command (test SER 0.068; the ATIS grid's "
                        "BERT init_from), now replaced by a third (test SER 0.0735): the row is "
