@@ -536,21 +536,8 @@ def calibrate_noise(
                                 bands)
         return compute_epsilon(charged + records, q, delta, extras, acct)
 
-    if charged:
-        spent = compute_epsilon(charged, q, delta, extras, accountant)
-        if spent >= target:
-            raise ValueError(f"the epochs charged already spend epsilon {spent:.4g} >= "
-                             f"target_epsilon={target:g}: no z0 can meet it")
-    if extras and compute_epsilon((), q, delta, extras, accountant) >= target:
-        raise ValueError(
-            f"the extra events alone spend epsilon >= target_epsilon={target}: no z0 can meet it")
-    if selection_noise_multiplier is not None:  # z0 -> inf leaves the selection's z_c alone
-        z_c = checks.number("selection_noise_multiplier", selection_noise_multiplier, 0.0, True)
-        alone = tuple(EpochRecord(t, steps_per_epoch, z_c, z_c) for t in range(epochs))
-        if compute_epsilon(charged + alone, q, delta, extras, accountant) >= target:
-            raise ValueError(
-                f"the row selection's noise alone (selection_noise_multiplier={z_c:g}) spends "
-                f"epsilon >= target_epsilon={target}: raise selection_noise_multiplier")
+    _refuse_unreachable_target(target, q, delta, extras, accountant, charged,
+                               selection_noise_multiplier, epochs, steps_per_epoch)
     if accountant == "pld":  # PLD is tighter: its answer lies a little below RDP's
         hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
                              noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
@@ -573,6 +560,28 @@ def calibrate_noise(
             return hi
         e_lo = eps(lo)
     return _smallest_meeting(eps, target, lo, e_lo, hi, e_hi, tolerance)
+
+
+def _refuse_unreachable_target(target: float, q: float, delta: float, extras: tuple,
+                               accountant: str, charged: tuple,
+                               selection_noise_multiplier: Optional[float], epochs: int,
+                               steps_per_epoch: int) -> None:
+    """Raises if what no z0 controls already spends the target, so the bisection cannot end."""
+    if charged:
+        spent = compute_epsilon(charged, q, delta, extras, accountant)
+        if spent >= target:
+            raise ValueError(f"the epochs charged already spend epsilon {spent:.4g} >= "
+                             f"target_epsilon={target:g}: no z0 can meet it")
+    if extras and compute_epsilon((), q, delta, extras, accountant) >= target:
+        raise ValueError(
+            f"the extra events alone spend epsilon >= target_epsilon={target}: no z0 can meet it")
+    if selection_noise_multiplier is not None:  # z0 -> inf leaves the selection's z_c alone
+        z_c = checks.number("selection_noise_multiplier", selection_noise_multiplier, 0.0, True)
+        alone = tuple(EpochRecord(t, steps_per_epoch, z_c, z_c) for t in range(epochs))
+        if compute_epsilon(charged + alone, q, delta, extras, accountant) >= target:
+            raise ValueError(
+                f"the row selection's noise alone (selection_noise_multiplier={z_c:g}) spends "
+                f"epsilon >= target_epsilon={target}: raise selection_noise_multiplier")
 
 
 def _smallest_meeting(eps: Callable[[float], float], target: float, lo: float, e_lo: float,

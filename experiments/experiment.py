@@ -852,6 +852,29 @@ def _write_tuning(out_dir: str, result: dict) -> None:
 # ------------------------------------------------------------------------------ main
 def main(argv):
     del argv
+    grid, wanted = _grid_and_cells()
+    if _LIST.value:
+        _list_cells(grid)
+        return
+    if _SELECT.value:
+        _select_from_flags(grid, wanted)
+        return
+    if _PLAN_ONLY.value:
+        raise app.UsageError("--plan_only goes with --select")
+    if _RESCORE.value and _DEV_ATTACK.value:
+        raise app.UsageError("--rescore and --dev_attack: one at a time")
+    if _RESCORE.value:
+        _rescore_cells(grid, wanted)
+    elif _DEV_ATTACK.value:
+        _dev_attack_cells(grid, wanted)
+    elif not _REPORT.value:
+        _run_cells(grid, wanted)
+    results = report(grid)
+    print(f"{len(results)} of {len(grid.cells)} cells in {grid.results_dir}/table1.md", flush=True)
+
+
+def _grid_and_cells() -> tuple:
+    """The --grid (its file recorded for the tables) and the --cells it has, or a usage error."""
     grid = _GRID.value
     if grid is None:
         raise app.UsageError("--grid is required (e.g. experiments/grids/snips.py)")
@@ -865,67 +888,75 @@ def main(argv):
     unknown = sorted(set(wanted) - set(names))
     if unknown:
         raise app.UsageError(f"--cells: unknown cells {unknown}; the grid has {names}")
-    if _LIST.value:
-        for cell in grid.cells:
-            state = ("done" if os.path.isfile(cell_result_path(grid, cell.name)) else
-                     "started" if os.path.isdir(os.path.join(grid.runs_dir, cell.name)) else
-                     "todo")
-            print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
-        return
-    if _SELECT.value:
-        try:
-            select(grid, [c for c in grid.cells if c.name in wanted], _MU.value,
-                   _DISTRIBUTION.value, _SEED.value, _NAME.value or grid.dataset,
-                   tuple(_CANDIDATE_OVERRIDES.value), _PYTHON.value, _PLAN_ONLY.value)
-        except ValueError as error:
-            raise app.UsageError(f"--select: {error}") from None
-        return
-    if _PLAN_ONLY.value:
-        raise app.UsageError("--plan_only goes with --select")
-    if _RESCORE.value and _DEV_ATTACK.value:
-        raise app.UsageError("--rescore and --dev_attack: one at a time")
-    if _RESCORE.value:
-        for cell in (c for c in grid.cells if c.name in wanted):
-            if os.path.isfile(cell_result_path(grid, cell.name)):
-                try:
-                    bio = add_bio_decoding(grid, cell, _PYTHON.value)["test_bio"]
-                    print(f"{cell.name}: BIO decoding: test SER {bio['ser']:.4f}, slot F1 "
-                          f"{bio['slot_f1']:.4f}", flush=True)
-                except RuntimeError as error:
-                    print(f"{cell.name}: FAILED: {error}", flush=True)
-    elif _DEV_ATTACK.value:
-        for cell in (c for c in grid.cells if c.name in wanted):
-            if os.path.isfile(cell_result_path(grid, cell.name)):
-                try:
-                    mia = add_dev_attack(grid, cell, _PYTHON.value).get(
-                        "membership_inference_dev") or {}
-                    print(f"{cell.name}: dev-split attack AUC {mia['auc']:.3f}" if mia else
-                          f"{cell.name}: no dev-split attack (no diagnostics or no dev split)",
-                          flush=True)
-                except RuntimeError as error:
-                    print(f"{cell.name}: FAILED: {error}", flush=True)
-    elif not _REPORT.value:
-        todo = [c for c in grid.cells if c.name in wanted]
-        for i, cell in enumerate(todo, 1):
-            prefix = f"[{i}/{len(todo)}] {grid.dataset} {cell.name}"
-            if os.path.isfile(cell_result_path(grid, cell.name)):
-                print(f"{prefix}: done earlier, skipped", flush=True)
-                continue
-            print(f"{prefix}: running ({cell.label})", flush=True)
-            started = time.time()
-            try:
-                r = run_cell(grid, cell, _PYTHON.value, None)
-            except RuntimeError as error:
-                print(f"{prefix}: FAILED: {error}", flush=True)
-                continue
-            eps = r.get("epsilon")
-            print(f"{prefix}: test SER {r['test']['ser']:.4f}, intent acc "
-                  f"{r['test']['intent_accuracy']:.4f}, slot F1 {r['test']['slot_f1']:.4f}, "
-                  f"epsilon {eps:.3g} in {time.time() - started:.0f} s", flush=True)
-            report(grid)
-    results = report(grid)
-    print(f"{len(results)} of {len(grid.cells)} cells in {grid.results_dir}/table1.md", flush=True)
+    return grid, wanted
 
+
+def _list_cells(grid) -> None:
+    """--list: each cell's state and command, without running anything."""
+    for cell in grid.cells:
+        state = ("done" if os.path.isfile(cell_result_path(grid, cell.name)) else
+                 "started" if os.path.isdir(os.path.join(grid.runs_dir, cell.name)) else
+                 "todo")
+        print(f"{cell.name:28s} {state:8s} {' '.join(cell_command(grid, cell)[3:])}")
+
+
+def _select_from_flags(grid, wanted) -> None:
+    """--select: accounted tuning over the wanted cells; a bad setting is a usage error."""
+    try:
+        select(grid, [c for c in grid.cells if c.name in wanted], _MU.value,
+               _DISTRIBUTION.value, _SEED.value, _NAME.value or grid.dataset,
+               tuple(_CANDIDATE_OVERRIDES.value), _PYTHON.value, _PLAN_ONLY.value)
+    except ValueError as error:
+        raise app.UsageError(f"--select: {error}") from None
+
+
+def _rescore_cells(grid, wanted) -> None:
+    """--rescore: add the BIO decoding to each finished wanted cell; a failure skips the cell."""
+    for cell in (c for c in grid.cells if c.name in wanted):
+        if os.path.isfile(cell_result_path(grid, cell.name)):
+            try:
+                bio = add_bio_decoding(grid, cell, _PYTHON.value)["test_bio"]
+                print(f"{cell.name}: BIO decoding: test SER {bio['ser']:.4f}, slot F1 "
+                      f"{bio['slot_f1']:.4f}", flush=True)
+            except RuntimeError as error:
+                print(f"{cell.name}: FAILED: {error}", flush=True)
+
+
+def _dev_attack_cells(grid, wanted) -> None:
+    """--dev_attack: add the dev-split attack to each finished wanted cell."""
+    for cell in (c for c in grid.cells if c.name in wanted):
+        if os.path.isfile(cell_result_path(grid, cell.name)):
+            try:
+                mia = add_dev_attack(grid, cell, _PYTHON.value).get(
+                    "membership_inference_dev") or {}
+                print(f"{cell.name}: dev-split attack AUC {mia['auc']:.3f}" if mia else
+                      f"{cell.name}: no dev-split attack (no diagnostics or no dev split)",
+                      flush=True)
+            except RuntimeError as error:
+                print(f"{cell.name}: FAILED: {error}", flush=True)
+
+
+def _run_cells(grid, wanted) -> None:
+    """Runs each wanted cell not finished yet, rewriting the report after each; a failed cell is
+    reported and skipped so the others still run."""
+    todo = [c for c in grid.cells if c.name in wanted]
+    for i, cell in enumerate(todo, 1):
+        prefix = f"[{i}/{len(todo)}] {grid.dataset} {cell.name}"
+        if os.path.isfile(cell_result_path(grid, cell.name)):
+            print(f"{prefix}: done earlier, skipped", flush=True)
+            continue
+        print(f"{prefix}: running ({cell.label})", flush=True)
+        started = time.time()
+        try:
+            r = run_cell(grid, cell, _PYTHON.value, None)
+        except RuntimeError as error:
+            print(f"{prefix}: FAILED: {error}", flush=True)
+            continue
+        eps = r.get("epsilon")
+        print(f"{prefix}: test SER {r['test']['ser']:.4f}, intent acc "
+              f"{r['test']['intent_accuracy']:.4f}, slot F1 {r['test']['slot_f1']:.4f}, "
+              f"epsilon {eps:.3g} in {time.time() - started:.0f} s", flush=True)
+        report(grid)
 
 if __name__ == "__main__":
     from edp_nlu import cli

@@ -95,23 +95,16 @@ def _check_augmentation(config, bad) -> None:
 
 
 def check_config(config) -> None:
-    """ValueError naming the config field for values the trainer cannot run."""
+    """ValueError naming the config field for values the trainer cannot run.
+
+    The checks run in a fixed order (the helpers below, each a group of related fields), so a
+    config with several bad fields always names the same one first.
+    """
     def bad(field, value, allowed):
         raise ValueError(f"--config.{field}={value!r} is invalid: expected {allowed}")
 
-    choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
-               "privacy_unit": PRIVACY_UNITS,
-               "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
-    for field, allowed in choices.items():
-        value = unit(config) if field == "privacy_unit" else config[field]
-        if value not in allowed:
-            bad(field, value, allowed)
-    if unit(config) == "user" and config.mechanism != "sgd" and config.examples_per_user < 1:
-        bad("examples_per_user", config.examples_per_user, "an integer >= 1 with "
-            "privacy_unit='user'")
-    if config.user_weight_cap < 0 or (config.user_weight_cap and unit(config) != "user"):
-        bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
-            "with privacy_unit='user'")
+    _check_choices(config, bad)
+    _check_privacy_unit(config, bad)
     _check_augmentation(config, bad)
 
     label_selection.check_config(config, bad)
@@ -119,6 +112,37 @@ def check_config(config) -> None:
         dp = dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None,
                        None)
         _named_as_flags(config, lambda: compatibility(dp, features(config)))
+    _check_run_shape(config, bad)
+    _check_public_subspace(config, bad)
+    _check_sizes_and_rates(config, bad)
+    if config.model == "bert":
+        _check_bert(config.bert, bad)
+    _check_optimizer_and_heads(config, bad)
+
+
+def _check_choices(config, bad) -> None:
+    """The fields that name one of a fixed set of options."""
+    choices = {"model": MODELS, "mechanism": MECHANISMS, "sampling": SAMPLINGS,
+               "privacy_unit": PRIVACY_UNITS,
+               "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
+    for field, allowed in choices.items():
+        value = unit(config) if field == "privacy_unit" else config[field]
+        if value not in allowed:
+            bad(field, value, allowed)
+
+
+def _check_privacy_unit(config, bad) -> None:
+    """The user-level knobs: they only mean something with privacy_unit='user'."""
+    if unit(config) == "user" and config.mechanism != "sgd" and config.examples_per_user < 1:
+        bad("examples_per_user", config.examples_per_user, "an integer >= 1 with "
+            "privacy_unit='user'")
+    if config.user_weight_cap < 0 or (config.user_weight_cap and unit(config) != "user"):
+        bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
+            "with privacy_unit='user'")
+
+
+def _check_run_shape(config, bad) -> None:
+    """Decoding, replicas, input length and the encoder-frozen probe phase."""
     if config.decoding not in DECODINGS:
         bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
@@ -130,7 +154,10 @@ def check_config(config) -> None:
     if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"):
         bad("probe_epochs", probe, "0, or an integer >= 1 with a private mechanism (the "
             "private step freezes the encoder; plain training has no such phase)")
-    _check_public_subspace(config, bad)
+
+
+def _check_sizes_and_rates(config, bad) -> None:
+    """Batch, length, sampling, learning rate and privacy target: 0 mostly means automatic."""
     for field in ("batch_size", "epochs", "steps"):  # 0 = auto (edp_nlu/pipeline/recipes.py)
         if int(config[field]) < 0:
             bad(field, config[field], "an integer >= 1, or 0 for the automatic default")
@@ -144,24 +171,30 @@ def check_config(config) -> None:
         bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
     if not 0 <= config.delta < 1:
         bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
-    if config.model == "bert":
-        b = config.bert
-        if b.vocabulary not in ("minilm", "train"):
-            bad("bert.vocabulary", b.vocabulary, ("minilm", "train"))
-        if b.finetune not in FINETUNE:
-            bad("bert.finetune", b.finetune, FINETUNE)
-        if b.private_finetune not in FINETUNE + ("",):  # "": bert.finetune
-            bad("bert.private_finetune", b.private_finetune, FINETUNE + ("",))
-        if not 0 <= b.dropout < 1:
-            bad("bert.dropout", b.dropout, "in [0, 1)")
-        if not b.private_dropout < 1:
-            bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
-        if b.lora_layout not in LORA_LAYOUTS:
-            bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
-        if b.lora_targets not in LORA_TARGETS:
-            bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
-        if b.pooling not in POOLING:
-            bad("bert.pooling", b.pooling, POOLING)
+
+
+def _check_bert(b, bad) -> None:
+    """The `bert.*` fields, checked only when the model is BERT."""
+    if b.vocabulary not in ("minilm", "train"):
+        bad("bert.vocabulary", b.vocabulary, ("minilm", "train"))
+    if b.finetune not in FINETUNE:
+        bad("bert.finetune", b.finetune, FINETUNE)
+    if b.private_finetune not in FINETUNE + ("",):  # "": bert.finetune
+        bad("bert.private_finetune", b.private_finetune, FINETUNE + ("",))
+    if not 0 <= b.dropout < 1:
+        bad("bert.dropout", b.dropout, "in [0, 1)")
+    if not b.private_dropout < 1:
+        bad("bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout")
+    if b.lora_layout not in LORA_LAYOUTS:
+        bad("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
+    if b.lora_targets not in LORA_TARGETS:
+        bad("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
+    if b.pooling not in POOLING:
+        bad("bert.pooling", b.pooling, POOLING)
+
+
+def _check_optimizer_and_heads(config, bad) -> None:
+    """Schedule fractions, optimizer knobs, head dropout and the loss weights."""
     if not 0 <= config.warmup_fraction < 1:
         bad("warmup_fraction", config.warmup_fraction, "in [0, 1)")
     if not 0 <= config.ema_fraction < 1:
@@ -176,7 +209,6 @@ def check_config(config) -> None:
     for field in ("intent_loss_weight", "slot_loss_weight", "weight_decay"):
         if not config[field] >= 0:
             bad(field, config[field], ">= 0")
-
 
 def _check_public_subspace(config, bad) -> None:
     source = config.public_subspace

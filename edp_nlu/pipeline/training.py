@@ -164,11 +164,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                 os.path.join(run_dir, "saved_model"),
                 lambda path: export_serving_model(model, data.preprocessor, path))
     done = int(state.get("epochs_done", initial_epoch))
-    stopped = None
-    if done < config.epochs and (budget_refused or (ledger is not None
-                                                    and ledger.stopped_after_epoch is not None)):
-        stopped = (f"stopped by the privacy budget after {done} of {config.epochs} epochs "
-                   "(a higher --target_epsilon on --resume continues it)")
+    stopped = _budget_stop(done, config.epochs, budget_refused, ledger)
     state["stopped"] = stopped
     state["finished"] = True  # after the export: a run killed before it is not finished
     write_json(os.path.join(run_dir, STATE_FILE), state)
@@ -184,6 +180,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
         "stopped": stopped,
     }
+
+
+def _budget_stop(done: int, epochs: int, budget_refused: bool, ledger) -> Optional[str]:
+    """Why the run ended before its last epoch, when the privacy budget ended it; else None."""
+    stopped = None
+    if done < epochs and (budget_refused or (ledger is not None
+                                             and ledger.stopped_after_epoch is not None)):
+        stopped = (f"stopped by the privacy budget after {done} of {epochs} epochs "
+                   "(a higher --target_epsilon on --resume continues it)")
+    return stopped
 
 
 def _replan(run_dir: str, config, dp, plan, done: int) -> tuple:
