@@ -119,13 +119,41 @@ def fill_disk(path: str, leave: int = 64 << 10) -> None:
 
 
 def _arm(spec: dict) -> None:
-    """Installs the fault of `spec` into this (child) process before training starts."""
-    import keras
-    import tensorflow as tf
+    """Installs the fault of `spec` into this (child) process before training starts.
 
+    Each kind of fault patches one place (a training step, the input pipeline, a checkpoint
+    write, model building, the step's tracing, the export); the step counter that times them
+    is shared, so the helpers below get the same `state`.
+    """
     kind, at, witness = spec["kind"], int(spec["step"]), spec["witness"]
     ballast = spec.get("ballast")
     state = {"steps": 0, "armed": True, "epoch": None}
+    _arm_step_faults(kind, at, witness, ballast, state)
+    if kind == "input_error":
+        _arm_input_error(at)
+    if kind in ("kill_in_checkpoint", "enospc_checkpoint"):
+        _arm_checkpoint_fault(kind, at, ballast, state)
+    if kind == "kill_in_startup":
+        def killed_while_building(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        training._build = killed_while_building
+
+    if kind == "kill_in_tracing":  # the step's Python body runs only while it is traced
+
+        def killed_while_tracing(self, data):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        private_model.PrivateModel.train_step = killed_while_tracing
+
+    if kind in AT_THE_END:
+        _arm_export_fault(kind, ballast)
+
+
+def _arm_step_faults(kind: str, at: int, witness, ballast, state: dict) -> None:
+    """Wraps training.train to add a callback that witnesses every epoch and step (for every
+    kind: the parent reads where the child got to) and fires the step-timed faults at `at`."""
+    import keras
 
     class Fault(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -154,66 +182,62 @@ def _arm(spec: dict) -> None:
 
     training.train = train_with_fault
 
-    if kind == "input_error":
-        datasets = builders.datasets
 
-        def failing_datasets(*args, **kwargs):
-            ds, *rest = datasets(*args, **kwargs)
+def _arm_input_error(at: int) -> None:
+    """The input pipeline fails at element `at` (a tf.data error inside fit)."""
+    import tensorflow as tf
 
-            def check(index, element):
-                failed = tf.debugging.assert_less(
-                    index, tf.constant(at, tf.int64), message="injected input pipeline fault")
-                with tf.control_dependencies([failed]):
-                    return tf.nest.map_structure(tf.identity, element)
+    datasets = builders.datasets
 
-            failing = ds.enumerate().map(check)
-            source = batch_source.describe(ds)
-            if source.kind == "sampler":  # the sampler's batches, unchanged until the fault
-                batch_source._mark(failing, source.sampler)
-            return (failing, *rest)
+    def failing_datasets(*args, **kwargs):
+        ds, *rest = datasets(*args, **kwargs)
 
-        builders.datasets = failing_datasets
+        def check(index, element):
+            failed = tf.debugging.assert_less(
+                index, tf.constant(at, tf.int64), message="injected input pipeline fault")
+            with tf.control_dependencies([failed]):
+                return tf.nest.map_structure(tf.identity, element)
 
-    if kind in ("kill_in_checkpoint", "enospc_checkpoint"):
-        write = tf.train.Checkpoint.write
+        failing = ds.enumerate().map(check)
+        source = batch_source.describe(ds)
+        if source.kind == "sampler":  # the sampler's batches, unchanged until the fault
+            batch_source._mark(failing, source.sampler)
+        return (failing, *rest)
 
-        def faulty_write(self, file_prefix, options=None):
-            if state["steps"] < at:
-                return write(self, file_prefix, options)
-            if kind == "enospc_checkpoint":
-                fill_disk(ballast, leave=16 << 10)  # part of the files gets written
-                return write(self, file_prefix, options)
-            prefix = write(self, file_prefix, options)
-            os.kill(os.getpid(), signal.SIGKILL)  # files written, commit not
-            return prefix
+    builders.datasets = failing_datasets
 
-        tf.train.Checkpoint.write = faulty_write  # the commit after it is what is tested
 
-    if kind == "kill_in_startup":
-        def killed_while_building(*args, **kwargs):
-            os.kill(os.getpid(), signal.SIGKILL)
+def _arm_checkpoint_fault(kind: str, at: int, ballast, state: dict) -> None:
+    """From step `at` on, a checkpoint write is killed before its commit or runs out of disk."""
+    import tensorflow as tf
 
-        training._build = killed_while_building
+    write = tf.train.Checkpoint.write
 
-    if kind == "kill_in_tracing":  # the step's Python body runs only while it is traced
+    def faulty_write(self, file_prefix, options=None):
+        if state["steps"] < at:
+            return write(self, file_prefix, options)
+        if kind == "enospc_checkpoint":
+            fill_disk(ballast, leave=16 << 10)  # part of the files gets written
+            return write(self, file_prefix, options)
+        prefix = write(self, file_prefix, options)
+        os.kill(os.getpid(), signal.SIGKILL)  # files written, commit not
+        return prefix
 
-        def killed_while_tracing(self, data):
-            os.kill(os.getpid(), signal.SIGKILL)
+    tf.train.Checkpoint.write = faulty_write  # the commit after it is what is tested
 
-        private_model.PrivateModel.train_step = killed_while_tracing
 
-    if kind in AT_THE_END:
-        serving = export.export_serving_model
+def _arm_export_fault(kind: str, ballast) -> None:
+    """The SavedModel export at the end runs out of disk, or is killed once written."""
+    serving = export.export_serving_model
 
-        def faulty_export(task, preprocessor, path):
-            if kind == "enospc_export":
-                fill_disk(ballast, leave=64 << 10)
-                return serving(task, preprocessor, path)
-            serving(task, preprocessor, path)
-            os.kill(os.getpid(), signal.SIGKILL)
+    def faulty_export(task, preprocessor, path):
+        if kind == "enospc_export":
+            fill_disk(ballast, leave=64 << 10)
+            return serving(task, preprocessor, path)
+        serving(task, preprocessor, path)
+        os.kill(os.getpid(), signal.SIGKILL)
 
-        export.export_serving_model = faulty_export
-
+    export.export_serving_model = faulty_export
 
 def child(argv) -> None:
     """The child entry point: `python -m edp_nlu.train`'s main, with EDP_TF_FAULT armed."""
