@@ -9,6 +9,7 @@ from edp_nlu.configs.base import base_config
 from edp_nlu.configs.snips_bert import get_config
 from edp_nlu.data import synthetic
 from edp_nlu.pipeline import builders, optimizers, recipes
+from edp_nlu.pipeline.run_spec import RunSpec
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.filtering import KalmanFilter, LowPassFilter
 
@@ -220,7 +221,9 @@ def test_noise_filter_wraps_the_optimizer_of_private_runs_only():
     import keras
 
     def built(**fields):
-        return builders.optimizer(dict_update(base_config(), **fields), 10)
+        config = dict_update(base_config(), **fields)
+        return builders.optimizer(RunSpec.of_checked(config).optimizer, 10,
+                                  private=config.mechanism != "sgd")
 
     assert type(built()) is keras.optimizers.Adam  # the default: none
     lowpass = built(noise_filter="lowpass", mechanism="dpsgd")
