@@ -168,33 +168,49 @@ def write(rows: list) -> None:
 
 
 def plot(rows: list) -> None:
+    """Left: the ratio against n (a line through each n's mean; dotted: the power law to 1.2x
+    where it extrapolates). Right: both SERs against n (a ratio with a plain SER near 0 says
+    little: the synthetic corpus)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, (ax, ax_ser) = plt.subplots(1, 2, figsize=(11, 4.2))
     for corpus, marker in (("SNIPS CLC", "o"), ("synthetic (default command)", "s")):
-        mine = [r for r in rows if r["corpus"] == corpus and math.isfinite(r["ratio"])]
+        mine = [r for r in rows if r["corpus"] == corpus]
         if not mine:
             continue
-        line = ax.plot([r["n"] for r in mine], [r["ratio"] for r in mine], marker,
-                       label=corpus)[0]
+        color = ax_ser.plot([r["n"] for r in mine], [r["private_ser"] for r in mine], marker,
+                            label=f"{corpus}, private eps 8")[0].get_color()
+        ax_ser.plot([r["n"] for r in mine], [r["plain_ser"] for r in mine], marker,
+                    mfc="none", color=color, label=f"{corpus}, plain")
+        finite = [r for r in mine if math.isfinite(r["ratio"])]
+        if not finite:
+            continue
+        ax.plot([r["n"] for r in finite], [r["ratio"] for r in finite], marker, color=color,
+                label=corpus)
         by_n: dict = {}
-        for r in mine:
+        for r in finite:
             by_n.setdefault(r["n"], []).append(r["ratio"])
         ns = sorted(by_n)
-        ax.plot(ns, [sum(by_n[n]) / len(by_n[n]) for n in ns], "-", color=line.get_color())
-        fit = crossing([r["n"] for r in mine], [r["ratio"] for r in mine])
+        means = [sum(by_n[n]) / len(by_n[n]) for n in ns]
+        ax.plot(ns, means, "-", color=color)
+        fit = crossing([r["n"] for r in finite], [r["ratio"] for r in finite])
         if fit is not None and fit["extrapolated"]:
-            ax.plot([ns[-1], fit["n"]], [sum(by_n[ns[-1]]) / len(by_n[ns[-1]]), TARGET], ":",
-                    color=line.get_color(), label=f"{corpus}: power-law extrapolation")
+            grid = [ns[0] * (fit["n"] / ns[0]) ** (k / 40) for k in range(41)]
+            # the fit through (n*, TARGET): ratio - 1 = (TARGET - 1) (n / n*)^b
+            ax.plot(grid, [1 + (TARGET - 1) * (g / fit["n"]) ** fit["b"] for g in grid], ":",
+                    color=color, label=f"{corpus}: power-law fit (extrapolation)")
     ax.axhline(TARGET, color="grey", linestyle="--", linewidth=1, label=f"{TARGET}x")
     ax.axhline(1.0, color="black", linewidth=0.5)
-    ax.set_xscale("log")
-    ax.set_xlabel("training utterances n (log)")
+    for a_ in (ax, ax_ser):
+        a_.set_xscale("log")
+        a_.set_xlabel("training utterances n (log)")
+        a_.legend(fontsize=7)
     ax.set_ylabel("private (eps 8) / plain test SER")
-    ax.legend(fontsize=8)
+    ax_ser.set_yscale("log")
+    ax_ser.set_ylabel("test SER (log)")
     fig.tight_layout()
     fig.savefig(os.path.join(RESULTS, "curve.png"), dpi=120)
     plt.close(fig)
