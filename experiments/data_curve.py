@@ -112,9 +112,17 @@ def curve_rows(groups: dict) -> list:
                     "scored_items": denominator,
                     "ratio_bio": bio[0] / bio[1] if bio[0] is not None and bio[1] else "",
                     "epsilon": private.get("epsilon"),
+                    "noise_multiplier": private.get("noise_multiplier"),
+                    # the noise's std on the mean clipped gradient, in units of C: z / (q n)
+                    "noise_per_example": _noise_per_example(private, n),
                     "private_command": private["command"], "plain_command": plain["command"],
                 })
     return rows
+
+
+def _noise_per_example(private: dict, n: int):
+    z, q = private.get("noise_multiplier"), private.get("sampling_rate")
+    return z / (q * n) if z and q else ""
 
 
 def answers(rows: list) -> dict:
@@ -145,14 +153,16 @@ def write(rows: list) -> None:
              "decoding (as results/snips); ratio_bio = the BIO decoding's ratio; the interval "
              "is the test set's sampling error only (Poisson error counts).", "",
              "| corpus | n | private SER | plain SER | ratio | 95% (test sampling) | errors "
-             "private / plain | ratio (BIO) | epsilon | commands |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "private / plain | ratio (BIO) | epsilon | z | z / (q n) | commands |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['corpus']} | {r['n']:,} | {r['private_ser']:.4f} | {r['plain_ser']:.4f} | "
             f"{_fmt(r['ratio'], 2)} | {r['ratio_ci95']} | {r['private_errors']} / "
             f"{r['plain_errors']} of {r['scored_items']} | {_fmt(r['ratio_bio'], 2)} | "
-            f"{_fmt(r['epsilon'], 2)} | `{r['private_command']}`; `{r['plain_command']}` |")
+            f"{_fmt(r['epsilon'], 2)} | {_fmt(r['noise_multiplier'], 3)} | "
+            f"{_fmt(r['noise_per_example'] * 1e4 if r['noise_per_example'] else '', 2)}e-4 | "
+            f"`{r['private_command']}`; `{r['plain_command']}` |")
     lines += ["", f"## n at which private / plain = {TARGET}", ""]
     for corpus, fit in answers(rows).items():
         if fit is None:
