@@ -106,7 +106,8 @@ def curve_rows(groups: dict) -> list:
                     plain.get("test_bio") or {}).get("ser")
                 rows.append({
                     "corpus": corpus, "n": n, "private_ser": private["test"]["ser"],
-                    "plain_ser": plain["test"]["ser"], "ratio": ratio,
+                    "plain_ser": plain["test"]["ser"],
+                    "gap": private["test"]["ser"] - plain["test"]["ser"], "ratio": ratio,
                     "ratio_ci95": f"{lo:.2f}-{hi:.2f}" if math.isfinite(lo) else "",
                     "private_errors": e_priv, "plain_errors": e_plain,
                     "scored_items": denominator,
@@ -152,12 +153,13 @@ def write(rows: list) -> None:
              "results/snips/cells (SNIPS at 100%). n = training utterances; SER = Viterbi "
              "decoding (as results/snips); ratio_bio = the BIO decoding's ratio; the interval "
              "is the test set's sampling error only (Poisson error counts).", "",
-             "| corpus | n | private SER | plain SER | ratio | 95% (test sampling) | errors "
+             "| corpus | n | private SER | plain SER | gap | ratio | 95% (test sampling) | errors "
              "private / plain | ratio (BIO) | epsilon | z | z / (q n) | commands |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['corpus']} | {r['n']:,} | {r['private_ser']:.4f} | {r['plain_ser']:.4f} | "
+            f"{r['gap']:.4f} | "
             f"{_fmt(r['ratio'], 2)} | {r['ratio_ci95']} | {r['private_errors']} / "
             f"{r['plain_errors']} of {r['scored_items']} | {_fmt(r['ratio_bio'], 2)} | "
             f"{_fmt(r['epsilon'], 2)} | {_fmt(r['noise_multiplier'], 3)} | "
@@ -171,8 +173,9 @@ def write(rows: list) -> None:
         else:
             label = ("extrapolated beyond the measured range" if fit["extrapolated"]
                      else "within the measured range")
-            lines.append(f"* {corpus}: ratio - 1 ~ n^{fit['b']:.2f}; {TARGET}x at n ~ "
-                         f"{fit['n']:,.0f} ({label})")
+            n = f"{fit['n']:,.0f}" if fit["n"] < 1e7 else f"{fit['n']:.1e}"
+            lines.append(f"* {corpus}: ratio - 1 ~ n^{fit['b']:.2f}; {TARGET}x at n ~ {n} "
+                         f"({label})")
     with open(os.path.join(RESULTS, "curve.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -208,7 +211,8 @@ def plot(rows: list) -> None:
         ax.plot(ns, means, "-", color=color)
         fit = crossing([r["n"] for r in finite], [r["ratio"] for r in finite])
         if fit is not None and fit["extrapolated"]:
-            grid = [ns[0] * (fit["n"] / ns[0]) ** (k / 40) for k in range(41)]
+            end = min(fit["n"], 100 * ns[-1])  # beyond 100x the data the line says nothing
+            grid = [ns[0] * (end / ns[0]) ** (k / 40) for k in range(41)]
             # the fit through (n*, TARGET): ratio - 1 = (TARGET - 1) (n / n*)^b
             ax.plot(grid, [1 + (TARGET - 1) * (g / fit["n"]) ** fit["b"] for g in grid], ":",
                     color=color, label=f"{corpus}: power-law fit (extrapolation)")
