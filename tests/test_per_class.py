@@ -352,7 +352,7 @@ def test_a_train_subset_is_other_data_and_a_config_before_the_field_is_not(runs,
 
     older = tmp_path / "older"
     shutil.copytree(runs["oracle"], older)
-    config = json.load(open(older / "config.json"))
+    config = json.loads((older / "config.json").read_text())
     assert config["config"].pop("train_fraction") == 1.0
     (older / "config.json").write_text(json.dumps(config))
     assert evaluate.per_class_run(runs["prior"], str(older))  # not refused

@@ -1,4 +1,4 @@
-"""How much data closes the gap: private (epsilon 8) / plain test SER against the training set's size n.
+"""How much data closes the gap: private (eps 8) / plain test SER against the training set's size n.
 
 The default recipe only, its automatic values untouched (edp_nlu/pipeline/recipes.py): a private
 run samples q = 0.16 of n per step for a fixed number of steps, so at a fixed epsilon its noise
