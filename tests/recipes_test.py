@@ -276,3 +276,13 @@ def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batche
     # a user's value and plain training are left as they are
     assert recipes.chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
     assert recipes.chunk_rows(config(mechanism="sgd"), 1, 4096) == 0
+
+
+def test_a_train_fraction_gives_the_run_the_subsets_n():
+    """The run's n (its delta and automatic batch) is what builders.load_splits returns."""
+    from edp_nlu.pipeline import builders
+
+    whole = builders.load_splits(config(synthetic_size=500))
+    part = builders.load_splits(config(synthetic_size=500, train_fraction=0.25))
+    assert (len(whole.train), len(part.train)) == (400, 100)
+    assert (part.dev, part.test) == (whole.dev, whole.test)
