@@ -148,7 +148,8 @@ def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "tes
 
 # what decides a run's corpus: two runs compared per class must agree on all of them
 _DATA_FIELDS = ("data_dir", "data_seed", "synthetic_size", "synthetic_canaries",
-                "synthetic_canary_repeats")
+                "synthetic_canary_repeats", "train_fraction")
+_DATA_FIELD_UNSET = {"train_fraction": 1.0}  # what a config written before the field meant
 
 
 def run_label(run_dir: str) -> str:
@@ -179,7 +180,8 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     config = run_files.load_run_config(run_dir)
     if compare_to is not None:
         other = run_files.load_run_config(compare_to)
-        differ = [f for f in _DATA_FIELDS if config.get(f) != other.get(f)]
+        differ = [f for f in _DATA_FIELDS if config.get(f, _DATA_FIELD_UNSET.get(f))
+                  != other.get(f, _DATA_FIELD_UNSET.get(f))]
         if differ:
             raise ValueError(f"{compare_to} was trained on other data than {run_dir} "
                              f"(differing: {', '.join(differ)}): per-class gaps need the same "

@@ -165,6 +165,25 @@ def test_a_comparison_on_other_data_is_refused(runs, tmp_path):
         evaluate.per_class_run(runs["prior"], str(other))
 
 
+def test_a_train_subset_is_other_data_and_a_config_before_the_field_is_not(runs, tmp_path):
+    """train_fraction decides the training split; a config.json written before the field
+    trained on all of it (1.0), so it compares equal to one that says 1.0."""
+    import shutil
+
+    from edp_nlu import evaluate
+
+    older = tmp_path / "older"
+    shutil.copytree(runs["oracle"], older)
+    config = json.loads((older / "config.json").read_text())
+    assert config["config"].pop("train_fraction") == 1.0
+    (older / "config.json").write_text(json.dumps(config))
+    assert evaluate.per_class_run(runs["prior"], str(older))  # not refused
+    config["config"]["train_fraction"] = 0.5
+    (older / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="train_fraction"):
+        evaluate.per_class_run(runs["prior"], str(older))
+
+
 def evaluate_command(*args):
     return subprocess.run([sys.executable, "-m", "edp_nlu.evaluate", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=600)

@@ -9,6 +9,7 @@ from edp_nlu.configs.base import base_config
 from edp_nlu.configs.snips_bert import get_config
 from edp_nlu.data import synthetic
 from edp_nlu.pipeline import builders, optimizers, recipes
+from edp_nlu.pipeline.run_spec import RunSpec
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.filtering import KalmanFilter, LowPassFilter
 
@@ -220,7 +221,9 @@ def test_noise_filter_wraps_the_optimizer_of_private_runs_only():
     import keras
 
     def built(**fields):
-        return builders.optimizer(dict_update(base_config(), **fields), 10)
+        config = dict_update(base_config(), **fields)
+        return builders.optimizer(RunSpec.of_checked(config).optimizer, 10,
+                                  private=config.mechanism != "sgd")
 
     assert type(built()) is keras.optimizers.Adam  # the default: none
     lowpass = built(noise_filter="lowpass", mechanism="dpsgd")
@@ -273,3 +276,13 @@ def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batche
     # a user's value and plain training are left as they are
     assert recipes.chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
     assert recipes.chunk_rows(config(mechanism="sgd"), 1, 4096) == 0
+
+
+def test_a_train_fraction_gives_the_run_the_subsets_n():
+    """The run's n (its delta and automatic batch) is what builders.load_splits returns."""
+    from edp_nlu.pipeline import builders
+
+    whole = builders.load_splits(config(synthetic_size=500))
+    part = builders.load_splits(config(synthetic_size=500, train_fraction=0.25))
+    assert (len(whole.train), len(part.train)) == (400, 100)
+    assert (part.dev, part.test) == (whole.dev, whole.test)

@@ -4,6 +4,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
   data_dir         "" = the built-in synthetic corpus; else a joint-format dir or
                    NLU-Evaluation CSV(s)
   synthetic_*      size / seed / canaries of the synthetic corpus
+  train_fraction   < 1: that share of the training split (a subset fixed by a public seed)
   model            "clc" or "bert"
   mechanism        "sgd" (not private), "edp" (micro-batches of `microbatch_size` examples, 2 by
                    default; 0 = one per replica as in the paper), "dpsgd" (per-example)
@@ -114,6 +115,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.label_selection_max_labels = 4
     c.label_selection_delta_share = 0.1
     c.synthetic_size = 3000
+    # < 1: train on this share of the training split, a subset fixed by a public seed (learning
+    # curves; n, delta and the sampling rate are the subset's: edp_nlu/data/loading.py
+    # subset_train); dev and test stay whole
+    c.train_fraction = 1.0
     c.synthetic_canaries = 0
     c.synthetic_canary_repeats = 10
     # model

@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import logging
 import os
+import random
 from typing import Iterable, Sequence
 
 from edp_nlu.data import nlu_csv, synthetic
@@ -161,6 +162,37 @@ def load_data(data_dir: str | os.PathLike | None, seed: int = 0, synthetic_size:
         data_dir, None,
         "unrecognised data: expected a joint-format directory (train/seq.in, seq.out, label), "
         "an NLU-Evaluation-Data .csv file or a directory of them")
+
+
+# The training subset's seed: public and fixed, so that a fraction names one subset whoever runs
+# it, and a smaller fraction's subset lies inside a larger one's (one permutation, cut short).
+TRAIN_SUBSET_SEED = "edp-tf train subset 0"
+
+
+def subset_train(splits: Splits, fraction: float) -> Splits:
+    """`splits` with round(fraction x n) of its n training utterances, in their order; dev and
+    test whole. Why: a learning curve (how much data a private run needs) must train on the same
+    subset at every run of a fraction, and a run's n (its delta, its sampling rate) is the
+    subset's. The subset depends on `fraction` and n alone (TRAIN_SUBSET_SEED), never on the
+    run's seed. A corpus with planted canaries is refused below 1: cutting their copies would
+    change what the membership test measures."""
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not (
+            0 < fraction <= 1):
+        raise ValueError(f"--config.train_fraction={fraction!r} is invalid: expected a number "
+                         "in (0, 1] (1 = the whole training split)")
+    if fraction == 1:
+        return splits
+    if splits.canaries:
+        raise ValueError("--config.train_fraction < 1 with planted canaries: the subset would "
+                         "drop some of their copies; set --config.synthetic_canaries=0")
+    n = len(splits.train)
+    keep = max(1, round(fraction * n))
+    order = list(range(n))
+    random.Random(TRAIN_SUBSET_SEED).shuffle(order)
+    kept = sorted(order[:keep])
+    return dataclasses.replace(
+        splits, train=tuple(splits.train[i] for i in kept),
+        source=f"{splits.source}, train subset {keep} of {n} ({TRAIN_SUBSET_SEED!r})")
 
 
 @dataclasses.dataclass(frozen=True)

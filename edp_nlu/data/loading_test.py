@@ -245,3 +245,34 @@ def test_user_level_dev_and_test_hold_no_training_user():
     assert dropped == 2
     assert [u.user for u in kept.dev] == ["c"] and [u.user for u in kept.test] == ["d"]
     assert kept.train == splits.train
+
+
+def test_train_subset_is_fixed_nested_in_order_and_leaves_dev_and_test():
+    splits = loading.load_data(None, seed=0, synthetic_size=400)  # 320 train
+    half, quarter = (loading.subset_train(splits, f) for f in (0.5, 0.25))
+    assert (len(half.train), len(quarter.train)) == (160, 80)
+    assert (half.dev, half.test) == (splits.dev, splits.test)
+    assert loading.subset_train(splits, 0.5) == half  # the same subset at every call
+    position = {u: i for i, u in enumerate(splits.train)}  # synthetic utterances are distinct
+    for part in (half, quarter):  # a subset of train, in train's order
+        indices = [position[u] for u in part.train]
+        assert indices == sorted(indices) and len(set(indices)) == len(indices)
+    assert set(quarter.train) <= set(half.train)  # one permutation cut short
+    # neither a prefix nor a stride: drawn across the whole split
+    assert max(position[u] for u in quarter.train) > 240 and min(
+        position[u] for u in quarter.train) < 80
+    assert "train subset 160 of 320" in half.source
+    assert loading.subset_train(splits, 1.0) is splits
+
+
+@pytest.mark.parametrize("fraction", [0, -0.5, 1.5, "0.5", True])
+def test_a_bad_train_fraction_names_the_field(fraction):
+    splits = loading.load_data(None, synthetic_size=100)
+    with pytest.raises(ValueError, match="train_fraction"):
+        loading.subset_train(splits, fraction)
+
+
+def test_a_train_subset_refuses_planted_canaries():
+    splits = loading.load_data(None, synthetic_size=100, synthetic_canaries=2)
+    with pytest.raises(ValueError, match="canaries"):
+        loading.subset_train(splits, 0.5)

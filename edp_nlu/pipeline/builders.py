@@ -241,9 +241,11 @@ def microbatch_size(config) -> Optional[int]:
 
 
 def load_splits(config) -> loading.Splits:
-    """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances."""
-    return loading.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
-                             config.synthetic_canaries, config.synthetic_canary_repeats)
+    """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances;
+    `train_fraction` of its training split."""
+    splits = loading.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
+                               config.synthetic_canaries, config.synthetic_canary_repeats)
+    return loading.subset_train(splits, config.train_fraction)
 
 
 def minilm_path() -> str:

@@ -72,6 +72,7 @@ class DataSpec:
     augment_word_rate: float
     augment_slot_rate: float
     augment_variants: int
+    train_fraction: float
 
 
 @dataclasses.dataclass(frozen=True)
