@@ -14,17 +14,18 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-import edp_tf
-from edp_nlu import cli
-
 VARIANTS = ("edp_tf", "tf_default")
 
 
 def one_run(variant: str, seconds: float, replicas: int) -> dict:
     """Iterates for `seconds`, then releases the iterator: {"variant", "batches", "release_s"}."""
+    from edp_nlu import cli
+
     cli.quiet_unless_verbose([])  # a spawned process: silence TensorFlow's start-up lines here too
     import numpy as np
     import tensorflow as tf
+
+    import edp_tf
 
     if variant == "edp_tf":
         strategy = edp_tf.make_strategy(replicas)

@@ -14,9 +14,7 @@ import os
 import resource
 import time
 
-from edp_nlu import cli
 from edp_nlu.data import synthetic
-from edp_tf.streaming import StreamingPoissonSampler, text_lines
 
 LINE = "{tokens}\t{tags}\t{intent}\n"
 
@@ -43,7 +41,10 @@ def _peak_rss_mb() -> float:
 def measure_epoch(paths: list, size: int, expected_batch: int, block_records: int,
                   work_dir: str) -> dict:
     """One epoch of streaming + sampling in this process: seconds, steps, rows, memory."""
+    from edp_nlu import cli
+
     cli.quiet_unless_verbose([])  # a spawned process: silence TensorFlow's start-up lines here too
+    from edp_tf.streaming import StreamingPoissonSampler, text_lines
 
     sampler = StreamingPoissonSampler(size, expected_batch / size, block_records=block_records,
                                       work_dir=work_dir)

@@ -170,8 +170,6 @@ def test_a_train_subset_is_other_data_and_a_config_before_the_field_is_not(runs,
     trained on all of it (1.0), so it compares equal to one that says 1.0."""
     import shutil
 
-    from edp_nlu import evaluate
-
     older = tmp_path / "older"
     shutil.copytree(runs["oracle"], older)
     config = json.loads((older / "config.json").read_text())

@@ -280,8 +280,6 @@ def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batche
 
 def test_a_train_fraction_gives_the_run_the_subsets_n():
     """The run's n (its delta and automatic batch) is what builders.load_splits returns."""
-    from edp_nlu.pipeline import builders
-
     whole = builders.load_splits(config(synthetic_size=500))
     part = builders.load_splits(config(synthetic_size=500, train_fraction=0.25))
     assert (len(whole.train), len(part.train)) == (400, 100)

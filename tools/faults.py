@@ -96,10 +96,14 @@ RUN_FLAGS = (
     "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
     "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
     "--mechanism=dpsgd", "--replicas=1", "--decay=linear", "--decay_rate=0.1")
-# the storms' plain command: a budget, as a user would run it
-STORM_FLAGS = tuple(f for f in RUN_FLAGS if f not in ("--config.target_epsilon=0",
-                                                      "--noise_multiplier=1.0")) + (
-    f"--target_epsilon={STORM_TARGET:g}",)
+
+
+def storm_flags() -> tuple:
+    """The storms' plain command: RUN_FLAGS (read when called, so a test's smaller run applies)
+    with a budget instead of a fixed multiplier, as a user would run it."""
+    return tuple(f for f in RUN_FLAGS if f not in ("--config.target_epsilon=0",
+                                                   "--noise_multiplier=1.0")) + (
+        f"--target_epsilon={STORM_TARGET:g}",)
 
 
 # ------------------------------------------------------------------------- inside the child
@@ -325,14 +329,16 @@ def _environment() -> dict:
     return env
 
 
-def _command(run_dir: str, epochs: int, resume: bool, flags: tuple = RUN_FLAGS) -> list:
+def _command(run_dir: str, epochs: int, resume: bool, flags: Optional[tuple] = None) -> list:
+    """The child's command line; `flags` None: RUN_FLAGS as they are when called."""
+    flags = RUN_FLAGS if flags is None else flags
     return [sys.executable, "-c", "from edp_nlu import cli; cli.quiet_unless_verbose(); "
             "from tools import faults; from edp_nlu import train; cli.run(faults.child)", *flags,
             f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
 
 
 def attempt(run_dir: str, epochs: int, resume: bool, spec: Optional[dict],
-            timeout: float = 900, flags: tuple = RUN_FLAGS) -> subprocess.CompletedProcess:
+            timeout: float = 900, flags: Optional[tuple] = None) -> subprocess.CompletedProcess:
     """One `edp_nlu.train` attempt in a child process, with the fault of `spec` armed."""
     env = _environment()
     if spec:
@@ -342,11 +348,11 @@ def attempt(run_dir: str, epochs: int, resume: bool, spec: Optional[dict],
 
 
 def killed_attempt(run_dir: str, epochs: int, resume: bool, witness: str, delay: float,
-                   flags: tuple = STORM_FLAGS) -> subprocess.CompletedProcess:
+                   flags: Optional[tuple] = None) -> subprocess.CompletedProcess:
     """One attempt SIGKILLed from outside `delay` s after it started (if it is still running)."""
     env = dict(_environment(), **{ENV: json.dumps({"kind": "none", "step": 0,
                                                     "witness": witness})})
-    command = _command(run_dir, epochs, resume, flags)
+    command = _command(run_dir, epochs, resume, storm_flags() if flags is None else flags)
     job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
@@ -677,7 +683,7 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
         problems.append(wrong)
     resume = os.path.exists(os.path.join(run_dir, "config.json"))  # all kills in start-up: not
     final = attempt(run_dir, epochs, resume, {"kind": "none", "step": 0, "witness": witness},
-                    flags=STORM_FLAGS)
+                    flags=storm_flags())
     if final.returncode:
         why = (f"the resumed run failed (exit {final.returncode}): "
                + (final.stderr.strip().splitlines() or [""])[-1])
