@@ -139,6 +139,9 @@ def _resumed_config(config, run_dir: str):
             saved.epochs = int(requested["epochs"])
         if "target_epsilon" in requested:
             saved.target_epsilon = float(requested["target_epsilon"])
+        for field in run_files.RESUME_SETTINGS:
+            if field in requested:
+                saved[field] = float(requested[field])
     return saved
 
 

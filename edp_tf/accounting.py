@@ -227,12 +227,16 @@ def plan_schedule(
     first_epoch: int = 0,
     selection_noise_multiplier: Optional[float] = None,
     bands: int = 1,
+    first_epoch_steps: Optional[int] = None,
 ) -> tuple:
     """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py); with sparse
     embedding noise each step's multiplier joins the row selection's z_c; `bands` b > 1:
-    BandMF epochs."""
+    BandMF epochs. `first_epoch_steps`: the first epoch's steps when fewer than a whole epoch's
+    are left (a run resumed from a checkpoint inside that epoch)."""
     checks.count("epochs", epochs)
     checks.count("steps_per_epoch", steps_per_epoch)
+    first_steps = (steps_per_epoch if first_epoch_steps is None else
+                   checks.count("first_epoch_steps", first_epoch_steps, 1))
     if decay not in DECAYS:
         raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
     checks.number("decay_rate", decay_rate, 0.0)
@@ -242,7 +246,8 @@ def plan_schedule(
         z_eff = joint_noise_multiplier(
             effective_noise_multiplier(z_t, noise_mode, replicas, sensitivity),
             selection_noise_multiplier)
-        records.append(EpochRecord(t, steps_per_epoch, z_t, z_eff, bands))
+        steps = first_steps if t == first_epoch else steps_per_epoch
+        records.append(EpochRecord(t, steps, z_t, z_eff, bands))
     return tuple(records)
 
 
@@ -508,12 +513,14 @@ def calibrate_noise(
     charged: Sequence[EpochRecord] = (),
     first_epoch: int = 0,
     bands: int = 1,
+    first_epoch_steps: Optional[int] = None,
 ) -> float:
     """The smallest z0 (within relative `tolerance`) whose schedule has epsilon <= target.
 
     `charged`: epochs a ledger has charged already (a resumed run, interruptions included);
     the schedule is then the `epochs` epochs from the 0-based `first_epoch` on, composed after
-    them, so that the whole run lands at the target.
+    them, so that the whole run lands at the target; `first_epoch_steps`: what is left of the
+    first of them (a run resumed inside it).
 
     Bisection on log z0 (epsilon decreases in z0 for every decay and mode); the answer is the
     upper end of the final bracket, so it always meets the target. For PLD the (cheap) RDP answer
@@ -533,19 +540,22 @@ def calibrate_noise(
     def eps(z0: float, acct: str = accountant) -> float:
         records = plan_schedule(z0, epochs, steps_per_epoch, decay, decay_rate, noise_mode,
                                 replicas, sensitivity, first_epoch, selection_noise_multiplier,
-                                bands)
+                                bands, first_epoch_steps)
         return compute_epsilon(charged + records, q, delta, extras, acct)
 
     _refuse_unreachable_target(target, q, delta, extras, accountant, charged,
                                selection_noise_multiplier, epochs, steps_per_epoch)
+    hi, factor = 1.0, 2.0
     if accountant == "pld":  # PLD is tighter: its answer lies a little below RDP's
-        hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
-                             noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
-                             selection_noise_multiplier, charged=charged,
-                             first_epoch=first_epoch, bands=bands)
-        factor = 1.25
-    else:
-        hi, factor = 1.0, 2.0
+        try:
+            hi = calibrate_noise(target, delta, q, epochs, steps_per_epoch, decay, decay_rate,
+                                 noise_mode, replicas, sensitivity, "rdp", extras, tolerance,
+                                 selection_noise_multiplier, charged=charged,
+                                 first_epoch=first_epoch, bands=bands,
+                                 first_epoch_steps=first_epoch_steps)
+            factor = 1.25
+        except ValueError:  # RDP's looser bound of what is charged may spend the target alone
+            pass
     e_hi = eps(hi)
     while e_hi > target:
         hi *= factor

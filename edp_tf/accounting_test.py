@@ -423,3 +423,21 @@ def test_bandmf_charges_each_epoch_its_ceiling_and_refuses_impossible_rates():
     assert "bands" not in accounting.EpochRecord(0, 8, 1.1, 1.1).to_dict()
     with pytest.raises(ValueError, match="at most 100 bands"):
         accounting.compute_epsilon((accounting.EpochRecord(0, 8, 1.0, 1.0, 101),), q, delta)
+
+
+def test_a_resume_calibrates_only_the_steps_left_and_where_only_pld_leaves_room():
+    """Epochs charged whose RDP bound already spends the target while PLD leaves room: PLD
+    calibration still finds z0 (it once refused, bracketing with RDP first); and a first epoch
+    of which only some steps are left is planned with those steps."""
+    q, delta, steps = 0.1, 1e-3, 10
+    charged = acc.plan_schedule(1.0, 3, steps, "linear", 0.5)[:2] + (
+        acc.EpochRecord(2, 5, 0.5, 0.5),)
+    spent_pld = acc.compute_epsilon(charged, q, delta)
+    target = (spent_pld + acc.compute_epsilon(charged, q, delta, accountant="rdp")) / 2
+    assert acc.compute_epsilon(charged, q, delta, accountant="rdp") > target > spent_pld
+    z0 = acc.calibrate_noise(target, delta, q, 2, steps, "linear", 0.5, charged=charged,
+                             first_epoch=1, first_epoch_steps=4)
+    left = acc.plan_schedule(z0, 2, steps, "linear", 0.5, first_epoch=1, first_epoch_steps=4)
+    assert [r.steps for r in left] == [4, steps]
+    total = acc.compute_epsilon(charged + left, q, delta)
+    assert target * 0.99 <= total <= target  # tolerance 1e-3 in z0: epsilon just below

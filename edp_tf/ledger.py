@@ -497,10 +497,10 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ the budget
     def _refuse_if_over_budget(self, epoch: int) -> None:
-        if self._cleared == (epoch, self.records):
-            return  # on_epoch_end of the previous epoch already predicted this one
         records = self.records
         steps = self._planned_steps() or (records[-1].steps if records else None)
+        if self._cleared == (epoch, records, steps):
+            return  # on_epoch_end of the previous epoch already predicted this one
         if steps is None:  # an infinite stream: the epoch would never end to be checked
             self.cancel_epoch(epoch)
             raise ValueError(
@@ -518,9 +518,11 @@ class PrivacyLedger(keras.callbacks.Callback):
         records = self.records
         if not records:
             return
-        predicted = self._predict(epoch + 1, self._planned_steps() or records[-1].steps)
+        steps = self._planned_steps() or records[-1].steps
+        predicted = self._predict(epoch + 1, steps)
         if predicted <= self.target_epsilon:
-            self._cleared = (epoch + 1, records)
+            # this fit's epochs' length: a fit of another length checks its first epoch again
+            self._cleared = (epoch + 1, records, steps)
             return
         self.model.stop_training = True
         self.stopped_after_epoch = epoch
@@ -680,9 +682,9 @@ class PrivacyLedger(keras.callbacks.Callback):
                 f"{epoch}: epochs {following}..{epoch - 1} are missing from the ledger, so its "
                 "epsilon would be too small. Resume with the run_dir whose ledger has them.")
         if epoch < following and done:
-            logging.warning("privacy ledger: fit restarts at epoch %d, which the ledger has "
-                            "already charged: it is charged again (it queries the data again)",
-                            epoch)
+            logging.warning("privacy ledger: fit starts at epoch %d, which the ledger has "
+                            "charged already (in whole or in part): the steps it runs now are "
+                            "charged on top (they query the data again)", epoch)
         led["fits"] = list(led.get("fits", [])) + [
             {"initial_epoch": epoch, "epochs_recorded_before": len(led["epochs"])}]
         self._refresh_epsilon()

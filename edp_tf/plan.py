@@ -10,32 +10,35 @@ formulas) no longer needs the accountant: `schedule` and `calibrate` live here, 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Tuple
+from typing import Iterable, Optional, Tuple
 
 from edp_tf import accounting, bandmf, checks
 from edp_tf.mechanism import Mechanism
 
 
 def schedule(mechanism: Mechanism, epochs: int, steps_per_epoch: int,
-             first_epoch: int = 0) -> tuple:
+             first_epoch: int = 0, first_epoch_steps: Optional[int] = None) -> tuple:
     """The accountant's EpochRecords of `epochs` epochs of `steps_per_epoch` steps of
-    `mechanism`, from the 0-based `first_epoch` on."""
+    `mechanism`, from the 0-based `first_epoch` on (of which `first_epoch_steps` are left)."""
     return accounting.plan_schedule(
         mechanism.noise_multiplier, epochs, steps_per_epoch, mechanism.decay,
         mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
-        first_epoch, mechanism.selection_noise_multiplier, mechanism.bands)
+        first_epoch, mechanism.selection_noise_multiplier, mechanism.bands, first_epoch_steps)
 
 
 def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, sampling_rate: float,
               epochs: int, steps_per_epoch: int, extra_events: Iterable = (),
-              accountant: str = "pld", charged: tuple = (), first_epoch: int = 0) -> Mechanism:
+              accountant: str = "pld", charged: tuple = (), first_epoch: int = 0,
+              first_epoch_steps: Optional[int] = None) -> Mechanism:
     """`mechanism` with the smallest z0 whose schedule (plus `extra_events`, after the epochs
-    `charged` already; `epochs` from `first_epoch` on) meets (target_epsilon, delta)."""
+    `charged` already; `epochs` from `first_epoch` on, `first_epoch_steps` left of the first)
+    meets (target_epsilon, delta)."""
     z0 = accounting.calibrate_noise(
         target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, mechanism.decay,
         mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
         accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier,
-        charged=charged, first_epoch=first_epoch, bands=mechanism.bands)
+        charged=charged, first_epoch=first_epoch, bands=mechanism.bands,
+        first_epoch_steps=first_epoch_steps)
     return dataclasses.replace(mechanism, noise_multiplier=z0)
 
 
@@ -107,10 +110,11 @@ class PrivacyPlan:
         """Every extra event the run's epsilon composes: the model's queries and the releases."""
         return self.extra_events + self.releases
 
-    def schedule(self, first_epoch: int = 0) -> tuple:
-        """The EpochRecords of the planned epochs from `first_epoch` on."""
+    def schedule(self, first_epoch: int = 0, first_epoch_steps: Optional[int] = None) -> tuple:
+        """The EpochRecords of the planned epochs from `first_epoch` on (`first_epoch_steps`:
+        the steps left of the first, for a run resumed inside it)."""
         return schedule(self.mechanism, self.epochs - first_epoch, self.steps_per_epoch,
-                        first_epoch)
+                        first_epoch, first_epoch_steps)
 
     def epsilon(self, accountant: str = "pld") -> float:
         """Epsilon of the whole planned run at `delta` (what the ledger reaches if it runs)."""
@@ -118,24 +122,27 @@ class PrivacyPlan:
                                           self.charged_events, accountant)
 
     def calibrated(self, target_epsilon: float, accountant: str = "pld", charged: tuple = (),
-                   first_epoch: int = 0, charged_events: tuple = ()) -> "PrivacyPlan":
+                   first_epoch: int = 0, charged_events: tuple = (),
+                   first_epoch_steps: Optional[int] = None) -> "PrivacyPlan":
         """This plan with the smallest z0 whose whole run meets (target_epsilon, delta).
 
         A resumed run passes what its ledger (public) has charged: the epoch records
         (`charged`, interruptions included) and extra events (`charged_events`); z0 is then that
         of the epochs from `first_epoch` on, so that the ledger's epochs plus these land at the
-        target."""
+        target (`first_epoch_steps`: the steps left of that epoch when it resumes inside it)."""
         mechanism = calibrate(self.mechanism, target_epsilon, self.delta, self.sampling_rate,
                               self.epochs - first_epoch, self.steps_per_epoch,
                               tuple(charged_events) + self.charged_events, accountant,
-                              tuple(charged), first_epoch)
+                              tuple(charged), first_epoch, first_epoch_steps)
         return dataclasses.replace(self, mechanism=mechanism)
 
     def epsilon_after(self, charged: tuple = (), first_epoch: int = 0,
-                      charged_events: tuple = (), accountant: str = "pld") -> float:
+                      charged_events: tuple = (), accountant: str = "pld",
+                      first_epoch_steps: Optional[int] = None) -> float:
         """Epsilon of the epochs `charged` (and `charged_events`) followed by this plan's
-        epochs from `first_epoch` on."""
-        return accounting.compute_epsilon(tuple(charged) + self.schedule(first_epoch),
+        epochs from `first_epoch` on (`first_epoch_steps` left of the first)."""
+        return accounting.compute_epsilon(tuple(charged)
+                                          + self.schedule(first_epoch, first_epoch_steps),
                                           self.sampling_rate, self.delta,
                                           tuple(charged_events) + self.charged_events, accountant)
 

@@ -135,7 +135,8 @@ def collect(grid, cell) -> dict:
         raise RuntimeError(f"cell {cell.name}: {run_dir} holds no finished run")
     privacy = _read(os.path.join(run_dir, "privacy.json"), {})
     by_decoding = metrics.get("test_by_decoding") or {"viterbi": metrics["test"]}
-    seconds = sorted(e["seconds"] for e in metrics["epochs"])
+    # an epoch evaluated on resume (its metrics lost to a kill) has no time of its own
+    seconds = sorted(e["seconds"] for e in metrics["epochs"] if e.get("seconds") is not None)
     c = config["config"]
     result = {
         "name": cell.name, "label": cell.label, "model": c["model"],

@@ -4,6 +4,7 @@ budget stop is never silent (summary line, state.json, exit code)."""
 import json
 import math
 
+import keras
 import pytest
 
 from edp_nlu.pipeline import training
@@ -108,3 +109,77 @@ def test_the_fault_suite_measures_a_kills_over_charge(tmp_path):
     earlier = {"epoch": 0, "steps": 1}
     (tmp_path / "privacy.json").write_text(json.dumps({"epochs": [], "in_progress": earlier}))
     assert faults.kill_over_charge(str(tmp_path), str(witness), 6, earlier) == (0, "")
+
+
+def test_a_resume_inside_an_epoch_plans_only_the_steps_left(tmp_path):
+    """Killed in epoch 1 after its checkpoint at step 4 (the ledger's bound charged 6 steps):
+    the rest of epoch 1 is 6 steps, not 10, and the replanned run lands at the target."""
+    dp, plan, target = _plan_and_dp()
+    config = tiny_config(target_epsilon=target, epochs=3)
+    _write_ledger(tmp_path, plan, 1, dict(plan.schedule()[1].to_dict(), steps=6))
+    records, events = ledger.charged(ledger.read_ledger(str(tmp_path)))
+    _, replanned = training._replan(str(tmp_path), config, dp, plan, done=1, steps_done=4)
+    left = replanned.schedule(1, first_epoch_steps=6)
+    assert [r.steps for r in left] == [6, 10]
+    total = accounting.compute_epsilon(records + left, plan.sampling_rate, plan.delta)
+    assert target * 0.99 <= total <= target  # calibrate_noise's 1e-3 tolerance in z0
+    # planned as a whole epoch 1 again, z0 would be larger than the steps left need
+    _, whole = training._replan(str(tmp_path), config, dp, plan, done=1)
+    assert whole.mechanism.noise_multiplier > replanned.mechanism.noise_multiplier
+
+
+def test_a_resume_that_would_more_than_double_z0_is_refused_unless_allowed(tmp_path):
+    """Epochs 0 and 1 charged, then 9 steps of epoch 2, all lost to a kill before epoch 1's
+    checkpoint (z0 = 1 without decay): epochs 1 and 2 fit what is left only at z0 about 3; the
+    default limit (2) refuses in one line naming the flags, resume_noise_limit=0 trains them."""
+    dp = DPConfig(noise_multiplier=1.0, microbatch_size=1)
+    plan = PrivacyPlan(Mechanism.from_config(dp, 1, 16), dataset_size=160,
+                       sampling_rate=1 / 10, delta=1e-3, epochs=3, steps_per_epoch=10)
+    target = plan.epsilon()
+    _write_ledger(tmp_path, plan, 2, dict(plan.schedule()[2].to_dict(), steps=9))
+    config = tiny_config(target_epsilon=target, epochs=3)
+    with pytest.raises(training.BudgetSpentError) as refused:
+        training._replan(str(tmp_path), config, dp, plan, done=1)
+    (line,) = str(refused.value).splitlines()
+    assert "resume_noise_limit=2" in line and "--config.resume_noise_limit=0" in line
+    assert "higher --target_epsilon" in line
+    allowed = tiny_config(target_epsilon=target, epochs=3, resume_noise_limit=0.0)
+    new_dp, _ = training._replan(str(tmp_path), allowed, dp, plan, done=1)
+    assert new_dp.noise_multiplier > 2 * plan.mechanism.noise_multiplier
+
+
+class _CrashAfter(keras.callbacks.Callback):
+    """Raises after step `step` of epoch `epoch`, as a crash inside the process would."""
+
+    def __init__(self, epoch: int, step: int):
+        super().__init__()
+        self.epoch, self.step, self._epoch = epoch, step, None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._epoch == self.epoch and int(batch) + 1 == self.step:
+            raise RuntimeError("crash")
+
+
+def test_a_run_crashed_inside_an_epoch_resumes_after_its_last_checkpoint(tmp_path):
+    """A checkpoint after every step (checkpoint_seconds tiny), a crash after step 4 of epoch
+    1: state.json names the checkpoint inside the epoch, the resume trains only the epoch's
+    other steps (charged on top of the 4 that ran), then the next epoch; nothing is lost."""
+    config = tiny_config(mechanism="dpsgd", replicas=1, epochs=3, checkpoint_seconds=1e-9)
+    run = str(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="crash"):
+        training.train(config, run, strategy=strategy(1), callbacks=(_CrashAfter(1, 4),),
+                       export=False)
+    state = read(run, "state.json")
+    steps = state["steps_per_epoch"]
+    assert (state["epochs_done"], state["steps_done"]) == (1, 4) and steps > 4
+    assert [(e["epoch"], e["steps"]) for e in read(run, "privacy.json")["epochs"]] == [
+        (0, steps), (1, 4)]  # an exception in the process: exactly the steps that started
+    summary = training.train(config, run, resume=True, strategy=strategy(1), export=False)
+    charged = [(e["epoch"], e["steps"]) for e in read(run, "privacy.json")["epochs"]]
+    assert charged == [(0, steps), (1, 4), (1, steps - 4), (2, steps)]
+    state = read(run, "state.json")
+    assert (state["epochs_done"], state["steps_done"], summary["epochs"]) == (3, 0, 3)
+    assert [e["epoch"] for e in read(run, "metrics.json")["epochs"]] == [0, 1, 2]

@@ -481,11 +481,9 @@ def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[in
     if led.get("in_progress") is not None:
         return 0, 0, "privacy.json still has an epoch in progress"
     charged = [(e["epoch"], e["steps"]) for e in led["epochs"]]
-    # the last charge of each epoch is the kept one: the uninterrupted run's records
-    kept = {e["epoch"]: (e["steps"], round(e["noise_multiplier"], 12)) for e in led["epochs"]}
-    if kept != reference["records"]:
-        return 0, 0, (f"kept epochs {kept} differ from the uninterrupted run's "
-                      f"{reference['records']}")
+    wrong = kept_differences(led["epochs"], reference["records"])
+    if wrong:
+        return 0, 0, wrong
     records = [accounting.EpochRecord.from_dict(e) for e in led["epochs"]]
     epsilon = accounting.compute_epsilon(records, led["sampling_rate"], led["delta"],
                                          accounting.as_extra_events(led["extra_events"]))
@@ -504,6 +502,26 @@ def check_run(run_dir: str, reference: dict, witness: Optional[str]) -> tuple[in
         over = sum(s for _, s in charged) - sum(s for s, _ in reference["records"].values())
     bad = _export_problem(run_dir)
     return lost, over, bad or ("" if not lost else f"{lost} steps ran and are not charged")
+
+
+def kept_differences(charged: list, reference: dict) -> str:
+    """"" if the last charge of each epoch (the one the finished run kept) is the
+    uninterrupted run's record ({epoch: (steps, z)}): its z, and its steps, or fewer when an
+    earlier charge of the epoch precedes it (the epoch's rest after a checkpoint inside it);
+    else what differs."""
+    kept, seen = {}, set()
+    for e in charged:
+        kept[e["epoch"]] = (e["steps"], round(e["noise_multiplier"], 12), e["epoch"] in seen)
+        seen.add(e["epoch"])
+    if set(kept) != set(reference):
+        return (f"epochs charged {sorted(kept)} differ from the uninterrupted run's "
+                f"{sorted(reference)}")
+    for epoch, (steps, z, continued) in sorted(kept.items()):
+        want_steps, want_z = reference[epoch]
+        if z != want_z or not (steps == want_steps or continued and 0 < steps < want_steps):
+            return (f"epoch {epoch} kept {steps} steps at z {z}, the uninterrupted run "
+                    f"{want_steps} at z {want_z}")
+    return ""
 
 
 def _export_problem(run_dir: str) -> str:
@@ -536,7 +554,8 @@ def plan_chain(rng: random.Random, kinds: list, faults: int) -> list:
 
 def steps_left(run_dir: str, reference: dict) -> int:
     state = _read(os.path.join(run_dir, "state.json"), {}) or {}
-    return (reference["epochs"] - int(state.get("epochs_done", 0))) * reference["steps_per_epoch"]
+    return ((reference["epochs"] - int(state.get("epochs_done", 0))) * reference["steps_per_epoch"]
+            - int(state.get("steps_done", 0)))
 
 
 def reference_run(work: str, epochs: int) -> dict:

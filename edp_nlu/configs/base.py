@@ -240,5 +240,14 @@ def base_config() -> ml_collections.ConfigDict:
     # metrics.json and TensorBoard, training-split encoding counts, membership-inference numbers
     # computed from training losses)? Not covered by epsilon: off by default; experiments use it.
     c.diagnostics = False
+    # A checkpoint inside an epoch every this many seconds (0: at epochs' ends only): a kill
+    # loses at most that much training, charged by the ledger and trained again on resume
+    # (edp_nlu/pipeline/checkpoints.py); a SIGTERM or Ctrl-C also takes one where it stops.
+    # Multi-worker runs keep epochs' ends only.
+    c.checkpoint_seconds = 60.0
+    # A resume whose charged interruptions leave the epochs left to fit the target only at a z0
+    # above this multiple of the run's first z0 refuses (their updates would be mostly noise),
+    # naming the ways out; 0: no limit (docs/privacy.md, "Interrupted runs")
+    c.resume_noise_limit = 2.0
     c.seed = -1  # -1: OS entropy (private); >= 0 fixes model init AND noise (reported: not private)
     return c

@@ -147,6 +147,10 @@ def _check_run_shape(config, bad) -> None:
         bad("decoding", config.decoding, DECODINGS)
     if int(config.replicas) < 1:
         bad("replicas", config.replicas, "an integer >= 1")
+    if not config.checkpoint_seconds >= 0:
+        bad("checkpoint_seconds", config.checkpoint_seconds, ">= 0 (0 = at epochs' ends only)")
+    if not (config.resume_noise_limit == 0 or config.resume_noise_limit >= 1):
+        bad("resume_noise_limit", config.resume_noise_limit, "0 (no limit) or >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
     # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)

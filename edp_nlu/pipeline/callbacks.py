@@ -28,8 +28,8 @@ class GracefulStop(keras.callbacks.Callback):
     """SIGTERM (a preempted machine) or SIGINT (Ctrl-C) finishes the current step, then stops.
 
     Keras still closes the epoch: the ledger charges the steps that ran (every step that ran is
-    charged, none twice), while `EpochEnd` keeps no checkpoint of a partial epoch, so a resume
-    reruns that epoch from the last whole one. The handlers are the process's own only while
+    charged, none twice), and `EpochEnd` checkpoints the weights after them, so a resume trains
+    the rest of that epoch. The handlers are the process's own only while
     `fit` runs."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -64,12 +64,17 @@ class GracefulStop(keras.callbacks.Callback):
 
 
 class EpochEnd(keras.callbacks.Callback):
-    """Dev metrics into metrics.json, then the checkpoint, committed by state.json (after the
-    ledger: `checkpoints`); an epoch that a signal cut short is not kept (`GracefulStop`)."""
+    """At an epoch's end the checkpoint, committed by state.json (after the ledger:
+    `checkpoints`), then the dev metrics into metrics.json. Inside an epoch, a checkpoint every
+    `checkpoint_seconds` (0: none) and one where a signal cut the epoch short (`GracefulStop`),
+    each at a step count that is a multiple of `step_multiple` (BandMF's b: the rest of the
+    epoch is then whole cycles of the groups, charged exactly by the accountant; 0: none inside
+    an epoch), so that a resume repeats at most the steps since the last one."""
 
     def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
                  diagnostics: bool = False, graceful: "GracefulStop | None" = None,
-                 phases: "timing.Phases | None" = None):
+                 phases: "timing.Phases | None" = None, checkpoint_seconds: float = 0.0,
+                 step_multiple: int = 1):
         super().__init__()
         self.phases = phases or timing.Phases()
         self.graceful = graceful
@@ -77,17 +82,41 @@ class EpochEnd(keras.callbacks.Callback):
         self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
         self.dev, self.dev_x = dev, dev_x
         self.checkpoint, self.state, self.private = checkpoint, state, private
-        self._start = time.time()
+        self.checkpoint_seconds = float(checkpoint_seconds)
+        self.step_multiple = int(step_multiple)
+        self.continued: tuple = (None, 0)  # (epoch, steps done before this fit) of a resume
+        self._start = self._saved = time.time()
+        self._epoch, self._offset = 0, 0
         self.predict_step = predictions.decoding_step(model)  # the test metrics' trace too
+
+    def on_train_begin(self, logs=None):
+        self._saved = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start = time.time()
+        self._epoch = epoch
+        self._offset = self.continued[1] if self.continued[0] == epoch else 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.checkpoint_seconds <= 0 or time.time() - self._saved < self.checkpoint_seconds:
+            return
+        steps = int(batch) + 1
+        if steps < (self.params or {}).get("steps", 0):  # the epoch's end commits the last
+            self._save_inside(self._epoch, self._offset + steps)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.graceful is not None and self.graceful.epoch_cut_short():
-            return  # its steps are charged; the resumed run trains the epoch again
-        logs = logs or {}
+            # its steps are charged; the resumed run trains the rest of the epoch again
+            self._save_inside(epoch, self._offset + self.graceful.steps_done)
+            return
         seconds = time.time() - self._start
+        # the checkpoint first: a kill during the dev evaluation loses no step (the resume
+        # evaluates what is missing: `record_dev`)
+        self._commit(epoch + 1, 0)
+        self.record_dev(epoch, seconds, logs)
+
+    def record_dev(self, epoch: int, seconds: "float | None", logs=None) -> None:
+        """Epoch `epoch`'s dev metrics (of the weights it ended with) into metrics.json."""
         with self.phases.phase("dev evaluation"):
             dev = (predictions.score(self.dev, *predictions.predict_by_decoding(
                 self.joint, self.preprocessor, self.dev_x, step=self.predict_step,
@@ -96,20 +125,38 @@ class EpochEnd(keras.callbacks.Callback):
         path = os.path.join(self.run_dir, METRICS_FILE)
         record = read_json(path, {"epochs": []})
         record["epochs"] = [e for e in record["epochs"] if e["epoch"] < epoch]
-        entry = {"epoch": epoch, "seconds": round(seconds, 3), "dev": dev,
-                 "decoding": self.joint.decoding}
-        if self.diagnostics:  # unnoised statistics of the training data: not covered by epsilon
+        entry = {"epoch": epoch, "seconds": None if seconds is None else round(seconds, 3),
+                 "dev": dev, "decoding": self.joint.decoding}
+        if self.diagnostics and logs:  # unnoised statistics of the training data: not covered
             entry["train"] = {k: float(v) for k, v in logs.items()}
         record["epochs"].append(entry)
         write_json(path, record)
+        if dev:
+            _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%s)", epoch,
+                      dev["ser"], dev["intent_accuracy"], dev["slot_f1"],
+                      "restored" if seconds is None else f"{seconds:.1f} s")
+
+    def missing_dev_record(self, epochs_done: int) -> bool:
+        """Whether the last whole epoch's metrics were lost (a kill after its checkpoint)."""
+        recorded = {e["epoch"] for e in
+                    read_json(os.path.join(self.run_dir, METRICS_FILE), {"epochs": []})["epochs"]}
+        return epochs_done > 0 and epochs_done - 1 not in recorded
+
+    def _save_inside(self, epoch: int, steps_done: int) -> None:
+        """A checkpoint `steps_done` steps into `epoch` (none at a step that is not a multiple
+        of `step_multiple`, or with `step_multiple` 0: the resume then starts from the previous
+        one)."""
+        if steps_done > 0 and self.step_multiple and steps_done % self.step_multiple == 0:
+            self._commit(epoch, steps_done)
+
+    def _commit(self, epochs_done: int, steps_done: int) -> None:
         with self.phases.phase("checkpoints"):
             checkpoints.write(
-                self.checkpoint, self.run_dir, self.state, epoch + 1,
+                self.checkpoint, self.run_dir, self.state, epochs_done,
                 list(self.private.layer_scales) if self.private is not None else None,
-                lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state))
-        if dev:
-            _log.info("epoch %d: dev SER %.4f intent acc %.4f slot F1 %.4f (%.1f s)",
-                      epoch, dev["ser"], dev["intent_accuracy"], dev["slot_f1"], seconds)
+                lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state),
+                steps_done)
+        self._saved = time.time()
 
 
 # --------------------------------------------------------------------------- training

@@ -8,6 +8,11 @@ state.json names it, with the size and SHA-256 of each of its files, and resumin
 named checkpoint whose files still match. Files that no commit names (a write cut short) are
 removed after the next commit. TensorFlow's own `checkpoint` index follows the commit, so
 `tf.train.latest_checkpoint` also sees only committed checkpoints.
+
+A checkpoint is taken at each epoch's end and, every `checkpoint_seconds`, inside an epoch
+(`steps_done` of epoch `epochs_done`): a kill then loses at most that much training, which the
+ledger has charged and the resumed run trains again. Without them a kill late in an epoch loses
+the epoch, and a kill of the last epoch before its commit leaves no budget to train it again.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class Committed:
     prefix: str  # absolute path prefix, as tf.train.Checkpoint.read takes it
     epochs_done: int
     layer_scales: Optional[list]
+    steps_done: int = 0  # steps of epoch `epochs_done` (a checkpoint inside that epoch)
 
 
 def directory(run_dir: str) -> str:
@@ -76,18 +82,24 @@ def damage(run_dir: str, entry: dict) -> Optional[str]:
     return None
 
 
+def _position(entry: dict) -> tuple:
+    return int(entry["epochs_done"]), int(entry.get("steps_done", 0))
+
+
 def write(checkpoint: tf.train.Checkpoint, run_dir: str, state: dict, epochs_done: int,
-          layer_scales: Optional[list], save_state) -> str:
-    """Writes the checkpoint after `epochs_done` epochs and commits it: `save_state(state)`
-    writes state.json naming it (atomically); then TensorFlow's index follows and files that
-    no commit names are removed. Returns the checkpoint's prefix."""
-    name = f"ckpt-{epochs_done}"
+          layer_scales: Optional[list], save_state, steps_done: int = 0) -> str:
+    """Writes the checkpoint after `epochs_done` epochs and `steps_done` steps of the next,
+    and commits it: `save_state(state)` writes state.json naming it (atomically); then
+    TensorFlow's index follows and files that no commit names are removed. Returns the
+    checkpoint's prefix."""
+    name = f"ckpt-{epochs_done}" + (f"-{steps_done}" if steps_done else "")
     prefix = checkpoint.write(os.path.join(directory(run_dir), name))
-    entry = {"name": name, "epochs_done": epochs_done, "files": fingerprint(prefix),
-             "layer_scales": layer_scales}
-    older = [e for e in state.get(_KEY, []) if e["epochs_done"] < epochs_done]
+    entry = {"name": name, "epochs_done": epochs_done, "steps_done": steps_done,
+             "files": fingerprint(prefix), "layer_scales": layer_scales}
+    older = [e for e in state.get(_KEY, []) if _position(e) < (epochs_done, steps_done)]
     state[_KEY] = [entry] + older[:KEEP - 1]
     state["epochs_done"] = epochs_done
+    state["steps_done"] = steps_done
     state["layer_scales"] = layer_scales
     save_state(state)  # the commit
     kept = [os.path.join(directory(run_dir), e["name"]) for e in state[_KEY]]
@@ -127,7 +139,8 @@ def latest(run_dir: str, state: dict) -> tuple[Optional[Committed], list]:
         why = damage(run_dir, entry)
         if why is None:
             return Committed(os.path.join(directory(run_dir), entry["name"]),
-                             int(entry["epochs_done"]), entry.get("layer_scales")), skipped
+                             int(entry["epochs_done"]), entry.get("layer_scales"),
+                             int(entry.get("steps_done", 0))), skipped
         skipped.append(why)
     return None, skipped
 

@@ -130,3 +130,22 @@ def test_a_full_disk_is_recognised_and_the_json_file_named(tmp_path, monkeypatch
         assert "No space left on device" in run_files.disk_full(chained)
     assert run_files.disk_full(ValueError("bad flag")) == ""
     assert run_files.disk_full(OSError(errno.EACCES, "Permission denied")) == ""
+
+
+def test_checkpoints_inside_an_epoch_are_ordered_by_epoch_then_step(tmp_path):
+    """A checkpoint 4 steps into epoch 2 follows the end of epoch 2 and precedes epoch 3's
+    end; resuming takes the newest with its step, and an older one after a newer is dropped."""
+    run_dir, state = str(tmp_path), {}
+    ckpt = tf.train.Checkpoint(v=tf.Variable(0.0))
+    write = _state_writer(run_dir)
+    _commit(ckpt, run_dir, state, 2, 20.0)
+    ckpt.v.assign(24.0)
+    prefix = checkpoints.write(ckpt, run_dir, state, 2, [24.0], write, steps_done=4)
+    assert os.path.basename(prefix) == "ckpt-2-4"
+    found, _ = checkpoints.latest(run_dir, state)
+    assert (found.epochs_done, found.steps_done, _restored_value(found.prefix)) == (2, 4, 24.0)
+    assert (state["epochs_done"], state["steps_done"]) == (2, 4)
+    _commit(ckpt, run_dir, state, 3, 30.0)
+    found, _ = checkpoints.latest(run_dir, state)
+    assert (found.epochs_done, found.steps_done, state["steps_done"]) == (3, 0, 0)
+    assert [e["name"] for e in state["checkpoints"]] == ["ckpt-3", "ckpt-2-4"]

@@ -48,9 +48,13 @@ _AUTO = (0, 0.0, "", -1, -1.0)
 # what a resume may change: the epochs (more extend a run, fewer finish it with what is trained)
 # and a raised budget (the ledger keeps charging every step: the way out of a spent budget)
 EXTENDABLE = ("epochs", "target_epsilon")
+# how the run is carried out, not what it computes: a resume may set them anew
+RESUME_SETTINGS = ("checkpoint_seconds", "resume_noise_limit")
 
 
 def _extends(field: str, old, value) -> bool:
+    if field in RESUME_SETTINGS:
+        return True
     if field == "epochs":
         return isinstance(value, int) and value >= 1
     return field in EXTENDABLE and bool(old) and value > old

@@ -145,6 +145,8 @@ class RunWide:
     replicas: int
     seed: int
     diagnostics: bool
+    checkpoint_seconds: float
+    resume_noise_limit: float
 
 
 _PARTS = {"data": DataSpec, "model": ModelSpec, "optimizer": OptimizerSpec,

@@ -113,11 +113,13 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
                 q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
                 _releases(data, run_dir, resume))
             if resume and config.target_epsilon > 0:
-                dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)))
+                dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)),
+                                   int(state.get("steps_done", 0)), state)
         model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
                                             source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
+    state.setdefault("first_noise_multiplier", z0)  # what a resume's limit on raising it is of
     if not resume:
         _write_run_files(run_dir, config, data, n, delta, state)
     else:
@@ -127,30 +129,30 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
     graceful = callbacks_lib.GracefulStop()
-    epoch_end = callbacks_lib.EpochEnd(run_dir, model, data.preprocessor, data.splits.dev,
-                                       data.dev_x, checkpoint, state, trainer if private else None,
-                                       bool(config.diagnostics), graceful, phases)
-    tensorboard = os.path.join(run_dir, "tensorboard") if config.diagnostics else None
+    epoch_end = callbacks_lib.EpochEnd(
+        run_dir, model, data.preprocessor, data.splits.dev, data.dev_x, checkpoint, state,
+        trainer if private else None, bool(config.diagnostics), graceful, phases,
+        float(config.checkpoint_seconds), _inside_epoch_multiple(config, strategy, private))
     initial_epoch = int(state.get("epochs_done", 0))
+    if resume and epoch_end.missing_dev_record(initial_epoch):  # killed after its checkpoint
+        epoch_end.record_dev(initial_epoch - 1, None)
     budget_refused = False
     if initial_epoch < config.epochs:
-        try:
-            trainer.fit(ds, epochs=int(config.epochs), initial_epoch=initial_epoch,
-                        steps_per_epoch=steps, verbose="auto", shuffle=False,  # ds: drawn already
-                        callbacks=callbacks_lib
-                        .in_resume_order(ledger, epoch_end, tensorboard,
-                                         (timing.StepTimes(phases), *callbacks),
-                                         bool(config.diagnostics)))
-        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
-            _log.warning("no further epoch fits the budget: %s", error)
-            budget_refused = True
+        fit_callbacks = callbacks_lib.in_resume_order(
+            ledger, epoch_end, os.path.join(run_dir, "tensorboard") if config.diagnostics
+            else None, (timing.StepTimes(phases), *callbacks), bool(config.diagnostics))
+        budget_refused = _fit_remaining(trainer, ds, int(config.epochs), steps, initial_epoch,
+                                        int(state.get("steps_done", 0)), fit_callbacks,
+                                        epoch_end, ledger)
         if graceful.signum is not None:
             done = int(state.get("epochs_done", initial_epoch))
             raise callbacks_lib.StoppedBySignal(graceful.signum, (
                 f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
-                f"epochs are checkpointed in {run_dir}; every step that ran is charged in "
-                f"privacy.json. Continue with: python -m edp_nlu.train --run_dir={run_dir} "
-                "--resume"))
+                f"epochs are checkpointed in {run_dir}"
+                + (f" and {state['steps_done']} steps of the next" if state.get("steps_done")
+                   else "")
+                + "; every step that ran is charged in privacy.json. Continue with: python -m "
+                f"edp_nlu.train --run_dir={run_dir} --resume"))
     # The averaged weights, also when fit had nothing left to run or stopped; not before the
     # first step (the averages would still be the zeros they start as).
     if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
@@ -192,34 +194,85 @@ def _budget_stop(done: int, epochs: int, budget_refused: bool, ledger) -> Option
     return stopped
 
 
-def _replan(run_dir: str, config, dp, plan, done: int) -> tuple:
+def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps_done: int,
+                   callbacks: list, epoch_end, ledger) -> bool:
+    """Trains epochs `first_epoch`..`epochs` - 1, of which `steps_done` steps of the first ran
+    before a checkpoint inside it: that epoch's rest is a fit of its own, then the others.
+    Returns whether the budget refused an epoch before its first step."""
+    fits = [(first_epoch, epochs, steps)]
+    if steps_done:
+        epoch_end.continued = (first_epoch, steps_done)
+        fits = [(first_epoch, first_epoch + 1, steps - steps_done)]
+        if first_epoch + 1 < epochs:
+            fits.append((first_epoch + 1, epochs, steps))
+    for initial, end, length in fits:
+        try:
+            trainer.fit(ds, epochs=end, initial_epoch=initial, steps_per_epoch=length,
+                        verbose="auto", shuffle=False, callbacks=callbacks)  # ds: drawn already
+        except edp_tf.BudgetExhaustedError as error:  # a resumed run whose budget is spent
+            _log.warning("no further epoch fits the budget: %s", error)
+            return True
+        except BaseException:
+            if ledger is not None:  # what ran is charged now, exactly (a kill: on resume)
+                ledger.close_interrupted()
+            raise
+        stopped = epoch_end.graceful is not None and epoch_end.graceful.signum is not None
+        if stopped or (ledger is not None and ledger.stopped_after_epoch is not None):
+            break
+    return False
+
+
+def _inside_epoch_multiple(config, strategy, private: bool) -> int:
+    """The step counts at which a checkpoint may be taken inside an epoch: multiples of BandMF's
+    b (1 otherwise); 0 (none) in a multi-worker run, whose workers resume from the chief's
+    epoch checkpoints."""
+    if edp_tf.multi_worker.is_multi_worker(strategy):
+        return 0
+    return int(config.bandmf_bands) if private else 1
+
+
+def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,
+            state: Optional[dict] = None) -> tuple:
     """(DPConfig, PrivacyPlan) of a resumed run with a target epsilon: unchanged if the epochs
-    left, at the run's z0, still land within the target after what the ledger has charged
-    (interruptions included); else z0 recalibrated so that the ledger's epochs plus the epochs
-    from `done` on land at the target. The ledger is public (its charges depend on when the
-    process died, not on the data), so the new noise is chosen from nothing private.
-    BudgetSpentError, before any step, if no noise can."""
+    left (`steps_done` steps of epoch `done` ran before its checkpoint), at the run's z0, still
+    land within the target after what the ledger has charged (interruptions included); else z0
+    recalibrated so that the ledger's epochs plus those left land at the target. The ledger is
+    public (its charges depend on when the process died, not on the data), so the new noise is
+    chosen from nothing private. BudgetSpentError, before any step, if no noise can, or if it
+    would take z0 above --config.resume_noise_limit times the run's first z0."""
     path = os.path.join(run_dir, ledger_lib.FILENAME)
     if done >= plan.epochs or not os.path.exists(path):
         return dp, plan
     records, events = ledger_lib.charged(ledger_lib.read_ledger(path))
     target = float(config.target_epsilon)
-    if not records or plan.epsilon_after(records, done, events) <= target:
+    left = plan.steps_per_epoch - steps_done if steps_done else None
+    if not records or plan.epsilon_after(records, done, events,
+                                         first_epoch_steps=left) <= target:
         return dp, plan
+    way_out = ("Resume with a higher --target_epsilon"
+               + (f", or with --epochs={done} to finish with the {done} epochs trained" if done
+                  else ""))
     try:
         replanned = plan.calibrated(target, charged=records, first_epoch=done,
-                                    charged_events=events)
+                                    charged_events=events, first_epoch_steps=left)
     except ValueError:
         spent = accounting.compute_epsilon(records, plan.sampling_rate, plan.delta,
                                            tuple(events) + plan.charged_events)
         raise BudgetSpentError(
             f"the privacy budget is spent: {path} has charged epsilon {spent:.4g} of "
             f"--target_epsilon={target:g} (interrupted epochs included), and no noise fits "
-            f"epochs {done + 1}..{plan.epochs} in what is left. Resume with a higher "
-            "--target_epsilon"
-            + (f", or with --epochs={done} to finish with the {done} epochs trained" if done
-               else "")) from None
-    z0 = replanned.mechanism.noise_multiplier
+            f"epochs {done + 1}..{plan.epochs} in what is left. {way_out}") from None
+    z0, first = replanned.mechanism.noise_multiplier, float(
+        (state or {}).get("first_noise_multiplier", plan.mechanism.noise_multiplier))
+    limit = float(config.resume_noise_limit)
+    if limit and z0 > limit * first:
+        raise BudgetSpentError(
+            f"the privacy budget left is too small: after what {path} has charged "
+            f"(interrupted epochs included), epochs {done + 1}..{plan.epochs} fit "
+            f"--target_epsilon={target:g} only at z0 {z0:.4g}, {z0 / first:.3g} times the "
+            f"run's first z0 {first:.4g} (--config.resume_noise_limit={limit:g}): their "
+            f"updates would be mostly noise. {way_out}, or with "
+            f"--config.resume_noise_limit=0 to train them anyway")
     _log.warning("resumed after charged interruptions: z0 %.4g -> %.4g, so that epochs %d..%d "
                  "land the run at epsilon %.3g", plan.mechanism.noise_multiplier, z0, done + 1,
                  plan.epochs, target)
@@ -227,15 +280,17 @@ def _replan(run_dir: str, config, dp, plan, done: int) -> tuple:
 
 
 def _keep_resumed_settings(run_dir: str, config) -> None:
-    """A resume's other --epochs or higher --target_epsilon into config.json, so that later
-    resumes run them too."""
+    """A resume's other --epochs, higher --target_epsilon or new execution settings
+    (run_files.RESUME_SETTINGS) into config.json, so that later resumes run them too."""
     path = os.path.join(run_dir, CONFIG_FILE)
     saved = read_json(path, None)
     if not saved:
         return
     kept = saved["config"]
-    if (kept.get("epochs"), kept.get("target_epsilon")) != (config.epochs, config.target_epsilon):
-        kept.update(epochs=int(config.epochs), target_epsilon=float(config.target_epsilon))
+    now = {"epochs": int(config.epochs), "target_epsilon": float(config.target_epsilon)}
+    now.update({field: float(config[field]) for field in run_files.RESUME_SETTINGS})
+    if any(kept.get(field) != value for field, value in now.items()):
+        kept.update(now)
         write_json(path, saved)
 
 
@@ -337,6 +392,10 @@ def _restart_point(run_dir: str, state: dict) -> Optional[checkpoints.Committed]
                  else "the start: no intact checkpoint is left")
         _log.warning("resuming from %s; later epochs train again and are charged again", where)
     state["epochs_done"] = found.epochs_done if found else 0
+    state["steps_done"] = found.steps_done if found else 0
+    if found is not None and found.steps_done:
+        _log.info("resuming inside epoch %d, after its step %d", found.epochs_done + 1,
+                  found.steps_done)
     state["layer_scales"] = found.layer_scales if found else None
     state["finished"] = False
     return found
