@@ -183,3 +183,20 @@ def test_a_run_crashed_inside_an_epoch_resumes_after_its_last_checkpoint(tmp_pat
     state = read(run, "state.json")
     assert (state["epochs_done"], state["steps_done"], summary["epochs"]) == (3, 0, 3)
     assert [e["epoch"] for e in read(run, "metrics.json")["epochs"]] == [0, 1, 2]
+
+
+def test_the_fault_suite_accepts_an_epoch_finished_from_a_checkpoint_inside_it():
+    """The kept (last) charge of an epoch is its uninterrupted record, or the rest of it after
+    an earlier charge of the same epoch (a resume inside it); anything else is named."""
+    reference = {0: (10, 1.0), 1: (10, 0.9)}
+
+    def rec(epoch, steps, z):
+        return {"epoch": epoch, "steps": steps, "noise_multiplier": z}
+
+    assert faults.kept_differences([rec(0, 10, 1.0), rec(1, 10, 0.9)], reference) == ""
+    assert faults.kept_differences([rec(0, 10, 1.0), rec(1, 7, 0.9), rec(1, 4, 0.9)],
+                                   reference) == ""
+    assert "epoch 1 kept 4" in faults.kept_differences([rec(0, 10, 1.0), rec(1, 4, 0.9)],
+                                                       reference)  # the first 6 steps missing
+    assert "z 0.8" in faults.kept_differences([rec(0, 10, 1.0), rec(1, 10, 0.8)], reference)
+    assert "differ" in faults.kept_differences([rec(0, 10, 1.0)], reference)

@@ -74,7 +74,9 @@ WORKERS = {"worker_sigkill": "two workers: one of them SIGKILLed during an epoch
            "launcher_sigterm": "two workers: the launcher sent SIGTERM during an epoch"}
 # Chains of their own: five SIGKILLs from outside at random moments of the plain command with a
 # target epsilon (the ledger replans), then the resume that finishes it.
-STORMS = {"storm": "five SIGKILLs in a row at random moments (--target_epsilon=8)"}
+STORMS = {"storm": "five SIGKILLs in a row at random moments (--target_epsilon=8)",
+          "worker_storm": "two workers: five SIGKILLs of the whole job at random moments "
+                          "(--target_epsilon=8)"}
 KINDS = {**IN_PROCESS, **BETWEEN, **WORKERS, **STORMS}
 STORM_KILLS = 5
 STORM_TARGET = 8.0
@@ -394,6 +396,31 @@ def worker_attempt(run_dir: str, epochs: int, resume: bool, kind: Optional[str],
             time.sleep(0.05)
     out, err = job.communicate(timeout=max(1, deadline - time.time()))
     return subprocess.CompletedProcess(command, job.returncode, out, err), fired
+
+
+def _worker_command(run_dir: str, epochs: int, resume: bool) -> list:
+    """The storms' plain command with `--workers=2` (each worker one replica)."""
+    return [sys.executable, "-m", "edp_nlu.train", "--workers=2",
+            *[f for f in storm_flags() if f != "--replicas=1"], f"--epochs={epochs}",
+            f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
+
+
+def worker_job_killed(run_dir: str, epochs: int, resume: bool, delay: float,
+                      timeout: float = 900) -> subprocess.CompletedProcess:
+    """One two-worker attempt whose whole job (launcher and workers, one process group) is
+    SIGKILLed `delay` s after it started, as a lost machine would end it."""
+    command = _worker_command(run_dir, epochs, resume)
+    job = subprocess.Popen(command, cwd=REPO, env=_environment(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        job.wait(timeout=delay)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+    out, err = job.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(command, job.returncode, out, err)
 
 
 def _newer(path: str, than: float) -> bool:
@@ -727,6 +754,65 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
     return results
 
 
+def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str,
+                           reference: dict, log) -> list:
+    """A storm of the two-worker command: STORM_KILLS SIGKILLs of the whole job, each
+    `uniform(0, 2 x the uninterrupted single-process run's time)` after its attempt started,
+    then the resume that finishes it. No witness runs inside the workers, so what is checked
+    is the finished run's: every epoch asked trained, epsilon at most the target, nothing left
+    in progress, and each epoch charged at least its steps; the steps charged beyond the
+    uninterrupted run's are the storm's total over-charge (lost work included)."""
+    run_dir = os.path.join(base, name)
+    epochs, span = reference["epochs"], 2.0 * float(reference.get("seconds", 90.0))
+    kills = 0
+    for _ in range(3 * STORM_KILLS):
+        if kills == STORM_KILLS:
+            break
+        resume = os.path.exists(os.path.join(run_dir, "config.json"))
+        delay = round(rng.uniform(0.0, span), 2)
+        done = worker_job_killed(run_dir, epochs, resume, delay)
+        last = (done.stderr.strip().splitlines() or [""])[-1]
+        if done.returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            log(f"  {name}: the attempt ended before the kill at {delay} s (exit "
+                f"{done.returncode}): {last[:160]}")
+            if done.returncode != 0:
+                return [Outcome("worker_storm", False, why=f"exit {done.returncode}: {last}")]
+            break
+        kills += 1
+        log(f"  {name}: SIGKILL of the job {delay} s after the start "
+            f"(in progress: {in_progress(run_dir)})")
+    resume = os.path.exists(os.path.join(run_dir, "config.json"))
+    final = subprocess.run(_worker_command(run_dir, epochs, resume), cwd=REPO,
+                           env=_environment(), capture_output=True, text=True, timeout=1800)
+    if final.returncode:
+        why = (f"the resumed run failed (exit {final.returncode}): "
+               + (final.stderr.strip().splitlines() or [""])[-1])
+        return [Outcome("worker_storm", False, why=why) for _ in range(kills)]
+    state = _read(os.path.join(run_dir, "state.json"), {}) or {}
+    led = _read(os.path.join(run_dir, "privacy.json"), {}) or {}
+    trained = int(state.get("epochs_done", 0))
+    per_epoch = {}
+    for e in led.get("epochs", []):
+        per_epoch[e["epoch"]] = per_epoch.get(e["epoch"], 0) + e["steps"]
+    short = {t: n for t, n in per_epoch.items() if n < reference["records"][t][0]}
+    why = ""
+    if trained != epochs or not state.get("finished") or state.get("stopped"):
+        why = f"trained {trained} of {epochs} epochs ({state.get('stopped')})"
+    elif led.get("epsilon", math.inf) > STORM_TARGET:
+        why = f"epsilon {led.get('epsilon')} > target {STORM_TARGET}"
+    elif led.get("in_progress") is not None or short or len(per_epoch) != epochs:
+        why = f"epochs charged fewer steps than they ran: {per_epoch}"
+    over = sum(per_epoch.values()) - sum(s for s, _ in reference["records"].values())
+    log(f"  {name}: finished; {trained} of {epochs} epochs, epsilon {led.get('epsilon'):.4g}, "
+        f"{over} steps charged beyond the uninterrupted run {why}")
+    results = [Outcome("worker_storm", not why, 0, 0, why, None, trained, epochs)
+               for _ in range(kills)]
+    if results:
+        results[-1].over_charged_steps = over
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return results
+
+
 def _finished(run_dir: str) -> bool:
     return bool((_read(os.path.join(run_dir, "state.json"), {}) or {}).get("finished"))
 
@@ -777,7 +863,8 @@ def _guarded(chain: list, log, run, *args) -> list:
 
 def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int, epochs: int,
               kinds: list, work: Optional[str] = None, log=print,
-              after_chain=None, storms: int = 0) -> tuple[list, dict]:
+              after_chain=None, storms: int = 0,
+              worker_storms: int = 0) -> tuple[list, dict]:
     """Runs the suite; returns (outcomes, {kind: why it was not run}). `after_chain(outcomes,
     skipped)` runs after each chain (the table so far, for a soak that may be cut short).
 
@@ -800,7 +887,9 @@ def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int,
              + [(f"workers{i}", run_worker_chain, worker_kinds)
                 for i in range(worker_chains if worker_kinds else 0)]
              + [(f"storm{i}", run_storm_chain, ["storm"])
-                for i in range(storms if "storm" in kinds else 0)])
+                for i in range(storms if "storm" in kinds else 0)]
+             + [(f"wstorm{i}", run_worker_storm_chain, ["worker_storm"])
+                for i in range(worker_storms if "worker_storm" in kinds else 0)])
     outcomes = []
     try:
         reference = _read(os.path.join(work, "reference.json"))
@@ -820,6 +909,7 @@ def run_suite(seed: int, chains: int, faults_per_chain: int, worker_chains: int,
             rng = random.Random(f"{seed}-{name}")
             chain = (plan_chain(rng, pool, faults_per_chain) if run is run_chain
                      else ["storm"] if run is run_storm_chain
+                     else ["worker_storm"] if run is run_worker_storm_chain
                      else [rng.choice(pool) for _ in range(faults_per_chain)])
             log(f"{name}: {chain}")
             shutil.rmtree(os.path.join(work, name), ignore_errors=True)
@@ -852,7 +942,7 @@ def main(argv):
     command = "python -m tools.faults " + " ".join(
         f"--{name}={flags.FLAGS[name].value}" for name in ("chains", "faults_per_chain",
                                                            "worker_chains", "storms",
-                                                           "epochs")) + (
+                                                           "worker_storms", "epochs")) + (
         f" --seed={seed}" + (f" --kinds={','.join(kinds)}" if _KINDS.value else ""))
 
     def write(outcomes, skipped, final=False):
@@ -865,7 +955,7 @@ def main(argv):
 
     outcomes, skipped = run_suite(seed, _CHAINS.value, _FAULTS.value, _WORKER_CHAINS.value,
                                   _EPOCHS.value, kinds, _WORK_DIR.value, after_chain=write,
-                                  storms=_STORMS.value)
+                                  storms=_STORMS.value, worker_storms=_WORKER_STORMS.value)
     write(outcomes, skipped, final=True)
     failed = [o for o in outcomes if not o.survived]
     print(f"\n{command}: {time.time() - started:.0f} s\n{table(outcomes, skipped)}")
@@ -880,6 +970,8 @@ if __name__ == "__main__":
     _FAULTS = flags.DEFINE_integer("faults_per_chain", 4, "Faults per chain.")
     _WORKER_CHAINS = flags.DEFINE_integer("worker_chains", 1, "Two-worker chains.")
     _STORMS = flags.DEFINE_integer("storms", 1, f"Storm chains ({STORM_KILLS} SIGKILLs each).")
+    _WORKER_STORMS = flags.DEFINE_integer(
+        "worker_storms", 0, f"Two-worker storm chains ({STORM_KILLS} SIGKILLs of the job each).")
     _EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs of each run.")
     _KINDS = flags.DEFINE_list("kinds", None, f"Fault kinds (default all): {', '.join(KINDS)}.")
     _WORK_DIR = flags.DEFINE_string("work_dir", None, "Where the runs go (default: a temp dir).")

@@ -102,19 +102,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     with phases.phase("build"):
         ds, steps, q, expected_batch, sampler = builders.datasets(
             config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
-        dp = plan = None
-        if private:  # chunked clipping bounds the step's memory (recipes.chunk_rows)
-            config = recipes.with_chunks(
-                config, (k or 1) * builders.augment_copies(config),
-                (sampler.max_batch_size if sampler else int(config.batch_size))
-                // strategy.num_replicas_in_sync)
-            dp, plan = builders.private_run(
-                config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler,
-                q, n, delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
-                _releases(data, run_dir, resume))
-            if resume and config.target_epsilon > 0:
-                dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)),
-                                   int(state.get("steps_done", 0)), state)
+        config, dp, plan = (_private_step(config, data, state, run_dir, resume, strategy,
+                                          fixed_seed, (sampler, q, expected_batch, steps), k)
+                            if private else (config, None, None))
         model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
                                             source)
     z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
@@ -128,43 +118,16 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
-    graceful = callbacks_lib.GracefulStop()
     epoch_end = callbacks_lib.EpochEnd(
         run_dir, model, data.preprocessor, data.splits.dev, data.dev_x, checkpoint, state,
-        trainer if private else None, bool(config.diagnostics), graceful, phases,
-        float(config.checkpoint_seconds), _inside_epoch_multiple(config, strategy, private))
+        trainer if private else None, bool(config.diagnostics), callbacks_lib.GracefulStop(),
+        phases, float(config.checkpoint_seconds),
+        _inside_epoch_multiple(config, strategy, private))
     initial_epoch = int(state.get("epochs_done", 0))
-    if resume and epoch_end.missing_dev_record(initial_epoch):  # killed after its checkpoint
-        epoch_end.record_dev(initial_epoch - 1, None)
-    budget_refused = False
-    if initial_epoch < config.epochs:
-        fit_callbacks = callbacks_lib.in_resume_order(
-            ledger, epoch_end, os.path.join(run_dir, "tensorboard") if config.diagnostics
-            else None, (timing.StepTimes(phases), *callbacks), bool(config.diagnostics))
-        budget_refused = _fit_remaining(trainer, ds, int(config.epochs), steps, initial_epoch,
-                                        int(state.get("steps_done", 0)), fit_callbacks,
-                                        epoch_end, ledger)
-        if graceful.signum is not None:
-            done = int(state.get("epochs_done", initial_epoch))
-            raise callbacks_lib.StoppedBySignal(graceful.signum, (
-                f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
-                f"epochs are checkpointed in {run_dir}"
-                + (f" and {state['steps_done']} steps of the next" if state.get("steps_done")
-                   else "")
-                + "; every step that ran is charged in privacy.json. Continue with: python -m "
-                f"edp_nlu.train --run_dir={run_dir} --resume"))
-    # The averaged weights, also when fit had nothing left to run or stopped; not before the
-    # first step (the averages would still be the zeros they start as).
-    if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
-        trainer.optimizer.finalize_variable_values(model.trainable_variables)
-    with phases.phase("test metrics"):
-        record, test, attack = _final_metrics(run_dir, config, data, model,
-                                              epoch_end.predict_step)
-    if export:
-        with phases.phase("export"):
-            run_files.write_directory_atomically(
-                os.path.join(run_dir, "saved_model"),
-                lambda path: export_serving_model(model, data.preprocessor, path))
+    budget_refused = _train_epochs(config, run_dir, resume, state, trainer, ds, steps, ledger,
+                                   epoch_end, (timing.StepTimes(phases), *callbacks))
+    record, test, attack = _evaluate_and_export(run_dir, config, data, model, trainer,
+                                                epoch_end.predict_step, phases, export)
     done = int(state.get("epochs_done", initial_epoch))
     stopped = _budget_stop(done, config.epochs, budget_refused, ledger)
     state["stopped"] = stopped
@@ -182,6 +145,74 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
         "stopped": stopped,
     }
+
+
+def _evaluate_and_export(run_dir: str, config, data: _Data, model, trainer, predict_step,
+                         phases: timing.Phases, export: bool) -> tuple:
+    """(metrics record, test scores, attack) of the trained model, then its SavedModel."""
+    # The averaged weights, also when fit had nothing left to run or stopped; not before the
+    # first step (the averages would still be the zeros they start as).
+    if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
+        trainer.optimizer.finalize_variable_values(model.trainable_variables)
+    with phases.phase("test metrics"):
+        record, test, attack = _final_metrics(run_dir, config, data, model, predict_step)
+    if export:
+        with phases.phase("export"):
+            run_files.write_directory_atomically(
+                os.path.join(run_dir, "saved_model"),
+                lambda path: export_serving_model(model, data.preprocessor, path))
+    return record, test, attack
+
+
+def _private_step(config, data: _Data, state: dict, run_dir: str, resume: bool, strategy,
+                  fixed_seed: Optional[int], batches: tuple, k: int) -> tuple:
+    """(config with its clipping chunks, DPConfig, PrivacyPlan) of a private run; `batches`:
+    the sampler, q, the expected batch and the steps per epoch. A resumed run with a target
+    epsilon is replanned for what its ledger has charged (`_replan`)."""
+    sampler, q, expected_batch, steps = batches
+    # chunked clipping bounds the step's memory (recipes.chunk_rows)
+    config = recipes.with_chunks(
+        config, (k or 1) * builders.augment_copies(config),
+        (sampler.max_batch_size if sampler else int(config.batch_size))
+        // strategy.num_replicas_in_sync)
+    warm = state.get("warm_start")
+    dp, plan = builders.private_run(
+        config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
+        data.units, data.delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
+        _releases(data, run_dir, resume))
+    if resume and config.target_epsilon > 0:
+        dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)),
+                           int(state.get("steps_done", 0)), state)
+    return config, dp, plan
+
+
+def _train_epochs(config, run_dir: str, resume: bool, state: dict, trainer, ds, steps: int,
+                  ledger, epoch_end, extra_callbacks: tuple) -> bool:
+    """Trains the epochs left (from the checkpoint restored, inside an epoch or at its end);
+    returns whether the budget refused one. A signal's graceful stop raises StoppedBySignal
+    with the way to continue."""
+    initial_epoch = int(state.get("epochs_done", 0))
+    if resume and epoch_end.missing_dev_record(initial_epoch):  # killed after its checkpoint
+        epoch_end.record_dev(initial_epoch - 1, None)
+    if initial_epoch >= config.epochs:
+        return False
+    fit_callbacks = callbacks_lib.in_resume_order(
+        ledger, epoch_end, os.path.join(run_dir, "tensorboard") if config.diagnostics else None,
+        extra_callbacks, bool(config.diagnostics))
+    budget_refused = _fit_remaining(trainer, ds, int(config.epochs), steps, initial_epoch,
+                                    int(state.get("steps_done", 0)), fit_callbacks, epoch_end,
+                                    ledger)
+    graceful = epoch_end.graceful
+    if graceful.signum is not None:
+        done = int(state.get("epochs_done", initial_epoch))
+        raise callbacks_lib.StoppedBySignal(graceful.signum, (
+            f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
+            f"epochs are checkpointed in {run_dir}"
+            + (f" and {state['steps_done']} steps of the next" if state.get("steps_done")
+               else "")
+            + "; every step that ran is charged in privacy.json. Continue with: python -m "
+            f"edp_nlu.train --run_dir={run_dir} --resume"))
+    return budget_refused
 
 
 def _budget_stop(done: int, epochs: int, budget_refused: bool, ledger) -> Optional[str]:
