@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -702,6 +703,52 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
+def _selection_draw(runs_dir: str, asked: dict, cells, mu: float, shape, seed) -> dict:
+    """The selection's draw (K, the cells, their tie-break keys and run names), made once and
+    kept in <runs_dir>/draw.json: an interrupted selection continues the same draw."""
+    draw_path = os.path.join(runs_dir, "draw.json")
+    draw = _read(draw_path)
+    if draw is None:
+        rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
+        k = tuning.draw_number_of_runs(rng, mu, shape)
+        drawn = [cells[int(i)].name for i in rng.integers(len(cells), size=k)]
+        draw = dict(asked, k=k, drawn=drawn, tie_keys=[float(u) for u in rng.random(k)],
+                    run_names=_run_names(drawn))
+        _write(draw_path, draw)
+    elif {key: draw.get(key) for key in asked} != asked:
+        raise RuntimeError(f"{draw_path} was drawn for another selection; a new draw for the "
+                           "same data is a new release: use another --select_name")
+    elif "run_names" not in draw:
+        draw = _name_runs(draw, runs_dir)
+        _write(draw_path, draw)
+    return draw
+
+
+def _train_drawn(grid, draw: dict, by_name: dict, runs_dir: str, plans: dict, extra_overrides,
+                 python: str) -> list:
+    """Trains each drawn candidate; an entry per run, "discarded" saying why it cannot be
+    released (it failed, or its ledger is not its plan)."""
+    tried = []
+    # Nothing is printed per candidate: a line per run (its index, its score) would tell K and
+    # the other candidates' scores, which the selection's bound needs secret.
+    for i, cell_name in enumerate(draw["drawn"]):
+        candidate = _candidate(by_name[cell_name], draw["run_names"][i], extra_overrides)
+        run_dir = os.path.join(runs_dir, candidate.name)
+        entry = {"candidate": candidate.name, "cell": cell_name, "run_dir": run_dir,
+                 "tie_key": draw["tie_keys"][i]}
+        try:
+            _train_candidate(grid, candidate, runs_dir, python)
+
+            ledger, metrics = read_ledger(run_dir), _read(os.path.join(run_dir, "metrics.json"))
+            entry["discarded"] = _same_schedule(ledger, plans[cell_name])
+            entry.update(dev=metrics["epochs"][-1]["dev"], test=metrics.get("test", {}),
+                         epsilon=ledger["epsilon"])
+        except (RuntimeError, ValueError, KeyError, IndexError) as error:
+            entry["discarded"] = f"it failed: {error}"
+        tried.append(entry)
+    return tried
+
+
 def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_overrides=(),
            python: str = sys.executable, plan_only: bool = False, log=_say) -> dict:
     """Accounted tuning: the release (written to results/tuning/<name>.json and .md).
@@ -714,8 +761,6 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     plan (else it is discarded: its schedule depends on its config and the public n only, so
     discarding leaks nothing); the lowest dev SER is released. `log` gets the plan, then one
     line for the released run: nothing that tells K or another candidate's score."""
-    import numpy as np
-
     checks.number("mean", mu, 1.0)  # before the candidates are planned (that loads the corpus)
     shape = DISTRIBUTION_SHAPES[distribution]
     plan, cost, plans = tuning_plan(grid, cells, mu, distribution, extra_overrides)
@@ -738,42 +783,11 @@ def select(grid, cells, mu: float, distribution: str, seed, name: str, extra_ove
     result["command"] = " ".join(command)
     runs_dir = os.path.join(grid.runs_dir, f"select_{name}")
     os.makedirs(runs_dir, exist_ok=True)
-    draw_path = os.path.join(runs_dir, "draw.json")
     asked = {"cells": result["candidates"], "candidate_overrides": list(extra_overrides),
              "mean_runs": mu, "distribution": distribution, "seed": seed}
-    draw = _read(draw_path)
-    if draw is None:
-        rng = np.random.default_rng(seed if seed is not None else secrets.randbits(128))
-        k = tuning.draw_number_of_runs(rng, mu, shape)
-        drawn = [cells[int(i)].name for i in rng.integers(len(cells), size=k)]
-        draw = dict(asked, k=k, drawn=drawn, tie_keys=[float(u) for u in rng.random(k)],
-                    run_names=_run_names(drawn))
-        _write(draw_path, draw)
-    elif {key: draw.get(key) for key in asked} != asked:
-        raise RuntimeError(f"{draw_path} was drawn for another selection; a new draw for the "
-                           "same data is a new release: use another --select_name")
-    elif "run_names" not in draw:
-        draw = _name_runs(draw, runs_dir)
-        _write(draw_path, draw)
+    draw = _selection_draw(runs_dir, asked, cells, mu, shape, seed)
     by_name = {c.name: c for c in cells}
-    tried = []
-    # Nothing is printed per candidate: a line per run (its index, its score) would tell K and
-    # the other candidates' scores, which the selection's bound needs secret.
-    for i, cell_name in enumerate(draw["drawn"]):
-        candidate = _candidate(by_name[cell_name], draw["run_names"][i], extra_overrides)
-        run_dir = os.path.join(runs_dir, candidate.name)
-        entry = {"candidate": candidate.name, "cell": cell_name, "run_dir": run_dir,
-                 "tie_key": draw["tie_keys"][i]}
-        try:
-            _train_candidate(grid, candidate, runs_dir, python)
-
-            ledger, metrics = read_ledger(run_dir), _read(os.path.join(run_dir, "metrics.json"))
-            entry["discarded"] = _same_schedule(ledger, plans[cell_name])
-            entry.update(dev=metrics["epochs"][-1]["dev"], test=metrics.get("test", {}),
-                         epsilon=ledger["epsilon"])
-        except (RuntimeError, ValueError, KeyError, IndexError) as error:
-            entry["discarded"] = f"it failed: {error}"
-        tried.append(entry)
+    tried = _train_drawn(grid, draw, by_name, runs_dir, plans, extra_overrides, python)
     kept = [e for e in tried if not e["discarded"]]
     best = min(kept, key=lambda e: (e["dev"]["ser"], e["tie_key"])) if kept else None
     _write(os.path.join(runs_dir, "candidates.json"), {"draw": draw, "candidates": tried})

@@ -117,3 +117,55 @@ def test_no_first_party_import_inside_a_function():
 ])
 def test_local_import_check_finds_what_it_should(source, expected):
     assert local_first_party_imports(source) == expected
+
+
+MAX_FUNCTION_LINES = 80
+# (file, function) -> why it may be longer. Each entry is checked to still be needed.
+_GRID = ("an experiment grid: one table of cells, each row with the why of its overrides in "
+         "the order they were run; split, the history it records would be scattered")
+ALLOWED_LONG_FUNCTIONS = {
+    ("experiments/grids/atis.py", "get_config"): _GRID,
+    ("experiments/grids/snips.py", "get_config"): _GRID,
+    ("experiments/grids/pilot_snips_clc.py", "_grid"): _GRID,
+}
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[int, str, int]]:
+    """(line, qualified name, lines) of each function longer than `limit` lines (its
+    decorators excluded, its docstring included)."""
+    found = []
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = scope + [child.name]
+                length = child.end_lineno - child.lineno + 1
+                if not isinstance(child, ast.ClassDef) and length > limit:
+                    found.append((child.lineno, ".".join(name), length))
+                visit(child, name)
+
+    visit(ast.parse(source), [])
+    return found
+
+
+def test_no_function_is_longer_than_80_lines():
+    found, used = [], set()
+    for path in _python_files():
+        rel = path.relative_to(REPO).as_posix()
+        for line, function, length in long_functions(path.read_text()):
+            if (rel, function) in ALLOWED_LONG_FUNCTIONS:
+                used.add((rel, function))
+            else:
+                found.append(f"{rel}:{line}: {function}() has {length} lines")
+    stale = sorted(set(ALLOWED_LONG_FUNCTIONS) - used)
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines: split them (or add one to "
+                       "ALLOWED_LONG_FUNCTIONS with why):\n" + "\n".join(found))
+    assert not stale, f"ALLOWED_LONG_FUNCTIONS entries no longer long: {stale}"
+
+
+def test_long_function_check_counts_lines():
+    short = "def f():\n" + "    x = 1\n" * 3
+    nested = "class C:\n    def m(self):\n" + "        x = 1\n" * 5
+    assert long_functions(short, limit=4) == []
+    assert long_functions(short, limit=3) == [(1, "f", 4)]
+    assert long_functions(nested, limit=5) == [(2, "C.m", 6)]

@@ -90,9 +90,19 @@ def dp_knob_defaults() -> dict:
 
 
 def base_config() -> ml_collections.ConfigDict:
+    """The default experiment config: every field, in the parts RunSpec reads them by."""
     c = ml_collections.ConfigDict()
     c.name = "default"
-    # data
+    _data_fields(c)
+    _model_fields(c)
+    _training_fields(c)
+    _privacy_fields(c)
+    _run_fields(c)
+    return c
+
+
+def _data_fields(c: ml_collections.ConfigDict) -> None:
+    """The corpus and its labels."""
     c.data_dir = ""
     c.data_seed = 0
     # A label schema file (edp_nlu/data/schema.py); "": schema.json or JointBERT's label files in
@@ -121,7 +131,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.train_fraction = 1.0
     c.synthetic_canaries = 0
     c.synthetic_canary_repeats = 10
-    # model
+
+
+def _model_fields(c: ml_collections.ConfigDict) -> None:
+    """The model: CLC or BERT, and the heads."""
     c.model = "clc"
     c.max_words = 32
     c.init_from = ""  # a run on a public corpus whose backbone starts this one (warm_start.py)
@@ -159,7 +172,10 @@ def base_config() -> ml_collections.ConfigDict:
         private_finetune="",
         private_dropout=-1.0,
     ))
-    # training
+
+
+def _training_fields(c: ml_collections.ConfigDict) -> None:
+    """Mechanism, batches, epochs and the optimizer."""
     c.mechanism = "edp"
     c.replicas = 2
     c.batch_size = 128  # expected global batch (Poisson) or fixed global batch (shuffle)
@@ -197,6 +213,10 @@ def base_config() -> ml_collections.ConfigDict:
     # after 10 epochs was 0.39 at 1e-2 and 0.25 at 2e-2 (3e-3 had not started learning).
     c.learning_rate = 2e-2
     c.sampling = "poisson"
+
+
+def _privacy_fields(c: ml_collections.ConfigDict) -> None:
+    """The run's privacy knobs, DPConfig's by name, and the augmented copies' rows."""
     # privacy: the run's own knobs; the mechanism's are DPConfig's (below)
     c.target_epsilon = 0.0  # > 0: calibrate z0 to reach it after `epochs`; also stops at the budget
     c.delta = 0.0
@@ -236,6 +256,10 @@ def base_config() -> ml_collections.ConfigDict:
     # variants of each example made when the data load (the example and V - 1 augmentations),
     # of which each step takes K at random; 0: V = K (the same K rows each time it is sampled)
     c.augment_variants = 0
+
+
+def _run_fields(c: ml_collections.ConfigDict) -> None:
+    """Diagnostics, checkpoints, the resume's noise limit and the seed."""
     # Release unnoised statistics of the training data (per-epoch train loss and clipping stats in
     # metrics.json and TensorBoard, training-split encoding counts, membership-inference numbers
     # computed from training losses)? Not covered by epsilon: off by default; experiments use it.
@@ -250,4 +274,3 @@ def base_config() -> ml_collections.ConfigDict:
     # naming the ways out; 0: no limit (docs/privacy.md, "Interrupted runs")
     c.resume_noise_limit = 2.0
     c.seed = -1  # -1: OS entropy (private); >= 0 fixes model init AND noise (reported: not private)
-    return c
