@@ -754,22 +754,53 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
     return results
 
 
+# The share of an uninterrupted two-worker run's time spent before its first step (launching
+# the workers, loading, tracing), as measured on this machine: a resumed attempt takes that
+# plus its share of the epochs left.
+WORKER_STARTUP_SHARE = 0.5
+
+
+def worker_seconds(base: str, reference: dict) -> float:
+    """Seconds of an uninterrupted run of the two-worker storm command, measured once and kept
+    in the reference (`base`/reference.json) so that the storms' kills fall inside a run."""
+    if "worker_seconds" not in reference:
+        run_dir = os.path.join(base, "reference_workers")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        started = time.time()
+        done = subprocess.run(_worker_command(run_dir, reference["epochs"], False), cwd=REPO,
+                              env=_environment(), capture_output=True, text=True, timeout=1800)
+        if done.returncode:
+            raise RuntimeError("the uninterrupted two-worker run failed:\n" + done.stderr[-3000:])
+        reference["worker_seconds"] = round(time.time() - started, 1)
+        path = os.path.join(base, "reference.json")
+        kept = _read(path, {}) or {}
+        with open(path, "w") as f:
+            json.dump(dict(kept, worker_seconds=reference["worker_seconds"]), f)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return float(reference["worker_seconds"])
+
+
 def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str,
                            reference: dict, log) -> list:
-    """A storm of the two-worker command: STORM_KILLS SIGKILLs of the whole job, each
-    `uniform(0, 2 x the uninterrupted single-process run's time)` after its attempt started,
+    """A storm of the two-worker command: STORM_KILLS SIGKILLs of the whole job, each a
+    uniform time after its attempt started within what it has left to run (`worker_seconds`),
     then the resume that finishes it. No witness runs inside the workers, so what is checked
     is the finished run's: every epoch asked trained, epsilon at most the target, nothing left
     in progress, and each epoch charged at least its steps; the steps charged beyond the
     uninterrupted run's are the storm's total over-charge (lost work included)."""
     run_dir = os.path.join(base, name)
-    epochs, span = reference["epochs"], 2.0 * float(reference.get("seconds", 90.0))
+    epochs, span = reference["epochs"], worker_seconds(base, reference)
     kills = 0
     for _ in range(3 * STORM_KILLS):
         if kills == STORM_KILLS:
             break
         resume = os.path.exists(os.path.join(run_dir, "config.json"))
-        delay = round(rng.uniform(0.0, span), 2)
+        done_share = int((_read(os.path.join(run_dir, "state.json"), {}) or {})
+                         .get("epochs_done", 0)) / epochs
+        # within what the attempt has left to run: its start-up and the epochs left
+        delay = round(rng.uniform(0.0, span * (WORKER_STARTUP_SHARE
+                                               + (1 - WORKER_STARTUP_SHARE) * (1 - done_share))),
+                      2)
         done = worker_job_killed(run_dir, epochs, resume, delay)
         last = (done.stderr.strip().splitlines() or [""])[-1]
         if done.returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
