@@ -797,10 +797,10 @@ def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str
         resume = os.path.exists(os.path.join(run_dir, "config.json"))
         done_share = int((_read(os.path.join(run_dir, "state.json"), {}) or {})
                          .get("epochs_done", 0)) / epochs
-        # within what the attempt has left to run: its start-up and the epochs left
-        delay = round(rng.uniform(0.0, span * (WORKER_STARTUP_SHARE
-                                               + (1 - WORKER_STARTUP_SHARE) * (1 - done_share))),
-                      2)
+        # within what the attempt has left to run (its start-up and the epochs left), less a
+        # margin for a machine quieter than when it was measured: a kill after the end is none
+        left = WORKER_STARTUP_SHARE + (1 - WORKER_STARTUP_SHARE) * (1 - done_share)
+        delay = round(rng.uniform(0.0, 0.8 * span * left), 2)
         done = worker_job_killed(run_dir, epochs, resume, delay)
         last = (done.stderr.strip().splitlines() or [""])[-1]
         if done.returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
