@@ -406,12 +406,21 @@ def _worker_command(run_dir: str, epochs: int, resume: bool) -> list:
 
 
 def worker_job_killed(run_dir: str, epochs: int, resume: bool, delay: float,
+                      epoch: Optional[int] = None,
                       timeout: float = 900) -> subprocess.CompletedProcess:
     """One two-worker attempt whose whole job (launcher and workers, one process group) is
-    SIGKILLed `delay` s after it started, as a lost machine would end it."""
+    SIGKILLed as a lost machine would end it: `delay` s after it started, or, given `epoch`,
+    `delay` s after the chief's ledger marks that epoch in progress (a clock that follows the
+    run whatever the machine's load)."""
     command = _worker_command(run_dir, epochs, resume)
+    started = time.time()
     job = subprocess.Popen(command, cwd=REPO, env=_environment(), stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = started + timeout
+    while epoch is not None and job.poll() is None and time.time() < deadline:
+        if _in_progress(run_dir, started) >= epoch:
+            break
+        time.sleep(0.05)
     try:
         job.wait(timeout=delay)
     except subprocess.TimeoutExpired:
@@ -419,7 +428,7 @@ def worker_job_killed(run_dir: str, epochs: int, resume: bool, delay: float,
             os.killpg(job.pid, signal.SIGKILL)
         except ProcessLookupError:  # ended meanwhile
             pass
-    out, err = job.communicate(timeout=timeout)
+    out, err = job.communicate(timeout=max(1.0, deadline - time.time()))
     return subprocess.CompletedProcess(command, job.returncode, out, err)
 
 
@@ -755,8 +764,7 @@ def run_storm_chain(name: str, chain: list, rng: random.Random, base: str, refer
 
 
 # The share of an uninterrupted two-worker run's time spent before its first step (launching
-# the workers, loading, tracing), as measured on this machine: a resumed attempt takes that
-# plus its share of the epochs left.
+# the workers, loading, tracing), as measured on this machine.
 WORKER_STARTUP_SHARE = 0.5
 
 
@@ -782,9 +790,9 @@ def worker_seconds(base: str, reference: dict) -> float:
 
 def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str,
                            reference: dict, log) -> list:
-    """A storm of the two-worker command: STORM_KILLS SIGKILLs of the whole job, each a
-    uniform time after its attempt started within what it has left to run (`worker_seconds`),
-    then the resume that finishes it. No witness runs inside the workers, so what is checked
+    """A storm of the two-worker command: STORM_KILLS SIGKILLs of the whole job (a quarter in
+    start-up, the others a uniform time into an epoch left, from `worker_seconds`), then the
+    resume that finishes it. No witness runs inside the workers, so what is checked
     is the finished run's: every epoch asked trained, epsilon at most the target, nothing left
     in progress, and each epoch charged at least its steps; the steps charged beyond the
     uninterrupted run's are the storm's total over-charge (lost work included)."""
@@ -795,13 +803,16 @@ def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str
         if kills == STORM_KILLS:
             break
         resume = os.path.exists(os.path.join(run_dir, "config.json"))
-        done_share = int((_read(os.path.join(run_dir, "state.json"), {}) or {})
-                         .get("epochs_done", 0)) / epochs
-        # within what the attempt has left to run (its start-up and the epochs left), less a
-        # margin for a machine quieter than when it was measured: a kill after the end is none
-        left = WORKER_STARTUP_SHARE + (1 - WORKER_STARTUP_SHARE) * (1 - done_share)
-        delay = round(rng.uniform(0.0, 0.8 * span * left), 2)
-        done = worker_job_killed(run_dir, epochs, resume, delay)
+        done_epochs = int((_read(os.path.join(run_dir, "state.json"), {}) or {})
+                          .get("epochs_done", 0))
+        # a kill in start-up (launch, loading, tracing) one time in four, else during an epoch
+        # left: a random time after the chief's ledger marks it in progress
+        if rng.random() < 0.25:
+            epoch, delay = None, round(rng.uniform(0.0, WORKER_STARTUP_SHARE * span), 2)
+        else:
+            epoch = rng.randint(done_epochs, epochs - 1)
+            delay = round(rng.uniform(0.0, (1 - WORKER_STARTUP_SHARE) * span / epochs), 2)
+        done = worker_job_killed(run_dir, epochs, resume, delay, epoch)
         last = (done.stderr.strip().splitlines() or [""])[-1]
         if done.returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
             log(f"  {name}: the attempt ended before the kill at {delay} s (exit "
@@ -810,8 +821,9 @@ def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str
                 return [Outcome("worker_storm", False, why=f"exit {done.returncode}: {last}")]
             break
         kills += 1
-        log(f"  {name}: SIGKILL of the job {delay} s after the start "
-            f"(in progress: {in_progress(run_dir)})")
+        log(f"  {name}: SIGKILL of the job {delay} s after "
+            + ("the start" if epoch is None else f"epoch {epoch} began")
+            + f" (in progress: {in_progress(run_dir)})")
     resume = os.path.exists(os.path.join(run_dir, "config.json"))
     final = subprocess.run(_worker_command(run_dir, epochs, resume), cwd=REPO,
                            env=_environment(), capture_output=True, text=True, timeout=1800)
