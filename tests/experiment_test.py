@@ -4,10 +4,13 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
+from absl import app, flags
+from absl.testing import flagsaver
 
 from edp_tf import attacks, tuning
 from edp_tf.accounting import EpochRecord
@@ -34,6 +37,16 @@ def tiny_grid(tmp_path):
     g.runs_dir = str(tmp_path / "runs")
     g.grid_file = "tiny.py"
     return g
+
+
+def main_in_process(**flag_values) -> None:
+    """`python -m experiments.experiment` with these flags, in this process: its flags are
+    defined by importing the module, as the command's are. What only a process shows (the exit
+    code and the one `error:` line of a usage error) is test_select_command_line's."""
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    with flagsaver.as_parsed(**flag_values):
+        experiment.main([])
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +128,7 @@ def test_frontier_passes_through_the_best_row_per_budget_only():
     assert f[("bert", "per-example")] == ([rows[-1]], [])
 
 
-def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path):
+def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path, capsys):
     g, _ = finished
     grid_file = tmp_path / "grid.py"
     grid_file.write_text(
@@ -123,14 +136,10 @@ def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path
         "def get_config():\n"
         f"    g = grid('tiny', [cell('clc_sgd', 'SGD', 'sgd', 'edp_nlu/configs/default.py')])\n"
         f"    g.results_dir = {g.results_dir!r}\n    g.runs_dir = {g.runs_dir!r}\n    return g\n")
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "experiments.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
-        capture_output=True, text=True, timeout=300)
-    out = run()
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "clc_sgd: done earlier, skipped" in out.stdout
-    bad = run("--cells=nope")
-    assert bad.returncode != 0 and "unknown cells ['nope']" in bad.stderr
+    main_in_process(grid=str(grid_file))
+    assert "clc_sgd: done earlier, skipped" in capsys.readouterr().out
+    with pytest.raises(app.UsageError, match=re.escape("unknown cells ['nope']")):
+        main_in_process(grid=str(grid_file), cells="nope")
 
 
 def test_dev_attack_is_added_to_rows_measured_without_it(finished):
@@ -160,12 +169,14 @@ def test_dev_attack_is_added_to_rows_measured_without_it(finished):
     assert ledger == {f: open(os.path.join(run_dir, f), "rb").read() for f in ledger}
     wrong = dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5))
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), wrong)
+    # The recomputation above left the run's files as a second one would (it restores the same
+    # checkpoint): `true` stands in for it, and the row is compared with those files.
     with pytest.raises(RuntimeError, match="not this row's run"):
-        experiment.add_dev_attack(g, cell, sys.executable)
+        experiment.add_dev_attack(g, cell, shutil.which("true"))
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), again)
 
 
-def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
+def test_bio_decoding_is_added_to_rows_measured_without_it(finished, tmp_path):
     """--rescore: a row stored before the BIO decoding gets it from its run's last checkpoint;
     a checkpoint that no longer scores the row's (Viterbi) test metrics is refused."""
     g, (_, dp) = finished
@@ -187,8 +198,16 @@ def test_bio_decoding_is_added_to_rows_measured_without_it(finished):
     assert again["test_bio"] == pytest.approx(dp["test_bio"], abs=1e-9)
     assert experiment._read(path)["test_bio"] == again["test_bio"]
     experiment._write(path, dict(old, test=dict(dp["test"], ser=dp["test"]["ser"] + 0.5)))
+    # A stand-in for the scoring process that writes the scores just computed (the same
+    # checkpoint scores the same again) to its --output: the row is compared with them.
+    scores = tmp_path / "decodings.json"
+    scores.write_text(json.dumps({"viterbi": dp["test"], "bio": again["test_bio"]}))
+    stand_in = tmp_path / "score"
+    stand_in.write_text('#!/bin/sh\nfor a; do case "$a" in --output=*) '
+                        f'cp {scores} "${{a#--output=}}";; esac; done\n')
+    stand_in.chmod(0o755)
     with pytest.raises(RuntimeError, match="not this row's run"):
-        experiment.add_bio_decoding(g, cell, sys.executable)
+        experiment.add_bio_decoding(g, cell, str(stand_in))
     experiment._write(path, stored)
 
 
@@ -405,7 +424,9 @@ def test_select_command_line(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "K ~ logarithmic(mean 4)" in out.stdout
     assert experiment._read(str(tmp_path / "tuning" / "tiny.json"))["distribution"] == "logarithmic"
+    # a usage error: an `error:` line and exit code 2 (edp_nlu/cli.py)
     bad = run("--plan_only")
-    assert bad.returncode != 0 and "--plan_only goes with --select" in bad.stderr
-    low = run("--select", "--plan_only", "--mu=0.5")
-    assert low.returncode != 0 and "mean must be in" in low.stderr
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "error: --plan_only goes with --select" in bad.stderr.splitlines(), bad.stderr[-2000:]
+    with pytest.raises(app.UsageError, match="mean must be in"):
+        main_in_process(grid=str(grid_file), select="true", plan_only="true", mu="0.5")

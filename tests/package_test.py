@@ -71,8 +71,11 @@ def test_the_installed_wheel_imports_and_runs_its_commands_outside_the_repo(whee
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     env = dict(os.environ, PYTHONPATH=str(target))
-    where = subprocess.run([sys.executable, "-c", "import edp_tf, edp_nlu; "
-                            "print(edp_tf.__file__); print(edp_nlu.__file__); "
+    # where the packages come from, without importing TensorFlow (edp-train --help below
+    # imports the installed edp_tf and edp_nlu.train's modules)
+    where = subprocess.run([sys.executable, "-c", "import importlib.util as u; "
+                            "print(u.find_spec('edp_tf').origin); "
+                            "print(u.find_spec('edp_nlu').origin); "
                             "from edp_nlu.configs import config_file; "
                             "print(config_file('snips_clc'))"],  # --config=snips_clc
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

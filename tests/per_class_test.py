@@ -131,6 +131,7 @@ def test_command_prints_the_report_and_writes_json_md_and_png(runs, tmp_path):
                         majority and c["bucket"] == row["bucket"]) / row["support"]
             assert row["pooled"] == pytest.approx(share) and row["reference_pooled"] == 1.0
     assert "loses" in out and "gap = reference - run" in out
+    assert f"wrote {runs['prior']}-per_class.json" in out  # by default beside the run directory
     assert "rank correlation of training count with the gap" in out
 
     md = open(prefix + ".md").read()
@@ -189,13 +190,13 @@ def evaluate_command(*args):
 
 def test_a_private_run_is_not_scored_on_its_training_split(runs):
     """Exact scores of a private run on its training split, overall or per class, are unnoised
-    statistics of the data epsilon protects: refused with one line, exit code 2."""
+    statistics of the data epsilon protects: refused with one line, exit code 2 (the command
+    once, with --per_class; the scoring functions of both paths below)."""
     private = runs["private"]
-    for args in (["--per_class"], []):
-        proc = evaluate_command(f"--run_dir={private}", "--split=train", *args)
-        assert proc.returncode == 2, (args, proc.stdout[-2000:], proc.stderr[-2000:])
-        (line,) = proc.stderr.strip().splitlines()
-        assert line.startswith("error: --split=train: ") and "private run" in line, line
+    proc = evaluate_command(f"--run_dir={private}", "--split=train", "--per_class")
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: --split=train: ") and "private run" in line, line
     for score in (lambda: evaluate.evaluate_run(private, split="train"),
                   lambda: evaluate.per_class_run(private, split="train"),
                   lambda: evaluate.per_class_run(runs["oracle"], private, split="train"),
@@ -213,15 +214,14 @@ def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, 
     refused as its place."""
     private = runs["private"]
     before = sorted(os.listdir(private))
-    proc = evaluate_command(f"--run_dir={private}", "--per_class")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert sorted(os.listdir(private)) == before  # nothing written into the run
-    written = json.loads(open(private + "-per_class.json").read())
+    # the command writes where per_class_output says (its default path: the report test above)
+    assert evaluate.per_class_output(private, None) == private + "-per_class.json"
+    written = evaluate.per_class_run(private)
     assert written["diagnostic"] == pc.DIAGNOSTIC and written["split"] == "test"
-    assert f"wrote {private}-per_class.json" in proc.stdout
     inside = os.path.join(private, "per_class.json")
     refused = evaluate_command(f"--run_dir={private}", "--per_class", f"--output={inside}")
     assert refused.returncode == 2 and not os.path.exists(inside)
+    assert sorted(os.listdir(private)) == before  # nothing written into the run
     (line,) = refused.stderr.strip().splitlines()
     assert "inside the private run" in line, line
     # the reference's directory too, when it is the private one

@@ -596,7 +596,8 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
     splits = corpus(config)
     config.data_dir = write_joint_dir(tmp_path / "joint", splits)
     run_dir = str(tmp_path / "run")
-    training.train(config, run_dir, strategy=strategy(1))
+    # the ledger lists what a run writes whether or not this one exports (run_files.artifacts)
+    training.train(config, run_dir, strategy=strategy(1), export=False)
     privacy = read(run_dir, "privacy.json")
     assert any("label sets were derived from the training split" in s
                for s in privacy["not_covered"])
@@ -606,28 +607,6 @@ def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
                for s in privacy["artifacts"]["not_covered"])
     assert not [a for a in privacy["artifacts"]["covered"] if a.startswith("saved_model/")]
     assert privacy["private"] is False
-
-
-def test_train_on_given_splits_without_export_hands_the_model_to_a_hook(tmp_path):
-    """tools.lira trains shadow models on subsets: `splits` replaces the corpus, the hook sees
-    the trained model, and export=False leaves no SavedModel."""
-    config = tiny_config("clc", "sgd", replicas=1)
-    full = corpus(config)
-    half = dataclasses.replace(full, train=full.train[: len(full.train) // 2])
-    seen = {}
-
-    def hook(model, preprocessor):
-        enc = builders.encode(preprocessor, half.train[:7], "hook")
-        seen["losses"] = predictions.per_example_losses(model, enc.x, enc.y)
-        return "hooked"
-
-    run_dir = str(tmp_path / "run")
-    summary = training.train(config, run_dir, strategy=strategy(1), splits=half,
-                             after_training=hook, export=False)
-    assert summary["after_training"] == "hooked"
-    assert seen["losses"].shape == (7,) and np.all(np.isfinite(seen["losses"]))
-    assert read(run_dir, "config.json")["dataset_size"] == len(half.train)
-    assert not os.path.exists(os.path.join(run_dir, "saved_model"))
 
 
 # --------------------------------------------------------------------------- user-level privacy
@@ -710,28 +689,42 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     """ema_fraction > 0: what the run evaluates and exports is the moving average of the weights
     (matched variable by variable), not the last step's weights; the momentum follows the steps.
     The private run also clips in automatic chunks (of 8 rows here, recipes.CHUNK),
-    recorded in config.json and kept on resume."""
+    recorded in config.json and kept on resume.
+
+    The runs train on given splits without export, as tools.lira trains shadow models on subsets:
+    `splits` replaces the corpus, the hook sees the trained model (and its return value is the
+    summary's), and export=False leaves no SavedModel."""
     monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * 8)
     monkeypatch.setitem(recipes.CHUNK, "clc", 8 * 8)  # 8 rows of 8 words
     config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
                          noise_multiplier=1.0)
+    full = corpus(config)
+    half = dataclasses.replace(full, train=full.train[: len(full.train) // 2])
     raw, seen = _RawWeights(), {}
 
     def hook(model, preprocessor):
         seen["final"] = [v.numpy() for v in model.trainable_variables]
+        enc = builders.encode(preprocessor, half.train[:7], "hook")
+        seen["losses"] = predictions.per_example_losses(model, enc.x, enc.y)
+        return "hooked"
 
     run_dir = str(tmp_path / "run")
-    first = training.train(config, run_dir, strategy=strategy(1), callbacks=[raw],
+    first = training.train(config, run_dir, strategy=strategy(1), callbacks=[raw], splits=half,
                            after_training=hook, export=False)
+    assert first["after_training"] == "hooked"
+    assert seen["losses"].shape == (7,) and np.all(np.isfinite(seen["losses"]))
+    assert read(run_dir, "config.json")["dataset_size"] == len(half.train)
+    assert not os.path.exists(os.path.join(run_dir, "saved_model"))
     assert len(seen["final"]) == len(raw.average) == len(raw.raw)
     for final, average in zip(seen["final"], raw.average):
         np.testing.assert_array_equal(final, average)
     assert any(not np.allclose(f, r) for f, r in zip(seen["final"], raw.raw))
-    # 12 steps, time constant 0.5 x 12 = 6 steps
-    assert float(raw.model.optimizer.ema_momentum) == pytest.approx(1 - 1 / 6)
+    # 96 training utterances at batch 32: 6 steps, time constant 0.5 x 6 = 3 steps
+    assert len(half.train) == 96
+    assert float(raw.model.optimizer.ema_momentum) == pytest.approx(1 - 1 / 3)
     # a finished run resumed (fit has nothing left to run) is scored on the averages too
-    again = training.train(config, run_dir, resume=True, strategy=strategy(1), after_training=hook,
-                           export=False)
+    again = training.train(config, run_dir, resume=True, strategy=strategy(1), splits=half,
+                           after_training=hook, export=False)
     assert again["test"] == first["test"]
     assert read(run_dir, "config.json")["config"]["physical_batch_size"] == (
         8 if mechanism == "dpsgd" else 0)

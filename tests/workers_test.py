@@ -71,11 +71,14 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
     assert EPOCHS <= charged <= EPOCHS + 1
     assert {e["noise_multiplier"] for e in ledger["epochs"]} == {1.0}
     # epsilon recomputed from the charged steps alone (PLD: the ledger's own accountant; RDP:
-    # dp-accounting directly)
+    # dp-accounting directly). Each charged epoch at its own steps: the killed epoch's charge is
+    # the steps its ledger allowed to start (its flush interval ahead), not a whole epoch.
     steps = sum(e["steps"] for e in ledger["epochs"])
     q, delta = ledger["sampling_rate"], ledger["delta"]
-    assert ledger["epsilon"] == pytest.approx(accounting.compute_epsilon(
-        accounting.plan_schedule(1.0, charged, steps // charged), q, delta), rel=1e-9)
+    records = [accounting.plan_schedule(1.0, 1, e["steps"], first_epoch=e["epoch"])[0]
+               for e in ledger["epochs"]]
+    assert ledger["epsilon"] == pytest.approx(accounting.compute_epsilon(records, q, delta),
+                                              rel=1e-9)
     rdp = dp_accounting.rdp.RdpAccountant()
     rdp.compose(dp_accounting.SelfComposedDpEvent(
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(1.0)), steps))
