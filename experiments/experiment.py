@@ -35,7 +35,12 @@ and their logs must stay secret.
 """
 from __future__ import annotations
 
-import csv
+if __name__ == "__main__":  # before the imports below load TensorFlow: its native logs read the
+    from edp_nlu import cli  # setting once, at import
+
+    cli.quiet_unless_verbose()
+
+import csv  # noqa: E402
 import json
 import math
 import os
@@ -974,7 +979,4 @@ def _run_cells(grid, wanted) -> None:
         report(grid)
 
 if __name__ == "__main__":
-    from edp_nlu import cli
-
-    cli.quiet_unless_verbose()
     cli.run(main)
