@@ -771,7 +771,7 @@ WORKER_STARTUP_SHARE = 0.5
 def worker_seconds(base: str, reference: dict) -> float:
     """Seconds of an uninterrupted run of the two-worker storm command, measured once and kept
     in the reference (`base`/reference.json) so that the storms' kills fall inside a run."""
-    if "worker_seconds" not in reference:
+    if "worker_epoch_seconds" not in reference:
         run_dir = os.path.join(base, "reference_workers")
         shutil.rmtree(run_dir, ignore_errors=True)
         started = time.time()
@@ -780,10 +780,14 @@ def worker_seconds(base: str, reference: dict) -> float:
         if done.returncode:
             raise RuntimeError("the uninterrupted two-worker run failed:\n" + done.stderr[-3000:])
         reference["worker_seconds"] = round(time.time() - started, 1)
+        epochs = (_read(os.path.join(run_dir, "metrics.json"), {}) or {}).get("epochs", [])
+        seconds = sorted(e["seconds"] for e in epochs if e.get("seconds"))
+        reference["worker_epoch_seconds"] = seconds[len(seconds) // 2] if seconds else None
         path = os.path.join(base, "reference.json")
         kept = _read(path, {}) or {}
         with open(path, "w") as f:
-            json.dump(dict(kept, worker_seconds=reference["worker_seconds"]), f)
+            json.dump(dict(kept, worker_seconds=reference["worker_seconds"],
+                           worker_epoch_seconds=reference["worker_epoch_seconds"]), f)
         shutil.rmtree(run_dir, ignore_errors=True)
     return float(reference["worker_seconds"])
 
@@ -805,13 +809,15 @@ def run_worker_storm_chain(name: str, chain: list, rng: random.Random, base: str
         resume = os.path.exists(os.path.join(run_dir, "config.json"))
         done_epochs = int((_read(os.path.join(run_dir, "state.json"), {}) or {})
                           .get("epochs_done", 0))
-        # a kill in start-up (launch, loading, tracing) one time in four, else during an epoch
-        # left: a random time after the chief's ledger marks it in progress
-        if rng.random() < 0.25:
+        # a kill in start-up (launch, loading, tracing) one time in four (and once every epoch
+        # has run: during the test metrics or the export), else during an epoch left, a random
+        # time into it after the chief's ledger marks it in progress
+        if rng.random() < 0.25 or done_epochs >= epochs:
             epoch, delay = None, round(rng.uniform(0.0, WORKER_STARTUP_SHARE * span), 2)
         else:
             epoch = rng.randint(done_epochs, epochs - 1)
-            delay = round(rng.uniform(0.0, (1 - WORKER_STARTUP_SHARE) * span / epochs), 2)
+            per_epoch = reference.get("worker_epoch_seconds") or span / (2 * epochs)
+            delay = round(rng.uniform(0.0, float(per_epoch)), 2)
         done = worker_job_killed(run_dir, epochs, resume, delay, epoch)
         last = (done.stderr.strip().splitlines() or [""])[-1]
         if done.returncode not in (-signal.SIGKILL, 128 + signal.SIGKILL):
