@@ -156,10 +156,16 @@ def _worker(config, run_dir: str) -> None:
     elif config.replicas != strategy.num_replicas_in_sync:
         with config.unlocked():
             config.replicas = strategy.num_replicas_in_sync
-    summary = training.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
-                             export=index == 0)
+    try:
+        summary = training.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
+                                 export=index == 0)
+    except training.BudgetSpentError as spent:  # before any step: one line and the way out
+        print(f"error: {spent}", file=sys.stderr, flush=True)
+        sys.exit(training.BUDGET_EXIT)
     if index == 0:
         print(training.summary_line(summary), flush=True)
+    if summary.get("stopped"):  # every worker stops at the same epoch: the launcher says so
+        sys.exit(training.BUDGET_EXIT)
 
 
 if __name__ == "__main__":

@@ -267,7 +267,7 @@ def _run_fields(c: ml_collections.ConfigDict) -> None:
     # A checkpoint inside an epoch every this many seconds (0: at epochs' ends only): a kill
     # loses at most that much training, charged by the ledger and trained again on resume
     # (edp_nlu/pipeline/checkpoints.py); a SIGTERM or Ctrl-C also takes one where it stops.
-    # Multi-worker runs keep epochs' ends only.
+    # Multi-worker runs take one every quarter epoch instead (> 0) or none (0).
     c.checkpoint_seconds = 60.0
     # A resume whose charged interruptions leave the epochs left to fit the target only at a z0
     # above this multiple of the run's first z0 refuses (their updates would be mostly noise),

@@ -69,12 +69,15 @@ class EpochEnd(keras.callbacks.Callback):
     `checkpoint_seconds` (0: none) and one where a signal cut the epoch short (`GracefulStop`),
     each at a step count that is a multiple of `step_multiple` (BandMF's b: the rest of the
     epoch is then whole cycles of the groups, charged exactly by the accountant; 0: none inside
-    an epoch), so that a resume repeats at most the steps since the last one."""
+    an epoch), so that a resume repeats at most the steps since the last one. Workers of a
+    multi-worker run write their checkpoints together (reading a variable may be a collective),
+    so they take them every `every_steps` steps instead, and none where a signal stops them
+    (`on_signal`), each worker at its own step."""
 
     def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
                  diagnostics: bool = False, graceful: "GracefulStop | None" = None,
                  phases: "timing.Phases | None" = None, checkpoint_seconds: float = 0.0,
-                 step_multiple: int = 1):
+                 step_multiple: int = 1, every_steps: int = 0, on_signal: bool = True):
         super().__init__()
         self.phases = phases or timing.Phases()
         self.graceful = graceful
@@ -84,6 +87,7 @@ class EpochEnd(keras.callbacks.Callback):
         self.checkpoint, self.state, self.private = checkpoint, state, private
         self.checkpoint_seconds = float(checkpoint_seconds)
         self.step_multiple = int(step_multiple)
+        self.every_steps, self.on_signal = int(every_steps), bool(on_signal)
         self.continued: tuple = (None, 0)  # (epoch, steps done before this fit) of a resume
         self._start = self._saved = time.time()
         self._epoch, self._offset = 0, 0
@@ -98,16 +102,20 @@ class EpochEnd(keras.callbacks.Callback):
         self._offset = self.continued[1] if self.continued[0] == epoch else 0
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.checkpoint_seconds <= 0 or time.time() - self._saved < self.checkpoint_seconds:
-            return
         steps = int(batch) + 1
-        if steps < (self.params or {}).get("steps", 0):  # the epoch's end commits the last
-            self._save_inside(self._epoch, self._offset + steps)
+        if steps >= (self.params or {}).get("steps", 0):  # the epoch's end commits the last
+            return
+        done = self._offset + steps
+        timed = (self.checkpoint_seconds > 0
+                 and time.time() - self._saved >= self.checkpoint_seconds)
+        if timed or (self.every_steps and done % self.every_steps == 0):
+            self._save_inside(self._epoch, done)
 
     def on_epoch_end(self, epoch, logs=None):
         if self.graceful is not None and self.graceful.epoch_cut_short():
             # its steps are charged; the resumed run trains the rest of the epoch again
-            self._save_inside(epoch, self._offset + self.graceful.steps_done)
+            if self.on_signal:
+                self._save_inside(epoch, self._offset + self.graceful.steps_done)
             return
         seconds = time.time() - self._start
         # the checkpoint first: a kill during the dev evaluation loses no step (the resume

@@ -45,6 +45,8 @@ def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.Con
 # "auto" values a run resolves from its data (recipes.py): a config file's auto value is no
 # request to change the resolved one
 _AUTO = (0, 0.0, "", -1, -1.0)
+# the exit code of a run the privacy budget stopped before its last epoch, or refused to resume
+BUDGET_EXIT = 3
 # what a resume may change: the epochs (more extend a run, fewer finish it with what is trained)
 # and a raised budget (the ledger keeps charging every step: the way out of a spent budget)
 EXTENDABLE = ("epochs", "target_epsilon")

@@ -41,8 +41,7 @@ from edp_tf import ledger as ledger_lib
 from edp_tf.ledger import PrivacyLedger
 
 _log = logging.getLogger(__name__)
-# the exit code of a run the privacy budget stopped before its last epoch, or refused to resume
-BUDGET_EXIT = 3
+BUDGET_EXIT = run_files.BUDGET_EXIT
 _WARM_START_OUTSIDE = ("the starting weights came from a run that used this run's training data "
                        "outside its epsilon (privacy.json's not_covered names it)")
 
@@ -121,8 +120,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     epoch_end = callbacks_lib.EpochEnd(
         run_dir, model, data.preprocessor, data.splits.dev, data.dev_x, checkpoint, state,
         trainer if private else None, bool(config.diagnostics), callbacks_lib.GracefulStop(),
-        phases, float(config.checkpoint_seconds),
-        _inside_epoch_multiple(config, strategy, private))
+        phases, *_inside_epoch_checkpoints(config, strategy, private, steps))
     initial_epoch = int(state.get("epochs_done", 0))
     budget_refused = _train_epochs(config, run_dir, resume, state, trainer, ds, steps, ledger,
                                    epoch_end, (timing.StepTimes(phases), *callbacks))
@@ -253,13 +251,17 @@ def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps
     return False
 
 
-def _inside_epoch_multiple(config, strategy, private: bool) -> int:
-    """The step counts at which a checkpoint may be taken inside an epoch: multiples of BandMF's
-    b (1 otherwise); 0 (none) in a multi-worker run, whose workers resume from the chief's
-    epoch checkpoints."""
-    if edp_tf.multi_worker.is_multi_worker(strategy):
-        return 0
-    return int(config.bandmf_bands) if private else 1
+def _inside_epoch_checkpoints(config, strategy, private: bool, steps: int) -> tuple:
+    """EpochEnd's (checkpoint_seconds, step_multiple, every_steps, on_signal): checkpoints
+    inside an epoch at multiples of BandMF's b (1 otherwise). A multi-worker run's workers must
+    write theirs at the same steps, so they take one every quarter epoch (rounded up to that
+    multiple), none by time or where a signal stops them."""
+    multiple = int(config.bandmf_bands) if private else 1
+    if not edp_tf.multi_worker.is_multi_worker(strategy):
+        return float(config.checkpoint_seconds), multiple, 0, True
+    quarter = -(-steps // 4)
+    every = -(-quarter // multiple) * multiple if config.checkpoint_seconds > 0 else 0
+    return 0.0, multiple, every, False
 
 
 def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Sequence
 
+from edp_nlu.pipeline.run_files import BUDGET_EXIT
 from edp_tf import multi_worker
 
 # What a resumed worker needs from the chief's directory (it restores from its own copy).
@@ -136,6 +137,11 @@ def launch(argv: Sequence[str], workers: int, run_dir: str, resume: bool) -> int
                 _stop(procs)
                 where = ("" if index == 0 else
                          f" (its log: {os.path.join(worker_dir(run_dir, index), 'worker.log')})")
+                if code == BUDGET_EXIT:  # every worker reads the same ledger: the same answer
+                    print(f"error: the privacy budget stopped the run (worker {index}{where} "
+                          "says why, in one line, with the way out)", file=sys.stderr,
+                          flush=True)
+                    return BUDGET_EXIT
                 print(f"error: worker {index} of {workers} {_describe(code)}{where}; the other "
                       f"workers were stopped. Continue from the last checkpoint with --resume "
                       f"--workers={workers} --run_dir={run_dir}", file=sys.stderr, flush=True)
