@@ -155,7 +155,7 @@ FILTERS = {"lowpass": (lambda inner: LowPassFilter(inner, **SECOND_ORDER),
 
 
 def test_under_private_model_sees_the_release_and_keeps_the_ledger(strategy, tmp_path):
-    """4 replicas, a zero-gradient loss: every released update is the summed noise alone, the
+    """Several replicas, a zero-gradient loss: every released update is the summed noise alone, the
     same sequence for a fixed noise seed. A filtered run must step by the filter of the plain
     run's updates: a filter fed one replica's share, or the un-noised sum (zero), or applied
     before the all-reduce, would not. The ledger is the plain run's, field by field."""

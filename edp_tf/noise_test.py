@@ -26,8 +26,8 @@ def one_step_update(strategy, cfg, batch, width=1250, model=None):
 
 
 # 5 * 1250 = 6250 weights: the sample std has relative standard error 1/sqrt(2 * 6250) = 0.9%, so a
-# 5% tolerance is > 5 standard errors, while identical noise on the 4 replicas would be off by
-# sqrt(4) = 2x (and correlated noise by a large fraction of that).
+# 5% tolerance is > 5 standard errors, while identical noise on the replicas would be off by
+# sqrt(N) (41% on 2; correlated noise by a large fraction of that).
 STD_RTOL = 0.05
 
 

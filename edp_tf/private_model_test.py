@@ -127,8 +127,8 @@ def test_indivisible_batch_is_a_clear_error(strategy):
     with strategy.scope():
         private = PrivateModel(small_model(), DPConfig())
         private.compile(optimizer="sgd", loss=mse)
-    with pytest.raises(ValueError, match="divisible"):
-        private.fit(x, y, batch_size=10, verbose=0)
+    with pytest.raises(ValueError, match="divisible"):  # odd: indivisible by any replicas
+        private.fit(x, y, batch_size=9, verbose=0)
 
 
 def test_compile_errors():
