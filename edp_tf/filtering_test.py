@@ -1,6 +1,6 @@
 """Noise filters: the recursion against NumPy, a constant update passing, the identity settings
 against the plain optimizer, the variance of filtered i.i.d. noise against the filter's gain, and
-under PrivateModel on 4 logical CPU replicas (conftest.py) that they see exactly the released
+under PrivateModel on 2 logical CPU replicas (edp_tf/conftest.py) that they see exactly the released
 update and leave the ledger as it is; checkpoints, serialisation and errors."""
 import keras
 import numpy as np

@@ -1,4 +1,4 @@
-"""PrivateModel's step on 4 logical CPU devices (conftest.py): ordinary training when nothing is
+"""PrivateModel's step on 2 logical CPU replicas (edp_tf/conftest.py): ordinary training when nothing is
 clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
 import math
 
