@@ -1,5 +1,5 @@
-"""PrivateModel's step on 2 logical CPU replicas (edp_tf/conftest.py): ordinary training when nothing is
-clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
+"""PrivateModel's step on 2 logical CPU replicas (edp_tf/conftest.py): ordinary training when
+nothing is clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
 import math
 
 import keras
