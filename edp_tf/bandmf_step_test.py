@@ -1,4 +1,4 @@
-"""BandMF in the private step: the correlated noise on 1 and 4 replicas, its state kept out of
+"""BandMF in the private step: the correlated noise on 1 and 2 replicas, its state kept out of
 checkpoints, and the run's sampler, plan and ledger (conftest.py: 4 logical CPU devices)."""
 import math
 
@@ -50,15 +50,15 @@ def noise_sequence(strategy, config, steps):
     return -(seen[1:] - seen[:-1]) * private.mechanism.expected_microbatches, private
 
 
-@pytest.mark.parametrize("replicas", [1, 4])
+@pytest.mark.parametrize("replicas", [1, 2])
 def test_noise_follows_the_banded_recurrence_with_fresh_draws(strategy, replicas):
     """C y must give back z: every step's z_t of std z S C and uncorrelated with z_{t-1}.
     Noise without the history (y_t = z_t / c_0) or with one draw per replica would fail:
     6,250 entries per step give the std to a relative standard error of 0.9%, so 5% is over
     5 of them, while y_t = z_t / c_0 alone makes the reconstructed z_t off by the
-    c_k y_{t-k} terms (std about 0.5 of z's), and 4 independent draws double the std."""
+    c_k y_{t-k} terms (std about 0.5 of z's), and 2 independent draws raise the std 41%."""
     bands, steps, z, clip = 3, 6, 1.3, 0.7
-    used = strategy if replicas == 4 else make_strategy(1)
+    used = strategy if replicas == 2 else make_strategy(1)
     config = DPConfig(l2_norm_clip=clip, noise_multiplier=z, microbatch_size=1,
                       expected_batch_size=float(BATCH), bandmf_bands=bands)
     y, private = noise_sequence(used, config, steps)

@@ -1,6 +1,6 @@
 """Noise filters: the recursion against NumPy, a constant update passing, the identity settings
 against the plain optimizer, the variance of filtered i.i.d. noise against the filter's gain, and
-under PrivateModel on 4 logical CPU replicas (conftest.py) that they see exactly the released
+under PrivateModel on 2 logical CPU replicas (edp_tf/conftest.py) that they see exactly the released
 update and leave the ledger as it is; checkpoints, serialisation and errors."""
 import keras
 import numpy as np
@@ -155,7 +155,7 @@ FILTERS = {"lowpass": (lambda inner: LowPassFilter(inner, **SECOND_ORDER),
 
 
 def test_under_private_model_sees_the_release_and_keeps_the_ledger(strategy, tmp_path):
-    """4 replicas, a zero-gradient loss: every released update is the summed noise alone, the
+    """Several replicas, a zero-gradient loss: every released update is the summed noise alone, the
     same sequence for a fixed noise seed. A filtered run must step by the filter of the plain
     run's updates: a filter fed one replica's share, or the un-noised sum (zero), or applied
     before the all-reduce, would not. The ledger is the plain run's, field by field."""

@@ -1,5 +1,5 @@
 """`PrivateModel.freeze_until`: the first epochs train only the unfrozen variables (DP linear
-probing, then fine-tuning), on 4 logical CPU devices (conftest.py)."""
+probing, then fine-tuning), on 2 logical CPU replicas (edp_tf/conftest.py)."""
 import keras
 import numpy as np
 import pytest

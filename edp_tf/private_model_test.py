@@ -1,5 +1,5 @@
-"""PrivateModel's step on 4 logical CPU devices (conftest.py): ordinary training when nothing is
-clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
+"""PrivateModel's step on 2 logical CPU replicas (edp_tf/conftest.py): ordinary training when
+nothing is clipped or noised, non-finite micro-batches, the decay, chunks, and its errors."""
 import math
 
 import keras
@@ -127,8 +127,8 @@ def test_indivisible_batch_is_a_clear_error(strategy):
     with strategy.scope():
         private = PrivateModel(small_model(), DPConfig())
         private.compile(optimizer="sgd", loss=mse)
-    with pytest.raises(ValueError, match="divisible"):
-        private.fit(x, y, batch_size=10, verbose=0)
+    with pytest.raises(ValueError, match="divisible"):  # odd: indivisible by any replicas
+        private.fit(x, y, batch_size=9, verbose=0)
 
 
 def test_compile_errors():

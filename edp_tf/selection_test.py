@@ -169,7 +169,9 @@ def test_unselected_rows_stay_exactly_unchanged(strategy, microbatch_size, metho
     """The threshold is 6 count-noise stds (z_c S C1 = 0.125 or 0.25): an untouched row passes
     with probability 1e-9. Rows 0..9 are touched by most micro-batches: counts of 3 (eDP: 4 replica
     batches touching all 10 rows, f = C1 / sqrt(10)) to 15 (per example), against a threshold of
-    0.75 (S = 1) or 1.5 (S = 2)."""
+    0.75 (S = 1) or 1.5 (S = 2). eDP's counts are those of 4 replicas: its case runs on 4."""
+    if microbatch_size is None:
+        strategy = edp_tf.make_strategy(4)
     before, after, history, private = _fit(strategy, microbatch_size, method,
                                            threshold=6.0,
                                            physical=physical)
