@@ -190,7 +190,10 @@ def _train_epochs(config, run_dir: str, resume: bool, state: dict, trainer, ds, 
     returns whether the budget refused one. A signal's graceful stop raises StoppedBySignal
     with the way to continue."""
     initial_epoch = int(state.get("epochs_done", 0))
-    if resume and epoch_end.missing_dev_record(initial_epoch):  # killed after its checkpoint
+    # killed between an epoch's checkpoint and its dev metrics: the weights restored are that
+    # epoch's (not so from a checkpoint inside the next epoch)
+    if (resume and not state.get("steps_done")
+            and epoch_end.missing_dev_record(initial_epoch)):
         epoch_end.record_dev(initial_epoch - 1, None)
     if initial_epoch >= config.epochs:
         return False
