@@ -690,13 +690,41 @@ class PrivacyLedger(keras.callbacks.Callback):
         self._refresh_epsilon()
 
     def _refresh_epsilon(self) -> None:
-        led = self._ledger
-        est = accounting.compute_epsilons(self.records, led["sampling_rate"], led["delta"],
-                                          led["extra_events"])
-        led["epsilon"], led["epsilon_rdp"], led["epsilon_pld"] = (
-            est.epsilon, est.epsilon_rdp, est.epsilon_pld)
-        # beside the run's delta (default 0.1/n): the same run at delta = 1/n and 1e-6
-        led["epsilon_at_other_deltas"] = accounting.epsilons_at_reported_deltas(
-            self.records, led["sampling_rate"], led["dataset_size"], led["extra_events"])
-        if math.isinf(est.epsilon):
-            led["private"] = False
+        _refresh_epsilon(self._ledger)
+
+
+def _refresh_epsilon(led: dict) -> None:
+    """The ledger's epsilon fields, from its charged epochs and extra events."""
+    records = tuple(EpochRecord.from_dict(e) for e in led["epochs"])
+    est = accounting.compute_epsilons(records, led["sampling_rate"], led["delta"],
+                                      led["extra_events"])
+    led["epsilon"], led["epsilon_rdp"], led["epsilon_pld"] = (
+        est.epsilon, est.epsilon_rdp, est.epsilon_pld)
+    # beside the run's delta (default 0.1/n): the same run at delta = 1/n and 1e-6
+    led["epsilon_at_other_deltas"] = accounting.epsilons_at_reported_deltas(
+        records, led["sampling_rate"], led["dataset_size"], led["extra_events"])
+    if math.isinf(est.epsilon):
+        led["private"] = False
+
+
+def settle_interrupted(run_dir: str) -> Optional[dict]:
+    """Charges the epoch an interrupted fit left in `run_dir`'s privacy.json (`in_progress`,
+    its steps: the most that can have run) into its epochs and epsilon, and rewrites it; returns
+    the ledger (None without one). A resumed fit does this when it begins; a run resumed only to
+    finish with what it has trained starts no fit, and its statement must still count them."""
+    path = os.path.join(run_dir, FILENAME)
+    if not os.path.exists(path):
+        return None
+    led = read_ledger(path)
+    interrupted = led.get("in_progress")
+    if interrupted:
+        if interrupted.get("steps") is None:
+            raise ValueError(f"{path}: epoch {interrupted['epoch']} was interrupted and its step "
+                             "count was unknown: its cost cannot be bounded")
+        led["epochs"] = list(led["epochs"]) + [EpochRecord.from_dict(interrupted).to_dict()]
+        led["in_progress"] = None
+        _refresh_epsilon(led)
+        write_json_atomically(path, led, durable=True)
+        logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the most "
+                        "that can have run", interrupted["epoch"], interrupted["steps"])
+    return led

@@ -3,6 +3,8 @@ target epsilon, a spent budget is refused before training in one line with the w
 budget stop is never silent (summary line, state.json, exit code)."""
 import json
 import math
+import pathlib
+import shutil
 
 import keras
 import pytest
@@ -177,6 +179,7 @@ def test_a_run_crashed_inside_an_epoch_resumes_after_its_last_checkpoint(tmp_pat
     assert (state["epochs_done"], state["steps_done"]) == (1, 4) and steps > 4
     assert [(e["epoch"], e["steps"]) for e in read(run, "privacy.json")["epochs"]] == [
         (0, steps), (1, 4)]  # an exception in the process: exactly the steps that started
+    _a_run_finished_from_what_it_trained_counts_the_interrupted_steps(run, tmp_path, config)
     summary = training.train(config, run, resume=True, strategy=strategy(1), export=False)
     charged = [(e["epoch"], e["steps"]) for e in read(run, "privacy.json")["epochs"]]
     assert charged == [(0, steps), (1, 4), (1, steps - 4), (2, steps)]
@@ -200,3 +203,31 @@ def test_the_fault_suite_accepts_an_epoch_finished_from_a_checkpoint_inside_it()
                                                        reference)  # the first 6 steps missing
     assert "z 0.8" in faults.kept_differences([rec(0, 10, 1.0), rec(1, 10, 0.8)], reference)
     assert "differ" in faults.kept_differences([rec(0, 10, 1.0)], reference)
+
+
+def _a_run_finished_from_what_it_trained_counts_the_interrupted_steps(run, tmp_path, config):
+    """The same run as a SIGKILL would leave it (epoch 1's steps only in `in_progress`), resumed
+    with --epochs=1 to finish from its checkpoint inside epoch 1: no fit runs, and still its
+    ledger and statement charge those steps (they are in the weights it exports)."""
+    killed = str(tmp_path / "killed")
+    shutil.copytree(run, killed)
+    content = json.loads(pathlib.Path(killed, "privacy.json").read_text())
+    content["in_progress"] = content["epochs"].pop()
+    before, events = ledger.charged(dict(content, in_progress=None))  # epoch 0 alone
+    content["epsilon"] = accounting.compute_epsilon(before, content["sampling_rate"],
+                                                    content["delta"], events)
+    pathlib.Path(killed, "privacy.json").write_text(json.dumps(content))
+    summary = training.train(_with_epochs(config, 1), killed, resume=True,
+                             strategy=strategy(1), export=False)
+    after = read(killed, "privacy.json")
+    assert after["in_progress"] is None and [e["steps"] for e in after["epochs"]][-1] == 4
+    records, events = ledger.charged(after)
+    assert summary["epsilon"] == pytest.approx(
+        accounting.compute_epsilon(records, after["sampling_rate"], after["delta"], events))
+    assert summary["epsilon"] > content["epsilon"]
+
+
+def _with_epochs(config, epochs):
+    changed = config.copy_and_resolve_references()
+    changed.epochs = epochs
+    return changed

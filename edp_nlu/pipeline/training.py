@@ -124,6 +124,8 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     initial_epoch = int(state.get("epochs_done", 0))
     budget_refused = _train_epochs(config, run_dir, resume, state, trainer, ds, steps, ledger,
                                    epoch_end, (timing.StepTimes(phases), *callbacks))
+    if private:  # a resume with no epoch left starts no fit: an interrupted charge is its own
+        ledger_lib.settle_interrupted(run_dir)
     record, test, attack = _evaluate_and_export(run_dir, config, data, model, trainer,
                                                 epoch_end.predict_step, phases, export)
     done = int(state.get("epochs_done", initial_epoch))
