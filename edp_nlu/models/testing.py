@@ -69,3 +69,11 @@ def rerun_without_onednn(test_file: str, test_id: str) -> None:
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout, result.stdout[-2000:]
+
+
+def encoded(preprocessor_class, **sizes) -> tuple:
+    """(preprocessor fitted on the tiny utterances with `sizes`, x, y): the models' tests'
+    shared data."""
+    pre = preprocessor_class.from_training_data(TOKENS, TAGS, INTENTS, **sizes)
+    x, y, _ = pre.encode(TOKENS, TAGS, INTENTS)
+    return pre, x, y

@@ -10,11 +10,7 @@ from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 
 @pytest.fixture(scope="module")
 def data():
-    pre = BertPreprocessor.from_training_data(
-        testing.TOKENS, testing.TAGS, testing.INTENTS, vocabulary_size=80, sequence_length=12
-    )
-    x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
-    return pre, x, y
+    return testing.encoded(BertPreprocessor, vocabulary_size=80, sequence_length=12)
 
 
 def test_trains_and_reduces_loss(data):

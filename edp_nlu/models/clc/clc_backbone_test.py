@@ -13,11 +13,7 @@ from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 
 @pytest.fixture(scope="module")
 def data():
-    pre = CLCPreprocessor.from_training_data(
-        testing.TOKENS, testing.TAGS, testing.INTENTS, max_words=6, max_word_length=5
-    )
-    x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
-    return pre, x, y
+    return testing.encoded(CLCPreprocessor, max_words=6, max_word_length=5)
 
 
 @pytest.mark.parametrize("unroll", [True, False])

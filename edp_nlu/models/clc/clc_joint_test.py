@@ -11,11 +11,7 @@ from edp_nlu.models.clc.word_vectors import WordVectors
 
 @pytest.fixture(scope="module")
 def data():
-    pre = CLCPreprocessor.from_training_data(
-        testing.TOKENS, testing.TAGS, testing.INTENTS, max_words=6, max_word_length=5
-    )
-    x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
-    return pre, x, y
+    return testing.encoded(CLCPreprocessor, max_words=6, max_word_length=5)
 
 
 def test_outputs_and_parameter_count(data):
