@@ -661,18 +661,7 @@ class PrivacyLedger(keras.callbacks.Callback):
     def _continue_from(self, epoch: int) -> None:
         """Charges an interrupted epoch, refuses gaps, records where this fit starts."""
         led = self._ledger
-        interrupted = led.get("in_progress")
-        if interrupted:
-            if interrupted.get("steps") is None:
-                raise ValueError(
-                    f"{self.path or 'the ledger'}: epoch {interrupted['epoch']} was interrupted "
-                    "and its step "
-                    "count was unknown (a dataset of unknown length): its cost cannot be bounded")
-            led["epochs"] = list(led["epochs"]) + [
-                EpochRecord.from_dict(interrupted).to_dict()]
-            led["in_progress"] = None
-            logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the "
-                            "most that can have run", interrupted["epoch"], interrupted["steps"])
+        _charge_interrupted(led, self.path or "the ledger")
         done = [e["epoch"] for e in led["epochs"]]
         following = max(done) + 1 if done else 0
         if epoch > following:
@@ -716,15 +705,24 @@ def settle_interrupted(run_dir: str) -> Optional[dict]:
     if not os.path.exists(path):
         return None
     led = read_ledger(path)
-    interrupted = led.get("in_progress")
-    if interrupted:
-        if interrupted.get("steps") is None:
-            raise ValueError(f"{path}: epoch {interrupted['epoch']} was interrupted and its step "
-                             "count was unknown: its cost cannot be bounded")
-        led["epochs"] = list(led["epochs"]) + [EpochRecord.from_dict(interrupted).to_dict()]
-        led["in_progress"] = None
+    if _charge_interrupted(led, path):
         _refresh_epsilon(led)
         write_json_atomically(path, led, durable=True)
-        logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the most "
-                        "that can have run", interrupted["epoch"], interrupted["steps"])
     return led
+
+
+def _charge_interrupted(led: dict, where: str) -> bool:
+    """Moves an interrupted epoch's charge (`in_progress`: the most steps that can have run)
+    into the ledger's epochs; whether there was one."""
+    interrupted = led.get("in_progress")
+    if not interrupted:
+        return False
+    if interrupted.get("steps") is None:
+        raise ValueError(
+            f"{where}: epoch {interrupted['epoch']} was interrupted and its step count was "
+            "unknown (a dataset of unknown length): its cost cannot be bounded")
+    led["epochs"] = list(led["epochs"]) + [EpochRecord.from_dict(interrupted).to_dict()]
+    led["in_progress"] = None
+    logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the most "
+                    "that can have run", interrupted["epoch"], interrupted["steps"])
+    return True
