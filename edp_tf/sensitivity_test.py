@@ -52,14 +52,21 @@ def _loss(y_true, y_pred):
     return 0.5 * keras.ops.sum(keras.ops.square(y_pred - y_true), axis=-1)
 
 
-def _update(config, weights, x=X, y=Y):
+def _updates(config, full, neighbour, x=X, y=Y):
+    """The updates of one step on the batch weighted `full` and on its neighbour, weighted
+    `neighbour`, from w = 0 each; one model and one traced step serve both (the same step a run
+    takes, on the two datasets), and the Mechanism the step accounts."""
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     private = PrivateModel(model, config)
     private.compile(optimizer=keras.optimizers.SGD(1.0), loss=_loss)
-    private.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False,
-                verbose=0)
-    return -model.get_weights()[0].ravel(), private.mechanism
+    updates = []
+    for weights in (full, neighbour):
+        model.layers[0].kernel.assign(np.zeros((1, 1), "float32"))
+        private.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False,
+                    verbose=0)
+        updates.append(-model.get_weights()[0].ravel())
+    return updates[0], updates[1], private.mechanism
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +83,7 @@ def test_removing_one_unit_moves_the_clipped_sum_by_at_most_s_c(one_replica, kwa
     if kwargs["privacy_unit"] == "user":
         removed[1] = 0.0  # the user's whole micro-batch (rows 0 and 1)
     with one_replica.scope():
-        full, mechanism = _update(config, np.ones(ROWS, "float32"))
-        neighbour, _ = _update(config, removed)
+        full, neighbour, mechanism = _updates(config, np.ones(ROWS, "float32"), removed)
     moved = float(np.linalg.norm(full - neighbour)) * mechanism.expected_microbatches
     assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
     if kwargs["microbatch_size"] != 1 and kwargs["privacy_unit"] == "example":
@@ -112,8 +118,7 @@ def test_an_example_with_k_copies_moves_the_clipped_sum_by_at_most_c(one_replica
     removed = np.ones(2 * k, "float32")
     removed[:k] = 0.0
     with one_replica.scope():
-        full, mechanism = _update(config, np.ones(2 * k, "float32"), x, y)
-        neighbour, _ = _update(config, removed, x, y)
+        full, neighbour, mechanism = _updates(config, np.ones(2 * k, "float32"), removed, x, y)
     assert (mechanism.sensitivity, mechanism.expected_microbatches) == (1, 2.0)
     scale = mechanism.expected_microbatches
     means = [-y[:k].mean(), -y[k:].mean()]  # d/dw 0.5 (w - y)^2 at w = 0, x = 1
@@ -132,8 +137,7 @@ def test_bandmf_keeps_the_clipped_sums_sensitivity(one_replica, k):
     removed = np.ones(ROWS, "float32")
     removed[0] = 0.0
     with one_replica.scope():
-        full, mechanism = _update(config, np.ones(ROWS, "float32"))
-        neighbour, _ = _update(config, removed)
+        full, neighbour, mechanism = _updates(config, np.ones(ROWS, "float32"), removed)
     assert mechanism.bands == 2
     moved = float(np.linalg.norm(full - neighbour)) * mechanism.expected_microbatches
     assert moved <= mechanism.sensitivity * C * (1 + 1e-5), (moved, mechanism.sensitivity)
