@@ -142,7 +142,7 @@ class RunWide:
 
 
 PARTS = {"data": DataSpec, "model": ModelSpec, "optimizer": OptimizerSpec,
-          "sampling": SamplingSpec, "privacy": PrivacySpec, "run": RunWide}
+         "sampling": SamplingSpec, "privacy": PrivacySpec, "run": RunWide}
 NESTED = {"clc": ClcSpec, "bert": BertSpec}
 
 
