@@ -56,7 +56,7 @@ from ml_collections import config_flags
 
 from edp_nlu.configs import config_file
 from edp_nlu.pipeline import builders, label_selection
-from edp_nlu.pipeline.run_spec import RunSpec
+from edp_nlu.pipeline.run_spec import RunSpec, upgrade_saved_config
 from edp_tf import accounting, attacks, checks, tuning
 from edp_tf.ledger import read_ledger, write_json_atomically
 
@@ -144,11 +144,11 @@ def collect(grid, cell) -> dict:
     by_decoding = metrics.get("test_by_decoding") or {"viterbi": metrics["test"]}
     # an epoch evaluated on resume (its metrics lost to a kill) has no time of its own
     seconds = sorted(e["seconds"] for e in metrics["epochs"] if e.get("seconds") is not None)
-    c = config["config"]
+    c = upgrade_saved_config(config["config"])  # a run's config before a field: what it used
     result = {
         "name": cell.name, "label": cell.label, "model": c["model"],
         "mechanism": c["mechanism"], "family": cell.family,
-        "target_epsilon": c.get("target_epsilon", 0.0),
+        "target_epsilon": c["target_epsilon"],
         # as a reader would type it: the default run directory, whatever this grid used
         "command": " ".join(shlex.quote(a) for a in cell_command(
             grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
