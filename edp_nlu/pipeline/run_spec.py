@@ -2,7 +2,10 @@
 
     spec = RunSpec.parse(config)        # every field checked (named as --config.<field>)
     spec = spec.resolved(n)             # the automatic fields for n training units
-    builders.build_model(spec.model, ...), builders.optimizer(spec.optimizer, ...)
+    builders.build_model(spec.model, ...), builders.poisson_sampler(spec.data, spec.privacy, ...)
+
+Each builder takes only the parts it reads (the parts are defined in spec_parts.py, below the
+builders, and re-exported here).
 
 Each field of the experiment config (edp_nlu/configs/base.py) belongs to exactly one part:
 `data`, `model`, `optimizer`, `sampling`, `privacy` or `run`; the mechanism's knobs are
