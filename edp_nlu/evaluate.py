@@ -24,6 +24,7 @@ if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs re
 
     cli.quiet_unless_verbose()
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -90,7 +91,7 @@ def serve_predictions(run_dir: str, utterances, batch_size: int = 256):
 def is_private_run(run_dir: str) -> bool:
     """True for a run trained with a DP mechanism, or whose privacy.json says private: its
     training split is what epsilon protects."""
-    if run_files.load_run_config(run_dir).mechanism != "sgd":
+    if run_files.load_run_spec(run_dir).privacy.private:
         return True
     path = os.path.join(run_dir, "privacy.json")
     return os.path.isfile(path) and run_files.read_json(path, {}).get("private") is True
@@ -125,40 +126,39 @@ def per_class_output(run_dir: str, output: Optional[str], compare_to: Optional[s
     return path
 
 
-def _config_and_split(run_dir: str, data_dir: Optional[str], split: str):
-    config = run_files.load_run_config(run_dir)
+def _data_and_split(run_dir: str, data_dir: Optional[str], split: str) -> tuple:
+    """(the run's data part, `data_dir` in its place when given; the utterances of `split`)."""
+    data = run_files.load_run_spec(run_dir).data
     if data_dir is not None:
-        with config.unlocked():
-            config.data_dir = data_dir
-    utterances = getattr(builders.load_splits(config), split)
+        data = dataclasses.replace(data, data_dir=data_dir)
+    utterances = getattr(builders.load_splits(data), split)
     if not utterances:
         raise ValueError(f"the {split} split of the data is empty")
-    return config, utterances
+    return data, utterances
 
 
 def evaluate_run(run_dir: str, data_dir: Optional[str] = None, split: str = "test",
                  batch_size: int = 256) -> dict:
     check_split(run_dir, split)
-    config, utterances = _config_and_split(run_dir, data_dir, split)
+    data, utterances = _data_and_split(run_dir, data_dir, split)
     intents, tags = serve_predictions(run_dir, utterances, batch_size)
     result = metrics_lib.evaluate_utterances(utterances, intents, tags)
-    result.update({"run_dir": run_dir, "split": split, "data": config.data_dir or "synthetic"})
+    result.update({"run_dir": run_dir, "split": split, "data": data.data_dir or "synthetic"})
     return result
 
 
 # what decides a run's corpus: two runs compared per class must agree on all of them
 _DATA_FIELDS = ("data_dir", "data_seed", "synthetic_size", "synthetic_canaries",
                 "synthetic_canary_repeats", "train_fraction")
-_DATA_FIELD_UNSET = {"train_fraction": 1.0}  # what a config written before the field meant
 
 
 def run_label(run_dir: str) -> str:
     """"<model> <mechanism>[, eps E]" from the run's config and, if private, its ledger (read
     only): the name a per-class table gives the run."""
-    config = run_files.load_run_config(run_dir)
-    label = f"{config.model} {config.mechanism}"
+    spec = run_files.load_run_spec(run_dir)
+    label = f"{spec.model.model} {spec.privacy.mechanism}"
     path = os.path.join(run_dir, "privacy.json")
-    if config.mechanism != "sgd" and os.path.isfile(path):
+    if spec.privacy.private and os.path.isfile(path):
         with open(path) as f:
             epsilon = json.load(f).get("epsilon")
         if isinstance(epsilon, (int, float)):
@@ -177,18 +177,17 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     check_split(run_dir, split)
     if compare_to is not None:
         check_split(compare_to, split)
-    config = run_files.load_run_config(run_dir)
-    if compare_to is not None:
-        other = run_files.load_run_config(compare_to)
-        differ = [f for f in _DATA_FIELDS if config.get(f, _DATA_FIELD_UNSET.get(f))
-                  != other.get(f, _DATA_FIELD_UNSET.get(f))]
+    data = run_files.load_run_spec(run_dir).data
+    if compare_to is not None:  # config.json of a run before a field: upgrade_saved_config's
+        other = run_files.load_run_spec(compare_to).data
+        differ = [f for f in _DATA_FIELDS if getattr(data, f) != getattr(other, f)]
         if differ:
             raise ValueError(f"{compare_to} was trained on other data than {run_dir} "
                              f"(differing: {', '.join(differ)}): per-class gaps need the same "
                              "training split")
-    train = builders.load_splits(config).train
+    train = builders.load_splits(data).train
     counts = per_class.training_counts([u.intent for u in train], [u.tags for u in train])
-    _, utterances = _config_and_split(run_dir, data_dir, split)
+    _, utterances = _data_and_split(run_dir, data_dir, split)
     ref_intents = [u.intent for u in utterances]
     ref_tags = [u.tags for u in utterances]
 
@@ -200,8 +199,8 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
     result = {
         "diagnostic": per_class.DIAGNOSTIC,
         "run_dir": run_dir, "run": run_label(run_dir), "split": split,
-        "data": (data_dir or config.data_dir) or "synthetic",
-        "training_data": config.data_dir or "synthetic",
+        "data": (data_dir or data.data_dir) or "synthetic",
+        "training_data": data.data_dir or "synthetic",
         "training_utterances": len(train),
         "buckets": [label for label, _, _ in per_class.BUCKETS],
         "score": "intent: accuracy (correct / test support); slot type: span F1, exact type "
@@ -342,20 +341,21 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     import tensorflow as tf
 
     check_split(run_dir, split)
-    config = run_files.load_run_config(run_dir)
-    if config.ema_fraction > 0:  # its checkpoint holds the raw weights, not these
+    spec = run_files.load_run_spec(run_dir)
+    if spec.optimizer.ema_fraction > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
                          "its checkpoint does not hold: score its export instead")
     checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
         raise ValueError(f"{run_dir} has no intact committed checkpoint in checkpoints/")
-    utterances = getattr(builders.load_splits(config), split)
+    utterances = getattr(builders.load_splits(spec.data), split)
     if not utterances:
         raise ValueError(f"the {split} split of {run_dir}'s data is empty")
-    preprocessor = warm_start.run_preprocessor(run_dir, config)
+    preprocessor = warm_start.run_preprocessor(run_dir, spec.model)
     widths = [shape[1] for name, shape in tf.train.list_variables(checkpoint)
               if "word_embedding/_embeddings" in name and "optimizer" not in name]
-    model = warm_start.trained_model(config, preprocessor, checkpoint, widths[0] if widths else 0)
+    model = warm_start.trained_model(spec.model, preprocessor, checkpoint,
+                                     widths[0] if widths else 0)
     x = builders.encode(preprocessor, utterances, split).x
     return predictions.scores_by_decoding(model, preprocessor, utterances, x)
 

@@ -55,7 +55,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from edp_nlu.configs import config_file
-from edp_nlu.pipeline import builders, label_selection, recipes
+from edp_nlu.pipeline import builders, label_selection
+from edp_nlu.pipeline.run_spec import RunSpec, upgrade_saved_config
 from edp_tf import accounting, attacks, checks, tuning
 from edp_tf.ledger import read_ledger, write_json_atomically
 
@@ -143,11 +144,11 @@ def collect(grid, cell) -> dict:
     by_decoding = metrics.get("test_by_decoding") or {"viterbi": metrics["test"]}
     # an epoch evaluated on resume (its metrics lost to a kill) has no time of its own
     seconds = sorted(e["seconds"] for e in metrics["epochs"] if e.get("seconds") is not None)
-    c = config["config"]
+    c = upgrade_saved_config(config["config"])  # a run's config before a field: what it used
     result = {
         "name": cell.name, "label": cell.label, "model": c["model"],
         "mechanism": c["mechanism"], "family": cell.family,
-        "target_epsilon": c.get("target_epsilon", 0.0),
+        "target_epsilon": c["target_epsilon"],
         # as a reader would type it: the default run directory, whatever this grid used
         "command": " ".join(shlex.quote(a) for a in cell_command(
             grid, cell, runs_dir=f"runs/experiments/{grid.dataset}")),
@@ -545,33 +546,33 @@ def planned_run(config) -> dict:
 
     Returns {"records", "sampling_rate", "extra_events", "delta", "dataset_size"}; ValueError
     for a candidate that would not be private (plain training, shuffled batches, a fixed seed)."""
-    builders.check_config(config)
-
-    if label_selection.selects_privately(config):
+    spec = RunSpec.parse(config)
+    if label_selection.selects_privately(spec.data, spec.privacy.private):
         raise ValueError(
             "a candidate would select its label sets from the training split with DP, and the "
             "selection's threshold spends a delta the tuning accountant (RDP) cannot compose: "
             "give the candidates a label schema (--config.label_schema, or schema.json in the "
             "data directory)")
-    if config.mechanism == "sgd" or config.sampling != "poisson" or int(config.seed) >= 0:
+    if not spec.privacy.private or spec.sampling.sampling != "poisson" or spec.run.seed >= 0:
         raise ValueError("a candidate must be private: a DP mechanism, Poisson sampling and no "
                          f"fixed seed (got mechanism={config.mechanism}, sampling="
                          f"{config.sampling}, seed={config.seed})")
     key = (config.data_dir, config.data_seed, config.synthetic_size, config.synthetic_canaries,
            config.synthetic_canary_repeats)
     if key not in _SPLITS:
-        _SPLITS[key] = builders.load_splits(config)
+        _SPLITS[key] = builders.load_splits(spec.data)
     if not _SPLITS[key].dev:
         raise ValueError("the selection scores candidates on the dev split, and this corpus has "
                          "none")
-    n, users = builders.privacy_units(config, _SPLITS[key].train)
-    c = recipes.resolve(config, n)
-    delta = c.delta or accounting.default_delta(n)
-    k, replicas, q = builders.microbatch_size(c), int(c.replicas), int(c.batch_size) / n
-    sampler = builders.poisson_sampler(c, n, q, k, replicas, users)
+    n, users = builders.privacy_units(spec.privacy, _SPLITS[key].train)
+    c = spec.resolved(n)
+    delta = c.privacy.delta or accounting.default_delta(n)
+    k, replicas = builders.microbatch_size(c.privacy), int(c.run.replicas)
+    q = int(c.sampling.batch_size) / n
+    sampler = builders.poisson_sampler(c.data, c.privacy, n, q, k, replicas, users)
     steps = sampler.steps_per_epoch
-    _, plan = builders.private_run(c, k, sampler.expected_batch_size, None, replicas, sampler, q,
-                                   n, delta, steps)
+    _, plan = builders.private_run(c.sampling, c.privacy, k, sampler.expected_batch_size, None,
+                                   replicas, sampler, q, n, delta, steps)
     return {"records": plan.schedule(), "sampling_rate": q,
             "extra_events": tuple(plan.extra_events), "delta": delta, "dataset_size": n}
 

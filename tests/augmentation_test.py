@@ -10,6 +10,7 @@ import math
 import pytest
 
 from edp_nlu.pipeline import builders, training
+from edp_nlu.pipeline.run_spec import RunSpec
 from tests.tiny_runs import corpus, read, strategy, tiny_config
 
 
@@ -46,9 +47,11 @@ def test_a_tiny_run_with_two_copies_is_charged_as_one_copy(tmp_path):
     n = ledger["dataset_size"]
     assert n == len(corpus(one).train)  # examples, not rows
     q = one.batch_size / n
-    sampler = builders.poisson_sampler(one, n, q, 1, 1)
+    spec = RunSpec.parse(one)
+    sampler = builders.poisson_sampler(spec.data, spec.privacy, n, q, 1, 1)
     steps = sampler.steps_per_epoch
-    _, plan = builders.private_run(one, 1, sampler.expected_batch_size, None, 1, sampler, q, n,
+    _, plan = builders.private_run(spec.sampling, spec.privacy, 1, sampler.expected_batch_size,
+                                   None, 1, sampler, q, n,
                                    ledger["delta"], steps)
     assert ledger["sampling_rate"] == pytest.approx(q)
     assert [e["steps"] for e in ledger["epochs"]] == [steps] * one.epochs

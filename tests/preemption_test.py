@@ -10,6 +10,7 @@ import keras
 import pytest
 
 from edp_nlu.pipeline import training
+from edp_nlu.pipeline.run_spec import RunSpec
 from edp_tf import DPConfig, Mechanism, PrivacyPlan, accounting, ledger
 from tests.tiny_runs import read, strategy, tiny_config
 from tools import faults
@@ -31,7 +32,7 @@ def _write_ledger(run_dir, plan, epochs, in_progress=None):
 
 def test_a_resume_after_charged_interruptions_lands_at_the_target(tmp_path):
     dp, plan, target = _plan_and_dp()
-    config = tiny_config(target_epsilon=target, epochs=3)
+    config = RunSpec.parse(tiny_config(target_epsilon=target, epochs=3))
     # epoch 0 ran, then two kills inside epoch 1 charged 3 and 6 steps; epoch 1 reruns from 0
     interrupted = dict(plan.schedule()[1].to_dict(), steps=6)
     _write_ledger(tmp_path, plan, 1, interrupted)
@@ -55,7 +56,7 @@ def test_a_resume_after_charged_interruptions_lands_at_the_target(tmp_path):
 
 def test_a_spent_budget_is_refused_before_training_with_the_way_out(tmp_path):
     dp, plan, target = _plan_and_dp()
-    config = tiny_config(target_epsilon=target, epochs=3)
+    config = RunSpec.parse(tiny_config(target_epsilon=target, epochs=3))
     # epoch 0, then four attempts at epoch 1 each charged a whole epoch: above the target
     _write_ledger(tmp_path, plan, 3)
     content = json.loads((tmp_path / "privacy.json").read_text())
@@ -117,7 +118,7 @@ def test_a_resume_inside_an_epoch_plans_only_the_steps_left(tmp_path):
     """Killed in epoch 1 after its checkpoint at step 4 (the ledger's bound charged 6 steps):
     the rest of epoch 1 is 6 steps, not 10, and the replanned run lands at the target."""
     dp, plan, target = _plan_and_dp()
-    config = tiny_config(target_epsilon=target, epochs=3)
+    config = RunSpec.parse(tiny_config(target_epsilon=target, epochs=3))
     _write_ledger(tmp_path, plan, 1, dict(plan.schedule()[1].to_dict(), steps=6))
     records, events = ledger.charged(ledger.read_ledger(str(tmp_path)))
     _, replanned = training._replan(str(tmp_path), config, dp, plan, done=1, steps_done=4)
@@ -139,13 +140,14 @@ def test_a_resume_that_would_more_than_double_z0_is_refused_unless_allowed(tmp_p
                        sampling_rate=1 / 10, delta=1e-3, epochs=3, steps_per_epoch=10)
     target = plan.epsilon()
     _write_ledger(tmp_path, plan, 2, dict(plan.schedule()[2].to_dict(), steps=9))
-    config = tiny_config(target_epsilon=target, epochs=3)
+    config = RunSpec.parse(tiny_config(target_epsilon=target, epochs=3))
     with pytest.raises(training.BudgetSpentError) as refused:
         training._replan(str(tmp_path), config, dp, plan, done=1)
     (line,) = str(refused.value).splitlines()
     assert "resume_noise_limit=2" in line and "--config.resume_noise_limit=0" in line
     assert "higher --target_epsilon" in line
-    allowed = tiny_config(target_epsilon=target, epochs=3, resume_noise_limit=0.0)
+    allowed = RunSpec.parse(tiny_config(target_epsilon=target, epochs=3,
+                                        resume_noise_limit=0.0))
     new_dp, _ = training._replan(str(tmp_path), allowed, dp, plan, done=1)
     assert new_dp.noise_multiplier > 2 * plan.mechanism.noise_multiplier
 

@@ -258,29 +258,35 @@ def test_a_users_corpus_gets_its_own_private_step_count():
     assert recipes.total_steps(user, 9_600) > recipes.total_steps(built_in, 9_600)
 
 
+def _chunk_rows(c, microbatch_rows: int, replica_rows: int) -> int:
+    spec = RunSpec.of_checked(c)
+    return recipes.chunk_rows(spec.model, spec.privacy, microbatch_rows, replica_rows)
+
+
 def test_private_runs_clip_large_replica_batches_in_chunks_of_whole_micro_batches():
     per_example = config(mechanism="dpsgd", max_words=32)
     rows = recipes.CHUNK["clc"] // 32  # 256 rows of 32 words
     whole = recipes.UNCHUNKED["clc"] // 32
-    assert recipes.chunk_rows(per_example, 1, whole) == 0  # fits: no chunks
-    assert recipes.chunk_rows(per_example, 1, whole + 1) == rows
+    assert _chunk_rows(per_example, 1, whole) == 0  # fits: no chunks
+    assert _chunk_rows(per_example, 1, whole + 1) == rows
     # the built-in job's batch (1,755 rows of 20 words) stays whole; SNIPS's (2,348 of 32) not
-    assert recipes.chunk_rows(config(mechanism="dpsgd", max_words=20), 1, 1755) == 0
-    assert recipes.chunk_rows(per_example, 1, 2348) == 256
+    assert _chunk_rows(config(mechanism="dpsgd", max_words=20), 1, 1755) == 0
+    assert _chunk_rows(per_example, 1, 2348) == 256
     # whole micro-batches: eDP's of 3 rows, augmented copies of 4 rows, a user's 600 rows
-    assert recipes.chunk_rows(config(mechanism="edp", max_words=32), 3, 4096) == rows // 3 * 3
-    assert recipes.chunk_rows(per_example, 4, 4096) == rows // 4 * 4
-    assert recipes.chunk_rows(per_example, 600, 4 * 600) == 600
-    assert recipes.chunk_rows(config(mechanism="dpsgd", model="bert"), 1, 4096) == \
+    assert _chunk_rows(config(mechanism="edp", max_words=32), 3, 4096) == rows // 3 * 3
+    assert _chunk_rows(per_example, 4, 4096) == rows // 4 * 4
+    assert _chunk_rows(per_example, 600, 4 * 600) == 600
+    assert _chunk_rows(config(mechanism="dpsgd", model="bert"), 1, 4096) == \
         recipes.CHUNK["bert"]
     # a user's value and plain training are left as they are
-    assert recipes.chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
-    assert recipes.chunk_rows(config(mechanism="sgd"), 1, 4096) == 0
+    assert _chunk_rows(config(mechanism="dpsgd", physical_batch_size=64), 1, 4096) == 64
+    assert _chunk_rows(config(mechanism="sgd"), 1, 4096) == 0
 
 
 def test_a_train_fraction_gives_the_run_the_subsets_n():
     """The run's n (its delta and automatic batch) is what builders.load_splits returns."""
-    whole = builders.load_splits(config(synthetic_size=500))
-    part = builders.load_splits(config(synthetic_size=500, train_fraction=0.25))
+    whole = builders.load_splits(RunSpec.of_checked(config(synthetic_size=500)).data)
+    part = builders.load_splits(
+        RunSpec.of_checked(config(synthetic_size=500, train_fraction=0.25)).data)
     assert (len(whole.train), len(part.train)) == (400, 100)
     assert (part.dev, part.test) == (whole.dev, whole.test)

@@ -575,7 +575,7 @@ def test_training_counts_reach_the_log_only_with_diagnostics(caplog, diagnostics
     truncated = long_training_utterances(config)
     assert truncated > 0
     with caplog.at_level(logging.INFO):
-        data = training._load_data(config, splits, resume=False, run_dir=None,
+        data = training._load_data(RunSpec.parse(config), splits, resume=False, run_dir=None,
                                    strategy=strategy(1), fixed_seed=None)
     assert len(data.splits.dev) == len(splits.dev) - 1  # the row is left out either way
     logged = "\n".join(r.getMessage() for r in caplog.records)
@@ -640,7 +640,8 @@ def test_user_level_run_accounts_users(tmp_path):
     # trainer's part is to hand the knobs to DPConfig and the statement to name it
     fedavg = tiny_config(privacy_unit="user", examples_per_user=4, local_epochs=2,
                          local_batch_size=2, local_learning_rate=0.5)
-    dp = builders.dp_config(fedavg, builders.microbatch_size(fedavg), 2.0, None)
+    privacy = RunSpec.parse(fedavg).privacy
+    dp = builders.dp_config(privacy, builders.microbatch_size(privacy), 2.0, None)
     assert (dp.local_epochs, dp.local_batch_size, dp.local_learning_rate) == (2, 2, 0.5)
     assert edp_tf_mechanism(dp).sensitivity == 1
     assert "after 2 local epoch(s) (DP-FedAvg)" in statement_from_ledger(
@@ -739,11 +740,11 @@ def test_head_dropout_reaches_the_heads(model):
     for mechanism, expected in (("dpsgd", 0.0), ("sgd", 0.3)):
         config = tiny_config(model, mechanism, replicas=1, head_dropout=0.3,
                              private_head_dropout=0.0)
-        config = recipes.resolve(config, 192)
-        splits = builders.load_splits(config)
+        spec = RunSpec.parse(config).resolved(192)
+        splits = builders.load_splits(spec.data)
         preprocessor, vectors = builders.build_preprocessor(
-            config, splits.train, builders.label_schema(config, splits))
-        built = builders.build_model(RunSpec.parse(config).model, preprocessor, vectors)
+            spec.model, splits.train, builders.label_schema(spec.data, splits))
+        built = builders.build_model(spec.model, preprocessor, vectors)
         assert built.intent_dropout.rate == built.tag_dropout.rate == expected
         assert built.dropout_rate == expected  # what get_config saves for the export
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from edp_nlu.pipeline import run_files, training, warm_start
+from edp_nlu.pipeline.run_spec import RunSpec
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
 
 
@@ -77,9 +78,9 @@ def _split(model):
 def _source_weights(run_dir):
     """The source run's final (backbone, heads), rebuilt from its files (names differ between a
     process's models, so the tests compare in order, as load_backbone does)."""
-    config, checkpoint = warm_start._read_run(run_dir)
-    preprocessor = warm_start.run_preprocessor(run_dir, config)
-    return _split(warm_start.trained_model(config, preprocessor, checkpoint, 8))
+    spec, checkpoint = warm_start._read_run(run_dir)
+    preprocessor = warm_start.run_preprocessor(run_dir, spec.model)
+    return _split(warm_start.trained_model(spec.model, preprocessor, checkpoint, 8))
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +179,7 @@ def _decided(setup, init_from, data):
     "private": false, with nothing of the weights covered, is the end-to-end test above's."""
     config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, init_from=init_from,
                          data_dir=setup[data])
-    source = warm_start.prepare(config, setup["train"][data])
+    source = warm_start.prepare(RunSpec.parse(config).model, setup["train"][data])
     assert source.private_data_use(), "the run would be reported private"
     return source.not_covered_sentence()
 

@@ -31,6 +31,7 @@ from absl import app, flags, logging
 from edp_nlu.configs import config_file
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.pipeline import builders, training
+from edp_nlu.pipeline.run_spec import RunSpec
 from edp_nlu.scoring import predictions
 from edp_tf import attacks, make_strategy
 from edp_tf.ledger import write_json_atomically
@@ -88,7 +89,7 @@ def summarise(log_likelihoods: np.ndarray, masks: np.ndarray) -> dict:
 
 
 def _pool(config):
-    splits = builders.load_splits(config)
+    splits = builders.load_splits(RunSpec.parse(config).data)
     if flags.FLAGS.pool > len(splits.train):
         raise ValueError(f"--pool={flags.FLAGS.pool} exceeds the {len(splits.train)} training "
                          f"utterances of {config.data_dir}")

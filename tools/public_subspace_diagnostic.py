@@ -131,8 +131,8 @@ TRAIN, DEV, ATIS_X = [None], [None], [None]
 orig_load = training._load_data
 
 
-def load(config, splits, resume, *rest):
-    data = orig_load(config, splits, resume, *rest)
+def load(spec, splits, resume, *rest):
+    data = orig_load(spec, splits, resume, *rest)
     TRAIN[0] = data.train
     dev = builders.encode(data.preprocessor, data.splits.dev, "dev")
     DEV[0] = (dev.x, dev.y)

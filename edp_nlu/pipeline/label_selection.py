@@ -34,6 +34,7 @@ from typing import Optional
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.data import synthetic
 from edp_nlu.data.corpus import OUTSIDE, UNKNOWN_INTENT
+from edp_nlu.pipeline.spec_parts import DataSpec
 from edp_tf import accounting
 from edp_tf.ledger import FILENAME
 from edp_tf.partition_selection import GaussianThresholding, select_partitions
@@ -45,15 +46,11 @@ EVENT_NAME = "label_selection"
 SOURCE = "the training split, selected with DP partition selection"
 
 
-def choice(config) -> str:
-    return config.label_selection
-
-
 def check_config(config, bad) -> None:
     """The label-selection fields' ranges (`bad(field, value, allowed)` raises)."""
-    if choice(config) not in CHOICES:
-        bad("label_selection", choice(config), CHOICES)
-    if choice(config) != "private":
+    if config.label_selection not in CHOICES:
+        bad("label_selection", config.label_selection, CHOICES)
+    if config.label_selection != "private":
         return
     if not config.label_selection_noise > 0:
         bad("label_selection_noise", config.label_selection_noise, "> 0 (the noise std, in "
@@ -65,29 +62,28 @@ def check_config(config, bad) -> None:
         bad("label_selection_delta_share", config.label_selection_delta_share, "in (0, 1)")
 
 
-def given_schema(config) -> Optional[schema_lib.LabelSchema]:
+def given_schema(data: DataSpec) -> Optional[schema_lib.LabelSchema]:
     """A label schema the run is given, or None: `--config.label_schema`, then schema.json or
     JointBERT's label files in the data directory, then the synthetic corpus's generator
     (edp_nlu/data/schema.py). A given schema always wins and costs no privacy."""
-    if config.label_schema:
-        return schema_lib.read_schema_file(config.label_schema)
-    if not config.data_dir:
+    if data.label_schema:
+        return schema_lib.read_schema_file(data.label_schema)
+    if not data.data_dir:
         return synthetic.label_schema()
-    return schema_lib.read_data_dir_schema(config.data_dir)
+    return schema_lib.read_data_dir_schema(data.data_dir)
 
 
-def selects_privately(config) -> bool:
-    """Whether a new run of `config` selects its labels with DP: private, no schema given."""
-    return (config.mechanism != "sgd" and choice(config) == "private"
-            and given_schema(config) is None)
+def selects_privately(data: DataSpec, private: bool) -> bool:
+    """Whether a new run selects its labels with DP: `private`, no schema given."""
+    return private and data.label_selection == "private" and given_schema(data) is None
 
 
-def mechanism(config, delta: float) -> GaussianThresholding:
-    """The selection's Gaussian thresholding: the config's noise and label bound, its threshold
-    spending `label_selection_delta_share` of the run's `delta`."""
-    return GaussianThresholding.for_delta(float(config.label_selection_noise),
-                                          int(config.label_selection_max_labels),
-                                          float(config.label_selection_delta_share) * delta)
+def mechanism(data: DataSpec, delta: float) -> GaussianThresholding:
+    """The selection's Gaussian thresholding: the data part's noise and label bound, its
+    threshold spending `label_selection_delta_share` of the run's `delta`."""
+    return GaussianThresholding.for_delta(float(data.label_selection_noise),
+                                          int(data.label_selection_max_labels),
+                                          float(data.label_selection_delta_share) * delta)
 
 
 def contributions(train, users=None) -> list:
@@ -106,13 +102,14 @@ def contributions(train, users=None) -> list:
     return list(by_user.values())
 
 
-def select(config, train, users, delta: float, seed: Optional[int]) -> schema_lib.LabelSchema:
+def select(data: DataSpec, train, users, delta: float,
+           seed: Optional[int]) -> schema_lib.LabelSchema:
     """The label schema a DP partition selection over `train` releases (module docstring).
 
     `seed`: None for OS entropy; the run's fixed seed (the run is then not private anyway), or a
     secret key the workers of one run share. ValueError, naming the way out, when no intent is
     kept (too few training examples for this noise)."""
-    selector = mechanism(config, delta)
+    selector = mechanism(data, delta)
     kept = select_partitions(contributions(train, users), selector, seed)
     intents = tuple(sorted(name for kind, name in kept if kind == "intent"))
     slot_types = tuple(sorted(name for kind, name in kept if kind == "slot"))

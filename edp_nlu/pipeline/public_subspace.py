@@ -24,6 +24,7 @@ import typing
 import numpy as np
 
 from edp_nlu.data import loading
+from edp_nlu.pipeline.spec_parts import PrivacySpec
 
 _log = logging.getLogger(__name__)
 SYNTHETIC = "synthetic"
@@ -40,12 +41,12 @@ class PublicExamples(typing.NamedTuple):
     source: str
 
 
-def corpus(config) -> tuple:
-    """(utterances, name) of the config's public corpus: the split it draws from, and a name
+def corpus(privacy: PrivacySpec) -> tuple:
+    """(utterances, name) of the run's public corpus: the split it draws from, and a name
     saying which corpus, which split and how many utterances (for privacy.json)."""
-    source = config.public_subspace
+    source = privacy.public_subspace
     if source == SYNTHETIC:
-        size = max(int(config.public_subspace_examples) * 2, 1000)
+        size = max(int(privacy.public_subspace_examples) * 2, 1000)
         utterances = list(loading.load_data(None, seed=_SYNTHETIC_SEED,
                                             synthetic_size=size).train)
         return utterances, (f"the train split ({len(utterances)} utterances) of the built-in "
@@ -56,23 +57,23 @@ def corpus(config) -> tuple:
             return utterances, f"the split directory {source} ({len(utterances)} utterances)"
         utterances = list(loading.load_data(source).train)
     except (ValueError, OSError) as error:
-        raise ValueError(f"--config.public_subspace={source!r}: cannot read its training "
+        raise ValueError(f"--privacy.public_subspace={source!r}: cannot read its training "
                          f"split: {error}") from error
     return utterances, f"the train split ({len(utterances)} utterances) of {source}"
 
 
-def public_examples(config, preprocessor) -> PublicExamples:
+def public_examples(privacy: PrivacySpec, preprocessor) -> PublicExamples:
     """`public_subspace_examples` public utterances, encoded, with labels drawn from this run's
     vocabularies (or their own); chosen from the public corpus alone, never the training split."""
-    utterances, name = corpus(config)
-    own = config.public_subspace_labels == "own"
+    utterances, name = corpus(privacy)
+    own = privacy.public_subspace_labels == "own"
     if own:
-        _check_own_labels(config, preprocessor, utterances)
+        _check_own_labels(privacy, preprocessor, utterances)
     rng = np.random.default_rng(_CHOICE_SEED)
-    wanted = int(config.public_subspace_examples)
+    wanted = int(privacy.public_subspace_examples)
     if len(utterances) < wanted:
-        raise ValueError(f"--config.public_subspace_examples={wanted} is invalid: "
-                         f"{config.public_subspace!r} has {len(utterances)} utterances")
+        raise ValueError(f"--privacy.public_subspace_examples={wanted} is invalid: "
+                         f"{privacy.public_subspace!r} has {len(utterances)} utterances")
     chosen = [utterances[i] for i in rng.choice(len(utterances), wanted, replace=False)]
     source = (f"{wanted} utterances of {name}, chosen with a fixed seed without reading the "
               "training split, " + ("with their own labels" if own else
@@ -90,27 +91,27 @@ def public_examples(config, preprocessor) -> PublicExamples:
     return PublicExamples(x, y, wanted, source)
 
 
-def _check_own_labels(config, preprocessor, utterances) -> None:
+def _check_own_labels(privacy: PrivacySpec, preprocessor, utterances) -> None:
     """public_subspace_labels='own' needs the corpus's labels to be this run's."""
     tags = set(preprocessor.tag_vocabulary.labels)
     intents = set(preprocessor.intent_vocabulary.labels)
     foreign = ({u.intent for u in utterances} - intents) | (
         {t for u in utterances for t in u.tags} - tags)
     if foreign:
-        raise ValueError(f"--config.public_subspace_labels='own' is invalid for "
-                         f"{config.public_subspace!r}: {len(foreign)} of its labels are not "
+        raise ValueError(f"--privacy.public_subspace_labels='own' is invalid for "
+                         f"{privacy.public_subspace!r}: {len(foreign)} of its labels are not "
                          "this run's (use 'random')")
 
 
-def attach(config, trainer, preprocessor) -> None:
-    """Sets the projection on `trainer` (an edp_tf.PrivateModel) when the config asks for one.
+def attach(privacy: PrivacySpec, trainer, preprocessor) -> None:
+    """Sets the projection on `trainer` (an edp_tf.PrivateModel) when the run asks for one.
     It takes no training data: the public set must not depend on it."""
-    if not config.public_subspace:
+    if not privacy.public_subspace:
         return
-    public = public_examples(config, preprocessor)
-    trainer.project_onto_public_gradients(public.x, public.y, int(config.public_subspace_rank),
-                                          int(config.public_subspace_every),
+    public = public_examples(privacy, preprocessor)
+    trainer.project_onto_public_gradients(public.x, public.y, int(privacy.public_subspace_rank),
+                                          int(privacy.public_subspace_every),
                                           source=public.source)
     _log.info("updates projected onto %d directions of the gradients of %s, refreshed every %d "
-              "steps", int(config.public_subspace_rank), public.source,
-              int(config.public_subspace_every))
+              "steps", int(privacy.public_subspace_rank), public.source,
+              int(privacy.public_subspace_every))

@@ -17,6 +17,8 @@ import math
 
 import ml_collections
 
+from edp_nlu.pipeline.spec_parts import ModelSpec, PrivacySpec
+
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
 # CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
 # came from SNIPS (edp_nlu/configs/snips_clc.py, results/pilot_snips_clc): a larger expected batch
@@ -119,7 +121,7 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
                  else SGD_BATCH[c.model])
         batch = int(min(n // multiple * multiple,
                         max(multiple, round(batch / multiple) * multiple)))
-    bands = int(c.get("bandmf_bands", 1))  # BandMF: epochs of whole cycles of b steps
+    bands = int(c.bandmf_bands)  # BandMF: epochs of whole cycles of b steps
     if c.steps > 0:
         epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling, bands))
     elif c.epochs > 0:
@@ -159,26 +161,21 @@ def with_private_fields(config: ml_collections.ConfigDict,
 def total_steps(config: ml_collections.ConfigDict, n: int) -> int:
     private = config.mechanism != "sgd"
     return int(config.epochs) * steps_per_epoch(n, config.batch_size, private, config.sampling,
-                                                int(config.get("bandmf_bands", 1)))
+                                                int(config.bandmf_bands))
 
 
-def with_chunks(config: ml_collections.ConfigDict, microbatch_rows: int,
-                replica_rows: int) -> ml_collections.ConfigDict:
-    """A copy of `config` with its physical_batch_size decided (`chunk_rows`): what config.json
-    records and a resumed run reads back."""
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.physical_batch_size = chunk_rows(config, microbatch_rows, replica_rows)
-    return c
-
-
-def chunk_rows(config: ml_collections.ConfigDict, microbatch_rows: int, replica_rows: int) -> int:
+def chunk_rows(model: ModelSpec, privacy: PrivacySpec, microbatch_rows: int,
+               replica_rows: int) -> int:
     """The physical_batch_size of a run that leaves it at 0: 0 (no chunks) for plain training
     and for a replica batch within UNCHUNKED, else the largest multiple of a micro-batch's rows
-    (`microbatch_rows`) within CHUNK, and never less than one micro-batch."""
-    if config.mechanism == "sgd" or config.physical_batch_size:
-        return int(config.physical_batch_size)
-    words = int(config.max_words) if config.model == "clc" else 1
-    if replica_rows * words <= UNCHUNKED[config.model]:
+    (`microbatch_rows`) within CHUNK, and never less than one micro-batch. The run records it
+    in its spec (`RunSpec.with_knobs`), so config.json holds it and a resumed run reads it
+    back."""
+    given = int(privacy.knob("physical_batch_size"))
+    if not privacy.private or given:
+        return given
+    words = int(model.max_words) if model.model == "clc" else 1
+    if replica_rows * words <= UNCHUNKED[model.model]:
         return 0
-    limit = CHUNK[config.model] // words
+    limit = CHUNK[model.model] // words
     return max(microbatch_rows, limit // microbatch_rows * microbatch_rows)

@@ -42,6 +42,12 @@ def load_run_config(run_dir: str, flag: str = "--run_dir") -> ml_collections.Con
         run_spec.upgrade_saved_config(read_run_file(run_dir, CONFIG_FILE)["config"]))
 
 
+def load_run_spec(run_dir: str, flag: str = "--run_dir") -> run_spec.RunSpec:
+    """The run's resolved spec (its config.json, checked when the run started: a check now
+    could refuse what was valid then)."""
+    return run_spec.RunSpec.of_checked(load_run_config(run_dir, flag))
+
+
 # "auto" values a run resolves from its data (recipes.py): a config file's auto value is no
 # request to change the resolved one
 _AUTO = (0, 0.0, "", -1, -1.0)
@@ -151,21 +157,21 @@ def read_json(path: str, default=None):
 def finished_summary(run_dir: str) -> dict | None:
     """The summary of a run that has trained all its epochs, from its files (no model is built),
     or None if epochs are left."""
-    config = read_run_file(run_dir, CONFIG_FILE)["config"]
+    spec = load_run_spec(run_dir)
     state = read_json(os.path.join(run_dir, STATE_FILE), {})
     metrics = read_json(os.path.join(run_dir, METRICS_FILE), {})
     # "finished" is written after the export (runs from before it: the test metrics)
-    if (int(state.get("epochs_done", 0)) < int(config["epochs"])
+    if (int(state.get("epochs_done", 0)) < int(spec.sampling.epochs)
             or not state.get("finished", "test" in metrics)):
         return None
-    private = config["mechanism"] != "sgd"
+    private = spec.privacy.private
     ledger = read_json(os.path.join(run_dir, ledger_lib.FILENAME), {}) if private else {}
-    return {"run_dir": run_dir, "mechanism": config["mechanism"], "model": config["model"],
+    return {"run_dir": run_dir, "mechanism": spec.privacy.mechanism, "model": spec.model.model,
             "epochs": len(metrics.get("epochs", [])), "seconds": 0.0, "test": metrics["test"],
             "decoding": metrics.get("decoding", "viterbi"),
             "membership_inference": metrics.get("membership_inference"),
             "epsilon": ledger.get("epsilon", float("inf")) if private else float("inf"),
-            "delta": ledger.get("delta", config.get("delta")),
+            "delta": ledger.get("delta", spec.privacy.delta),
             "private": bool(ledger.get("private", False)), "stopped": state.get("stopped")}
 
 

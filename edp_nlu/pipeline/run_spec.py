@@ -2,7 +2,10 @@
 
     spec = RunSpec.parse(config)        # every field checked (named as --config.<field>)
     spec = spec.resolved(n)             # the automatic fields for n training units
-    builders.build_model(spec.model, ...), builders.optimizer(spec.optimizer, ...)
+    builders.build_model(spec.model, ...), builders.poisson_sampler(spec.data, spec.privacy, ...)
+
+Each builder takes only the parts it reads (the parts are defined in spec_parts.py, below the
+builders, and re-exported here).
 
 Each field of the experiment config (edp_nlu/configs/base.py) belongs to exactly one part:
 `data`, `model`, `optimizer`, `sampling`, `privacy` or `run`; the mechanism's knobs are
@@ -14,144 +17,26 @@ field existed used instead.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Tuple
+from typing import Any, Mapping
 
 import ml_collections
 
 from edp_nlu.configs.base import base_config, dp_knob_defaults
 from edp_nlu.pipeline import builders, recipes
-
-
-@dataclasses.dataclass(frozen=True)
-class ClcSpec:
-    word_vectors: str
-    vocabulary_size: int
-    train_word_embeddings: bool
-    lstm_units: int
-    num_lstm_layers: int
-    char_embedding_dim: int
-    char_filters: int
-    max_word_length: int
-    dropout: float
-
-
-@dataclasses.dataclass(frozen=True)
-class BertSpec:
-    checkpoint: str
-    vocabulary: str
-    sequence_length: int
-    num_layers: int
-    num_heads: int
-    hidden_dim: int
-    intermediate_dim: int
-    dropout: float
-    finetune: str
-    lora_rank: int
-    lora_alpha: float
-    lora_layout: str
-    lora_targets: str
-    lora_freeze_a: bool
-    pooling: str
-    private_finetune: str
-    private_dropout: float
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-    data_dir: str
-    data_seed: int
-    label_schema: str
-    label_selection: str
-    label_selection_noise: float
-    label_selection_max_labels: int
-    label_selection_delta_share: float
-    synthetic_size: int
-    synthetic_canaries: int
-    synthetic_canary_repeats: int
-    augment: str
-    augment_word_rate: float
-    augment_slot_rate: float
-    augment_variants: int
-    train_fraction: float
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    model: str
-    max_words: int
-    init_from: str
-    head_dropout: float
-    private_head_dropout: float
-    slot_loss: str
-    decoding: str
-    intent_loss_weight: float
-    slot_loss_weight: float
-    clc: ClcSpec
-    bert: BertSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerSpec:
-    optimizer: str
-    learning_rate: float
-    private_learning_rate: float
-    lr_schedule: str
-    warmup_fraction: float
-    weight_decay: float
-    ema_fraction: float
-    adam_bc_floor: float
-    noise_filter: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingSpec:
-    sampling: str
-    batch_size: int
-    sampling_rate: float
-    epochs: int
-    steps: int
-    private_sampling_rate: float
-    private_steps: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PrivacySpec:
-    mechanism: str
-    target_epsilon: float
-    delta: float
-    microbatch_size: int
-    privacy_unit: str
-    examples_per_user: int
-    user_weight_cap: float
-    probe_epochs: int
-    public_subspace: str
-    public_subspace_rank: int
-    public_subspace_examples: int
-    public_subspace_every: int
-    public_subspace_labels: str
-    knobs: Tuple[Tuple[str, Any], ...]  # edp_tf.DPConfig's knobs, by name (configs/base.py)
-
-    @property
-    def private(self) -> bool:
-        return self.mechanism != "sgd"
-
-    def knob(self, name: str) -> Any:
-        return dict(self.knobs)[name]
-
-
-@dataclasses.dataclass(frozen=True)
-class RunWide:
-    name: str
-    replicas: int
-    seed: int
-    diagnostics: bool
-    checkpoint_seconds: float
-    resume_noise_limit: float
-
-
-_PARTS = {"data": DataSpec, "model": ModelSpec, "optimizer": OptimizerSpec,
-          "sampling": SamplingSpec, "privacy": PrivacySpec, "run": RunWide}
-_NESTED = {"clc": ClcSpec, "bert": BertSpec}
+from edp_nlu.pipeline.spec_parts import (  # noqa: F401 (the parts, named by run_spec's readers)
+    NESTED,
+    PARTS,
+    BertSpec,
+    ClcSpec,
+    DataSpec,
+    ModelSpec,
+    OptimizerSpec,
+    PrivacySpec,
+    RunWide,
+    SamplingSpec,
+    flat_fields,
+    parts_of,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,19 +64,7 @@ class RunSpec:
         started (a check now could refuse what was valid then, e.g. a moved public corpus)."""
         flat = _as_config(config).to_dict()
         _refuse_unknown_or_missing(flat)
-        knobs = tuple((name, flat[name]) for name in dp_knob_defaults())
-        parts = {}
-        for part, part_cls in _PARTS.items():
-            values = {}
-            for f in dataclasses.fields(part_cls):
-                if f.name == "knobs":
-                    values["knobs"] = knobs
-                elif f.name in _NESTED:
-                    values[f.name] = _NESTED[f.name](**flat[f.name])
-                else:
-                    values[f.name] = flat[f.name]
-            parts[part] = part_cls(**values)
-        return cls(**parts)
+        return cls(**parts_of(flat))
 
     def resolved(self, n: int) -> "RunSpec":
         """The spec with the automatic fields (0) filled for n training units (privacy units),
@@ -210,12 +83,8 @@ class RunSpec:
     def to_dict(self) -> dict:
         """The experiment config's fields (what config.json holds), nested as the config is."""
         out = {}
-        for part in _PARTS:
-            for key, value in dataclasses.asdict(getattr(self, part)).items():
-                if key == "knobs":
-                    out.update(dict(value))
-                else:
-                    out[key] = value
+        for part in PARTS:
+            out.update(flat_fields(getattr(self, part)))
         return out
 
     def to_config(self) -> ml_collections.ConfigDict:
@@ -238,12 +107,12 @@ def _as_config(config) -> ml_collections.ConfigDict:
 def _known_fields() -> dict:
     """{field: None, or its nested fields} of every part."""
     known = {}
-    for part_cls in _PARTS.values():
+    for part_cls in PARTS.values():
         for f in dataclasses.fields(part_cls):
             if f.name == "knobs":
                 known.update(dict.fromkeys(dp_knob_defaults()))
-            elif f.name in _NESTED:
-                known[f.name] = {g.name for g in dataclasses.fields(_NESTED[f.name])}
+            elif f.name in NESTED:
+                known[f.name] = {g.name for g in dataclasses.fields(NESTED[f.name])}
             else:
                 known[f.name] = None
     return known

@@ -11,9 +11,10 @@ from edp_nlu.configs.base import base_config
 from edp_nlu.pipeline import recipes
 from edp_nlu.pipeline.run_spec import OLD_DEFAULTS, RunSpec, upgrade_saved_config
 
-_CONFIGS = sorted(p for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "edp_nlu",
-                                                    "configs", "*.py"))
+_CONFIGS = sorted(p for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs",
+                                                    "*.py"))
                   if os.path.basename(p) not in ("__init__.py", "base.py"))
+assert _CONFIGS, "no packaged config found: the test would check nothing"
 
 
 def _packaged(path):

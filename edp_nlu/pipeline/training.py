@@ -54,7 +54,7 @@ class BudgetSpentError(RuntimeError):
 class _Data:
     """The corpus and its encodings, once per run."""
 
-    config: object  # resolved (automatic fields filled)
+    spec: run_spec.RunSpec  # resolved (automatic fields filled) for a new run
     splits: loading.Splits
     units: int  # n: training examples, or users for user-level privacy
     users: Optional[list]  # the user of each training row (user-level privacy), else None
@@ -80,56 +80,57 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     """
     started = time.time()
     phases = timing.Phases()
-    run_spec.RunSpec.parse(config)  # every field checked once, before anything is written
+    spec = run_spec.RunSpec.parse(config)  # every field checked once, before anything is written
     state = _open_run_dir(run_dir, resume)
-    strategy = _strategy(config, strategy)
-    fixed_seed = int(config.seed) if config.seed >= 0 else None
+    strategy = _strategy(spec.run, strategy)
+    fixed_seed = int(spec.run.seed) if spec.run.seed >= 0 else None
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
     with phases.phase("data"):
-        data = _load_data(config, splits, resume, run_dir, strategy, fixed_seed)
-    config, n, delta = data.config, data.units, data.delta
+        data = _load_data(spec, splits, resume, run_dir, strategy, fixed_seed)
+    spec, n, delta = data.spec, data.units, data.delta
     restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
-    source = (warm_start.prepare(config, data.splits.train)
-              if config.init_from and restored is None else None)
+    source = (warm_start.prepare(spec.model, data.splits.train)
+              if spec.model.init_from and restored is None else None)
     if source is not None:  # kept in state.json: a resumed run states it without the source
         state["warm_start"] = source.facts()
     warm = state.get("warm_start")
-    private = config.mechanism != "sgd"
-    k = builders.microbatch_size(config)
+    private = spec.privacy.private
+    k = builders.microbatch_size(spec.privacy)
     with phases.phase("build"):
         ds, steps, q, expected_batch, sampler = builders.datasets(
-            config, data.train.x, data.train.y, n, k, strategy, fixed_seed, data.users)
-        config, dp, plan = (_private_step(config, data, state, run_dir, resume, strategy,
-                                          fixed_seed, (sampler, q, expected_batch, steps), k)
-                            if private else (config, None, None))
-        model, trainer, checkpoint = _build(config, data, dp, plan, steps, strategy, restored,
+            spec.data, spec.sampling, spec.privacy, data.train.x, data.train.y, n, k, strategy,
+            fixed_seed, data.users)
+        spec, dp, plan = (_private_step(spec, data, state, run_dir, resume, strategy,
+                                        fixed_seed, (sampler, q, expected_batch, steps), k)
+                          if private else (spec, None, None))
+        model, trainer, checkpoint = _build(spec, data, dp, plan, steps, strategy, restored,
                                             source)
-    z0 = dp.noise_multiplier if private else float(config.noise_multiplier)
+    z0 = dp.noise_multiplier if private else float(spec.privacy.knob("noise_multiplier"))
     state.update({"noise_multiplier": z0, "steps_per_epoch": steps})
     state.setdefault("first_noise_multiplier", z0)  # what a resume's limit on raising it is of
     if not resume:
-        _write_run_files(run_dir, config, data, n, delta, state)
+        _write_run_files(run_dir, spec, data, n, delta, state)
     else:
-        _keep_resumed_settings(run_dir, config)
-    ledger = _ledger(config, data, run_dir, sampler, n, delta, q, warm) if private else None
+        _keep_resumed_settings(run_dir, spec)
+    ledger = _ledger(spec, data, run_dir, sampler, n, delta, q, warm) if private else None
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
     epoch_end = callbacks_lib.EpochEnd(
         run_dir, model, data.preprocessor, data.splits.dev, data.dev_x, checkpoint, state,
-        trainer if private else None, bool(config.diagnostics), callbacks_lib.GracefulStop(),
-        phases, *_inside_epoch_checkpoints(config, strategy, private, steps))
+        trainer if private else None, bool(spec.run.diagnostics), callbacks_lib.GracefulStop(),
+        phases, *_inside_epoch_checkpoints(spec, strategy, private, steps))
     initial_epoch = int(state.get("epochs_done", 0))
-    budget_refused = _train_epochs(config, run_dir, resume, state, trainer, ds, steps, ledger,
+    budget_refused = _train_epochs(spec, run_dir, resume, state, trainer, ds, steps, ledger,
                                    epoch_end, (timing.StepTimes(phases), *callbacks))
     if private:  # a resume with no epoch left starts no fit: an interrupted charge is its own
         ledger_lib.settle_interrupted(run_dir)
-    record, test, attack = _evaluate_and_export(run_dir, config, data, model, trainer,
+    record, test, attack = _evaluate_and_export(run_dir, data, model, trainer,
                                                 epoch_end.predict_step, phases, export)
     done = int(state.get("epochs_done", initial_epoch))
-    stopped = _budget_stop(done, config.epochs, budget_refused, ledger)
+    stopped = _budget_stop(done, spec.sampling.epochs, budget_refused, ledger)
     state["stopped"] = stopped
     state["finished"] = True  # after the export: a run killed before it is not finished
     write_json(os.path.join(run_dir, STATE_FILE), state)
@@ -137,7 +138,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     extra = ({"after_training": after_training(model, data.preprocessor)}
              if after_training else {})
     return extra | {
-        "run_dir": run_dir, "mechanism": config.mechanism, "model": config.model,
+        "run_dir": run_dir, "mechanism": spec.privacy.mechanism, "model": spec.model.model,
         "epochs": len(record["epochs"]), "seconds": round(time.time() - started, 1),
         "test": test, "decoding": model.decoding, "membership_inference": attack,
         "epsilon": privacy.get("epsilon", math.inf if not private else None),
@@ -147,7 +148,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     }
 
 
-def _evaluate_and_export(run_dir: str, config, data: _Data, model, trainer, predict_step,
+def _evaluate_and_export(run_dir: str, data: _Data, model, trainer, predict_step,
                          phases: timing.Phases, export: bool) -> tuple:
     """(metrics record, test scores, attack) of the trained model, then its SavedModel."""
     # The averaged weights, also when fit had nothing left to run or stopped; not before the
@@ -155,7 +156,7 @@ def _evaluate_and_export(run_dir: str, config, data: _Data, model, trainer, pred
     if trainer.optimizer.use_ema and int(trainer.optimizer.iterations.numpy()) > 0:
         trainer.optimizer.finalize_variable_values(model.trainable_variables)
     with phases.phase("test metrics"):
-        record, test, attack = _final_metrics(run_dir, config, data, model, predict_step)
+        record, test, attack = _final_metrics(run_dir, data, model, predict_step)
     if export:
         with phases.phase("export"):
             run_files.write_directory_atomically(
@@ -164,29 +165,32 @@ def _evaluate_and_export(run_dir: str, config, data: _Data, model, trainer, pred
     return record, test, attack
 
 
-def _private_step(config, data: _Data, state: dict, run_dir: str, resume: bool, strategy,
-                  fixed_seed: Optional[int], batches: tuple, k: int) -> tuple:
-    """(config with its clipping chunks, DPConfig, PrivacyPlan) of a private run; `batches`:
+def _private_step(spec: run_spec.RunSpec, data: _Data, state: dict, run_dir: str,
+                  resume: bool, strategy, fixed_seed: Optional[int], batches: tuple,
+                  k: Optional[int]) -> tuple:
+    """(spec with its clipping chunks, DPConfig, PrivacyPlan) of a private run; `batches`:
     the sampler, q, the expected batch and the steps per epoch. A resumed run with a target
     epsilon is replanned for what its ledger has charged (`_replan`)."""
     sampler, q, expected_batch, steps = batches
-    # chunked clipping bounds the step's memory (recipes.chunk_rows)
-    config = recipes.with_chunks(
-        config, (k or 1) * builders.augment_copies(config),
-        (sampler.max_batch_size if sampler else int(config.batch_size))
-        // strategy.num_replicas_in_sync)
+    # chunked clipping bounds the step's memory (recipes.chunk_rows); config.json records it
+    replica_rows = ((sampler.max_batch_size if sampler else int(spec.sampling.batch_size))
+                    // strategy.num_replicas_in_sync)
+    spec = spec.with_knobs(physical_batch_size=recipes.chunk_rows(
+        spec.model, spec.privacy, (k or 1) * builders.augment_copies(spec.privacy),
+        replica_rows))
     warm = state.get("warm_start")
     dp, plan = builders.private_run(
-        config, k, expected_batch, fixed_seed, strategy.num_replicas_in_sync, sampler, q,
-        data.units, data.delta, steps, state.get("noise_multiplier"), _not_covered(data, warm),
-        _releases(data, run_dir, resume))
-    if resume and config.target_epsilon > 0:
-        dp, plan = _replan(run_dir, config, dp, plan, int(state.get("epochs_done", 0)),
+        spec.sampling, spec.privacy, k, expected_batch, fixed_seed,
+        strategy.num_replicas_in_sync, sampler, q, data.units, data.delta, steps,
+        state.get("noise_multiplier"), _not_covered(data, warm), _releases(data, run_dir, resume))
+    if resume and spec.privacy.target_epsilon > 0:
+        dp, plan = _replan(run_dir, spec, dp, plan, int(state.get("epochs_done", 0)),
                            int(state.get("steps_done", 0)), state)
-    return config, dp, plan
+    return spec, dp, plan
 
 
-def _train_epochs(config, run_dir: str, resume: bool, state: dict, trainer, ds, steps: int,
+def _train_epochs(spec: run_spec.RunSpec, run_dir: str, resume: bool, state: dict, trainer,
+                  ds, steps: int,
                   ledger, epoch_end, extra_callbacks: tuple) -> bool:
     """Trains the epochs left (from the checkpoint restored, inside an epoch or at its end);
     returns whether the budget refused one. A signal's graceful stop raises StoppedBySignal
@@ -197,19 +201,20 @@ def _train_epochs(config, run_dir: str, resume: bool, state: dict, trainer, ds, 
     if (resume and not state.get("steps_done")
             and epoch_end.missing_dev_record(initial_epoch)):
         epoch_end.record_dev(initial_epoch - 1, None)
-    if initial_epoch >= config.epochs:
+    epochs, diagnostics = int(spec.sampling.epochs), bool(spec.run.diagnostics)
+    if initial_epoch >= epochs:
         return False
     fit_callbacks = callbacks_lib.in_resume_order(
-        ledger, epoch_end, os.path.join(run_dir, "tensorboard") if config.diagnostics else None,
-        extra_callbacks, bool(config.diagnostics))
-    budget_refused = _fit_remaining(trainer, ds, int(config.epochs), steps, initial_epoch,
+        ledger, epoch_end, os.path.join(run_dir, "tensorboard") if diagnostics else None,
+        extra_callbacks, diagnostics)
+    budget_refused = _fit_remaining(trainer, ds, epochs, steps, initial_epoch,
                                     int(state.get("steps_done", 0)), fit_callbacks, epoch_end,
                                     ledger)
     graceful = epoch_end.graceful
     if graceful.signum is not None:
         done = int(state.get("epochs_done", initial_epoch))
         raise callbacks_lib.StoppedBySignal(graceful.signum, (
-            f"stopped by {signal.Signals(graceful.signum).name}: {done} of {config.epochs} "
+            f"stopped by {signal.Signals(graceful.signum).name}: {done} of {epochs} "
             f"epochs are checkpointed in {run_dir}"
             + (f" and {state['steps_done']} steps of the next" if state.get("steps_done")
                else "")
@@ -256,20 +261,22 @@ def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps
     return False
 
 
-def _inside_epoch_checkpoints(config, strategy, private: bool, steps: int) -> tuple:
+def _inside_epoch_checkpoints(spec: run_spec.RunSpec, strategy, private: bool,
+                              steps: int) -> tuple:
     """EpochEnd's (checkpoint_seconds, step_multiple, every_steps, on_signal): checkpoints
     inside an epoch at multiples of BandMF's b (1 otherwise). A multi-worker run's workers must
     write theirs at the same steps, so they take one every quarter epoch (rounded up to that
     multiple), none by time or where a signal stops them."""
-    multiple = int(config.bandmf_bands) if private else 1
+    multiple = int(spec.privacy.knob("bandmf_bands")) if private else 1
+    seconds = float(spec.run.checkpoint_seconds)
     if not edp_tf.multi_worker.is_multi_worker(strategy):
-        return float(config.checkpoint_seconds), multiple, 0, True
+        return seconds, multiple, 0, True
     quarter = -(-steps // 4)
-    every = -(-quarter // multiple) * multiple if config.checkpoint_seconds > 0 else 0
+    every = -(-quarter // multiple) * multiple if seconds > 0 else 0
     return 0.0, multiple, every, False
 
 
-def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,
+def _replan(run_dir: str, spec: run_spec.RunSpec, dp, plan, done: int, steps_done: int = 0,
             state: Optional[dict] = None) -> tuple:
     """(DPConfig, PrivacyPlan) of a resumed run with a target epsilon: unchanged if the epochs
     left (`steps_done` steps of epoch `done` ran before its checkpoint), at the run's z0, still
@@ -282,7 +289,7 @@ def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,
     if done >= plan.epochs or not os.path.exists(path):
         return dp, plan
     records, events = ledger_lib.charged(ledger_lib.read_ledger(path))
-    target = float(config.target_epsilon)
+    target = float(spec.privacy.target_epsilon)
     left = plan.steps_per_epoch - steps_done if steps_done else None
     if not records or plan.epsilon_after(records, done, events,
                                          first_epoch_steps=left) <= target:
@@ -302,7 +309,7 @@ def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,
             f"epochs {done + 1}..{plan.epochs} in what is left. {way_out}") from None
     z0, first = replanned.mechanism.noise_multiplier, float(
         (state or {}).get("first_noise_multiplier", plan.mechanism.noise_multiplier))
-    limit = float(config.resume_noise_limit)
+    limit = float(spec.run.resume_noise_limit)
     if limit and z0 > limit * first:
         raise BudgetSpentError(
             f"the privacy budget left is too small: after what {path} has charged "
@@ -317,7 +324,7 @@ def _replan(run_dir: str, config, dp, plan, done: int, steps_done: int = 0,
     return dp.replace(noise_multiplier=z0), replanned
 
 
-def _keep_resumed_settings(run_dir: str, config) -> None:
+def _keep_resumed_settings(run_dir: str, spec: run_spec.RunSpec) -> None:
     """A resume's other --epochs, higher --target_epsilon or new execution settings
     (run_files.RESUME_SETTINGS) into config.json, so that later resumes run them too."""
     path = os.path.join(run_dir, CONFIG_FILE)
@@ -325,8 +332,9 @@ def _keep_resumed_settings(run_dir: str, config) -> None:
     if not saved:
         return
     kept = saved["config"]
-    now = {"epochs": int(config.epochs), "target_epsilon": float(config.target_epsilon)}
-    now.update({field: float(config[field]) for field in run_files.RESUME_SETTINGS})
+    fields = spec.to_dict()
+    now = {"epochs": int(fields["epochs"]), "target_epsilon": float(fields["target_epsilon"])}
+    now.update({field: float(fields[field]) for field in run_files.RESUME_SETTINGS})
     if any(kept.get(field) != value for field, value in now.items()):
         kept.update(now)
         write_json(path, saved)
@@ -344,52 +352,56 @@ def _open_run_dir(run_dir: str, resume: bool) -> dict:
     return state
 
 
-def _strategy(config, strategy):
-    strategy = strategy or edp_tf.make_strategy(int(config.replicas))
-    if strategy.num_replicas_in_sync != config.replicas:
+def _strategy(run: run_spec.RunWide, strategy):
+    """The given strategy, or one of the run's replicas; they must agree."""
+    strategy = strategy or edp_tf.make_strategy(int(run.replicas))
+    if strategy.num_replicas_in_sync != run.replicas:
         raise ValueError(f"strategy has {strategy.num_replicas_in_sync} replicas, config "
-                         f"asks for {config.replicas}")
+                         f"asks for {run.replicas}")
     return strategy
 
 
-def _load_data(config, splits, resume: bool, run_dir: str, strategy,
+def _load_data(spec: run_spec.RunSpec, splits, resume: bool, run_dir: str, strategy,
                fixed_seed: Optional[int]) -> _Data:
-    splits = splits or builders.load_splits(config)
-    units, users = builders.privacy_units(config, splits.train)
+    """The run's corpus, labels and encodings; a new run's spec resolved for its n (a resumed
+    run's was resolved when it started)."""
+    splits = splits or builders.load_splits(spec.data)
+    units, users = builders.privacy_units(spec.privacy, splits.train)
+    log_counts = builders.training_counts_in_logs(spec.privacy, spec.run)
     if users is not None:  # user level: dev and test hold no training user's utterances
         splits, dropped = loading.without_training_users(splits)
-        if dropped and builders.training_counts_in_logs(config):  # which users train: private
+        if dropped and log_counts:  # which users train: private
             _log.info("user level: %d dev/test utterances of training users left out", dropped)
         if not splits.test:
             raise ValueError("--config.privacy_unit=user: every test utterance belongs to a "
                              "training user; give splits made by user")
     if not resume:  # auto fields (0) take the data's size into account; config.json keeps them
-        config = recipes.resolve(config, units)
-        if config.model == "bert":  # private runs may have taken the bert.private_ fields
-            _log.info("%s run: bert.finetune=%s, bert.dropout=%s", config.mechanism,
-                      config.bert.finetune, config.bert.dropout)
-    delta = config.delta or accounting.default_delta(units)
-    labels = _labels(config, splits, users, delta, run_dir, resume, strategy, fixed_seed)
+        spec = spec.resolved(units)
+        if spec.model.model == "bert":  # private runs may have taken the bert.private_ fields
+            _log.info("%s run: bert.finetune=%s, bert.dropout=%s", spec.privacy.mechanism,
+                      spec.model.bert.finetune, spec.model.bert.dropout)
+    delta = spec.privacy.delta or accounting.default_delta(units)
+    labels = _labels(spec.data, spec.privacy.private, splits, users, delta, run_dir, resume,
+                     strategy, fixed_seed)
     if labels.selection is not None:  # unselected labels: [UNK] and O (label_selection.py)
         splits = dataclasses.replace(splits,
                                      train=label_selection.restrict(splits.train, labels))
     unseen = {name: loading.conform(getattr(splits, name), labels.tag_vocabulary,
                                     labels.intent_vocabulary, name)[1].to_dict()
               for name in ("dev", "test")}
-    preprocessor, vectors = builders.build_preprocessor(config, splits.train, labels)
+    preprocessor, vectors = builders.build_preprocessor(spec.model, splits.train, labels)
 
     def encode(part):
         return preprocessor.encode([u.tokens for u in part])[0] if part else None
 
-    return _Data(config, splits, units, users, delta, labels, unseen, preprocessor, vectors,
-                 builders.encode(preprocessor, splits.train, "train",
-                                 builders.training_counts_in_logs(config),
-                                 builders.training_copies(config)), encode(splits.dev),
-                 encode(splits.test))
+    return _Data(spec, splits, units, users, delta, labels, unseen, preprocessor, vectors,
+                 builders.encode(preprocessor, splits.train, "train", log_counts,
+                                 builders.training_copies(spec.data, spec.privacy, spec.run)),
+                 encode(splits.dev), encode(splits.test))
 
 
-def _labels(config, splits, users, delta: float, run_dir: str, resume: bool, strategy,
-            fixed_seed: Optional[int]):
+def _labels(data: run_spec.DataSpec, private: bool, splits, users, delta: float, run_dir: str,
+            resume: bool, strategy, fixed_seed: Optional[int]):
     """The run's label schema (edp_nlu/pipeline/label_selection.py): a resumed run's own
     privately selected one; a given schema; a DP selection from the training split in a private
     run without one; else the training split's labels."""
@@ -397,16 +409,16 @@ def _labels(config, splits, users, delta: float, run_dir: str, resume: bool, str
         saved = label_selection.resumed(run_dir)
         if saved is not None:
             return saved
-    if label_selection.choice(config) == "schema" and builders.given_label_schema(config) is None:
+    if data.label_selection == "schema" and builders.given_label_schema(data) is None:
         raise ValueError("--config.label_selection=schema: no label schema was given "
                          "(--config.label_schema, or schema.json or JointBERT's intent_label.txt "
                          "and slot_label.txt in the data directory)")
-    if not label_selection.selects_privately(config):
-        return builders.label_schema(config, splits)
+    if not label_selection.selects_privately(data, private):
+        return builders.label_schema(data, splits)
     seed = fixed_seed  # a fixed seed leaves the run not private anyway
     if seed is None and edp_tf.multi_worker.is_multi_worker(strategy):
         seed = edp_tf.multi_worker.shared_key(strategy)  # every worker must select the same
-    return label_selection.select(config, splits.train, users, delta, seed)
+    return label_selection.select(data, splits.train, users, delta, seed)
 
 
 def _releases(data: _Data, run_dir: str, resume: bool) -> tuple:
@@ -439,12 +451,11 @@ def _restart_point(run_dir: str, state: dict) -> Optional[checkpoints.Committed]
     return found
 
 
-def _build(config, data: _Data, dp, plan, steps: int, strategy,
+def _build(spec: run_spec.RunSpec, data: _Data, dp, plan, steps: int, strategy,
            restored: Optional[checkpoints.Committed],
            source: Optional[warm_start.Source] = None):
     """(model, what `fit` runs: the PrivateModel or the model, its tf.train.Checkpoint),
     restored from `restored` when resuming, its backbone from `source` when given."""
-    spec = run_spec.RunSpec.of_checked(config)
     with strategy.scope():
         model = builders.build_model(spec.model, data.preprocessor, data.vectors)
         if source is not None:
@@ -454,10 +465,10 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
                                        spec.privacy.private)
         if dp is not None:
             trainer = edp_tf.PrivateModel(model, dp, plan=plan,
-                                          training_statistics=bool(config.diagnostics))
+                                          training_statistics=bool(spec.run.diagnostics))
             trainer.compile(optimizer=optimizer, loss=model.per_example_loss)
-            _probe_first(config, model, trainer)
-            public_subspace.attach(config, trainer, data.preprocessor)
+            _probe_first(spec, model, trainer)
+            public_subspace.attach(spec.privacy, trainer, data.preprocessor)
         else:
             trainer = model
             trainer.compile(optimizer=optimizer)
@@ -470,19 +481,19 @@ def _build(config, data: _Data, dp, plan, steps: int, strategy,
     return model, trainer, checkpoint
 
 
-def _probe_first(config, model, trainer) -> None:
+def _probe_first(spec: run_spec.RunSpec, model, trainer) -> None:
     """--config.probe_epochs: the heads train alone for that many epochs, then the encoder
     joins (the step leaves the encoder's variables out until then: edp_tf freeze_until)."""
-    probe = int(config.probe_epochs)
+    probe, epochs = int(spec.privacy.probe_epochs), int(spec.sampling.epochs)
     if not probe:
         return
-    if probe >= int(config.epochs):
+    if probe >= epochs:
         raise ValueError(f"--config.probe_epochs={probe} is invalid: expected fewer than the "
-                         f"run's {config.epochs} epochs (the encoder would never train)")
+                         f"run's {epochs} epochs (the encoder would never train)")
     trainer.freeze_until(probe, model.encoder.trainable_variables)
 
 
-def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
+def _write_run_files(run_dir: str, spec: run_spec.RunSpec, data: _Data, n: int, delta: float,
                      state: dict) -> None:
     """The run's fixed files and its first state (a run killed in its first epoch resumes from
     the start); config.json last, since it marks the directory as holding a run."""
@@ -493,17 +504,18 @@ def _write_run_files(run_dir: str, config, data: _Data, n: int, delta: float,
                     from_training_data=data.labels.from_training_data,
                     selection=data.labels.selection))
     write_json(os.path.join(run_dir, CONFIG_FILE), {
-        "config": run_spec.RunSpec.of_checked(config).to_dict(), "dataset_size": n,
+        "config": spec.to_dict(), "dataset_size": n,
         "data_source": data.splits.source, "delta": delta})
 
 
 def _not_covered(data: _Data, warm: Optional[dict]) -> list:
     """What the run's statement does not cover: a vocabulary or label names from the training
     text, a pretraining source's corpora (`warm`: Source.facts(); they go into the PrivacyPlan)."""
-    seeded = data.labels.selection is not None and int(data.config.seed) >= 0
+    seed = int(data.spec.run.seed)
+    seeded = data.labels.selection is not None and seed >= 0
     return (builders.vocabulary_not_covered(data.preprocessor)
             + list(schema_lib.not_covered(data.labels))
-            + ([f"The label selection's noise was seeded (seed={int(data.config.seed)}): the "
+            + ([f"The label selection's noise was seeded (seed={seed}): the "
                 "selected label sets are predictable, so the run is not private."]
                if seeded else [])
             + ([warm["not_covered"]] if warm else []))
@@ -517,26 +529,29 @@ def _statement(ledger, run_dir: str) -> dict:
     return read_json(os.path.join(run_dir, "privacy.json"), {})
 
 
-def _ledger(config, data: _Data, run_dir: str, sampler, n: int, delta: float, q: float,
+def _ledger(spec: run_spec.RunSpec, data: _Data, run_dir: str, sampler, n: int, delta: float,
+            q: float,
             warm: Optional[dict] = None):
     """The privacy ledger (with the budget when a target epsilon is set), with what the run
     directory's files are, for the statement's scope; a warm start whose source used this run's
     training data outside epsilon (`warm`) leaves the weights uncovered, so the run not private."""
-    budget = config.target_epsilon if config.target_epsilon > 0 else None
+    target = spec.privacy.target_epsilon
+    budget = target if target > 0 else None
     ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
-              PrivacyLedger(run_dir, dataset_size=n, delta=delta, sampling=config.sampling,
-                            sampling_rate=q, target_epsilon=budget))
+              PrivacyLedger(run_dir, dataset_size=n, delta=delta,
+                            sampling=spec.sampling.sampling, sampling_rate=q,
+                            target_epsilon=budget))
     ledger.artifacts = run_files.artifacts(
-        bool(config.diagnostics), data.labels,
+        bool(spec.run.diagnostics), data.labels,
         bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)),
         _WARM_START_OUTSIDE if (warm or {}).get("private_data_use") else "",
         user_level=data.users is not None)
     return ledger
 
 
-def _final_metrics(run_dir: str, config, data: _Data, model, predict_step):
+def _final_metrics(run_dir: str, data: _Data, model, predict_step):
     """Test metrics (and, with diagnostics, the membership attack) into metrics.json."""
-    splits, diagnostics = data.splits, bool(config.diagnostics)
+    splits, diagnostics = data.splits, bool(data.spec.run.diagnostics)
     # the dev predictions' trace serves the test split too, both decodings (same batch shapes)
     by_decoding = (predictions.scores_by_decoding(model, data.preprocessor, splits.test,
                                                   data.test_x, step=predict_step)

@@ -32,7 +32,6 @@ import math
 import os
 import re
 
-import ml_collections
 import numpy as np
 import tensorflow as tf
 
@@ -64,11 +63,11 @@ class Use:
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """The run a backbone starts from: its directory, resolved config and checkpoint, and every
+    """The run a backbone starts from: its directory, resolved spec and checkpoint, and every
     corpus its weights depend on (its own uses, then its sources', down the chain)."""
 
     run_dir: str
-    config: ml_collections.ConfigDict
+    spec: run_spec.RunSpec
     checkpoint: str
     uses: tuple
 
@@ -105,8 +104,8 @@ def _bad(run_dir: str, why: str):
     raise ValueError(f"--config.init_from={run_dir!r}: {why}")
 
 
-def _read_run(run_dir: str):
-    """(resolved config, latest checkpoint) of a finished edp_nlu.train run."""
+def _read_run(run_dir: str) -> tuple:
+    """(resolved spec, latest checkpoint) of a finished edp_nlu.train run."""
     if not os.path.isdir(run_dir):
         _bad(run_dir, "no such run directory")
     for name in (run_files.CONFIG_FILE, "preprocessor.json"):
@@ -115,31 +114,31 @@ def _read_run(run_dir: str):
     checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
         _bad(run_dir, "no intact committed checkpoint in checkpoints/")
-    return run_files.load_run_config(run_dir, "--config.init_from"), checkpoint
+    return run_files.load_run_spec(run_dir, "--config.init_from"), checkpoint
 
 
-def _training_corpus(config) -> str:
-    """The name of the training split a run's config reads."""
-    if config.data_dir:
-        return f"the train split of {config.data_dir}"
-    return (f"the train split of the built-in synthetic corpus (seed {config.data_seed}, "
-            f"{config.synthetic_size} utterances)")
+def _training_corpus(data: run_spec.DataSpec) -> str:
+    """The name of the training split a run's data part reads."""
+    if data.data_dir:
+        return f"the train split of {data.data_dir}"
+    return (f"the train split of the built-in synthetic corpus (seed {data.data_seed}, "
+            f"{data.synthetic_size} utterances)")
 
 
-def _training_utterances(run_dir: str, config) -> set:
-    """The token sequences a run trained on (its corpus is read again, by its config)."""
+def _training_utterances(run_dir: str, data: run_spec.DataSpec) -> set:
+    """The token sequences a run trained on (its corpus is read again, by its data part)."""
     try:
-        train = builders.load_splits(config).train
+        train = builders.load_splits(data).train
     except (ValueError, OSError) as error:
-        _bad(run_dir, f"cannot read the corpus it trained on ({config.data_dir or 'synthetic'}) "
+        _bad(run_dir, f"cannot read the corpus it trained on ({data.data_dir or 'synthetic'}) "
              f"to compare it with this run's training split: {error}")
     return {tuple(u.tokens) for u in train}
 
 
-def _how_trained(run_dir: str, config) -> tuple:
+def _how_trained(run_dir: str, privacy: run_spec.PrivacySpec) -> tuple:
     """(private, how): whether a run trained with differential privacy, and a phrase saying so
     with its epsilon (recomputed from its privacy.json, as edp-privacy does) or why not."""
-    if config.mechanism == "sgd":
+    if not privacy.private:
         return False, "without differential privacy (mechanism 'sgd')"
     path = os.path.join(run_dir, ledger_lib.FILENAME)
     try:
@@ -159,14 +158,14 @@ def _how_trained(run_dir: str, config) -> tuple:
                   f"{led['delta']:.3g}, add/remove-one-{led.get('privacy_unit', 'example')})")
 
 
-def _uses(run_dir: str, config, ours: set) -> list:
+def _uses(run_dir: str, spec: run_spec.RunSpec, ours: set) -> list:
     """The corpora one run of the chain used, each compared with this run's training split."""
-    private, how = _how_trained(run_dir, config)
-    uses = [Use(run_dir, _training_corpus(config), "trained on", how, private,
-                bool(ours & _training_utterances(run_dir, config)))]
-    if config.public_subspace:
+    private, how = _how_trained(run_dir, spec.privacy)
+    uses = [Use(run_dir, _training_corpus(spec.data), "trained on", how, private,
+                bool(ours & _training_utterances(run_dir, spec.data)))]
+    if spec.privacy.public_subspace:
         try:
-            utterances, name = public_subspace.corpus(config)
+            utterances, name = public_subspace.corpus(spec.privacy)
         except ValueError as error:
             _bad(run_dir, f"cannot read its public subspace corpus to compare it with this run's "
                           f"training split: {error}")
@@ -177,43 +176,43 @@ def _uses(run_dir: str, config, ours: set) -> list:
     return uses
 
 
-def prepare(config, train) -> Source:
-    """The source of `config.init_from`, with every corpus of its chain compared with this run's
+def prepare(model: run_spec.ModelSpec, train) -> Source:
+    """The source of `model.init_from`, with every corpus of its chain compared with this run's
     training utterances `train`, and checked against the model; ValueError naming
     `--config.init_from` when it cannot serve."""
-    run_dir = config.init_from
-    source_config, checkpoint = _read_run(run_dir)
-    if source_config.model != config.model:
-        _bad(run_dir, f"that run trained a {source_config.model} model, this run a "
-                      f"{config.model} model")
-    if source_config.ema_fraction > 0:
+    run_dir = model.init_from
+    source_spec, checkpoint = _read_run(run_dir)
+    if source_spec.model.model != model.model:
+        _bad(run_dir, f"that run trained a {source_spec.model.model} model, this run a "
+                      f"{model.model} model")
+    if source_spec.optimizer.ema_fraction > 0:
         _bad(run_dir, "that run averaged its weights (ema_fraction > 0), and its checkpoint "
                       "holds the raw ones; start from a run without ema_fraction")
     ours = {tuple(u.tokens) for u in train}
-    uses, link, cfg = [], run_dir, source_config
+    uses, link, spec = [], run_dir, source_spec
     for _ in range(MAX_CHAIN):
-        uses += _uses(link, cfg, ours)
-        if not cfg.get("init_from"):
-            return Source(run_dir, source_config, checkpoint, tuple(uses))
-        link = cfg.init_from
-        cfg, _ = _read_run(link)
+        uses += _uses(link, spec, ours)
+        if not spec.model.init_from:
+            return Source(run_dir, source_spec, checkpoint, tuple(uses))
+        link = spec.model.init_from
+        spec, _ = _read_run(link)
     _bad(run_dir, f"its chain of init_from runs is longer than {MAX_CHAIN} (a loop?)")
 
 
-def run_preprocessor(run_dir: str, config):
+def run_preprocessor(run_dir: str, model: run_spec.ModelSpec):
     """A finished run's preprocessor, from its preprocessor.json."""
     saved = run_files.read_json(os.path.join(run_dir, "preprocessor.json"))
-    if config.model == "clc":
+    if model.model == "clc":
         return CLCPreprocessor.from_config(saved)
 
     return BertPreprocessor.from_config(saved)
 
 
-def trained_model(config, preprocessor, checkpoint: str, embedding_dim: int = 0):
-    """A finished run's model, rebuilt from its config and preprocessor with the weights of
+def trained_model(spec: run_spec.ModelSpec, preprocessor, checkpoint: str,
+                  embedding_dim: int = 0):
+    """A finished run's model, rebuilt from its model part and preprocessor with the weights of
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
-    model = builders.build_model(run_spec.RunSpec.of_checked(config).model, preprocessor,
-                                 shape_only_vectors(config, embedding_dim))
+    model = builders.build_model(spec, preprocessor, shape_only_vectors(spec, embedding_dim))
     # read, not restore: the run's checkpoints are written without a save counter
     # (edp_nlu/pipeline/checkpoints.py), which restore would expect
     tf.train.Checkpoint(model=model).read(
@@ -227,12 +226,12 @@ def load_backbone(model, preprocessor, source: Source) -> int:
     def bad(why):
         _bad(source.run_dir, why)
 
-    theirs = run_preprocessor(source.run_dir, source.config)
+    theirs = run_preprocessor(source.run_dir, source.spec.model)
     for field in ("word_vocabulary", "char_vocabulary", "vocabulary"):
         if getattr(theirs, field, None) != getattr(preprocessor, field, None):
             bad(f"its {field.replace('_', ' ')} differs from this run's, so its embedding rows "
                 "mean other tokens")
-    source_model = trained_model(source.config, theirs, source.checkpoint,
+    source_model = trained_model(source.spec.model, theirs, source.checkpoint,
                                  int(getattr(model.backbone, "word_embedding_dim", 0)))
     source_vars = [v for v in source_model.backbone.weights if "lora" not in v.path]
     if len(source_vars) != len(source_model.backbone.weights):
@@ -256,10 +255,10 @@ def load_backbone(model, preprocessor, source: Source) -> int:
     return len(target_vars)
 
 
-def shape_only_vectors(config, dim: int):
-    """Stand-in word vectors that give a CLC built from `config` the embedding width `dim` (a
+def shape_only_vectors(model: run_spec.ModelSpec, dim: int):
+    """Stand-in word vectors that give a CLC built from `model` the embedding width `dim` (a
     checkpoint then fills every row), instead of reading its vectors file again."""
-    if config.model != "clc" or not config.clc.word_vectors:
+    if model.model != "clc" or not model.clc.word_vectors:
         return None
 
     return WordVectors(("",), np.zeros((1, dim), np.float32))
