@@ -75,6 +75,8 @@ def write_table(out_dir: str) -> str:
             continue
         with open(os.path.join(out_dir, name)) as f:
             data = json.load(f)
+        if not isinstance(data, dict) or not data.get("rows"):
+            continue  # another command's file in the same directory (--out=/tmp/x.json)
         first = data["rows"][0]
         lines += [f"## n = {first['n']}, q = {first['q']:g}, epsilon {first['epsilon']:g}, "
                   f"delta {first['delta']:.3g}", "", f"`{data['command']}`", "",

@@ -257,45 +257,49 @@ def sampling_table_text(rows: Sequence[SamplingRow], dataset_size: int, target_e
     return "\n".join(lines)
 
 
-def define_flags() -> None:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     """Flags are defined only when run as a command: edp_nlu.train defines some of the same
-    names, and both modules may be imported by one test process."""
-    flags.DEFINE_string("run_dir", None, "A run directory holding privacy.json.")
+    names, and both modules may be imported by one test process (which gives its own
+    `values`)."""
+    v = dict(flag_values=values)
+    flags.DEFINE_string("run_dir", None, "A run directory holding privacy.json.", **v)
     flags.DEFINE_string("report", None, "With --run_dir: also write a self-contained privacy "
                         "report for a reviewer to this file (.html, else Markdown): the "
                         "guarantee, epsilon over the epochs, the mechanism, what it assumes "
-                        "and does not cover, each artifact, the audit command.")
-    flags.DEFINE_integer("dataset_size", None, "n, training examples (planned run).")
-    flags.DEFINE_float("batch_size", None, "Expected (Poisson) or fixed global batch.")
-    flags.DEFINE_integer("epochs", None, "Epochs (planned run).")
-    flags.DEFINE_integer("steps_per_epoch", None, "Default: ceil(n / batch_size).")
-    flags.DEFINE_float("noise_multiplier", None, "z0 (planned run).")
-    flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon instead.")
-    flags.DEFINE_float("delta", None, "delta (default 0.1/n; with --run_dir, recompute at it).")
-    flags.DEFINE_enum("decay", "none", ["none", "linear", "exponential"], "Noise decay.")
-    flags.DEFINE_float("decay_rate", 0.0, "Decay rate tau.")
+                        "and does not cover, each artifact, the audit command.", **v)
+    flags.DEFINE_integer("dataset_size", None, "n, training examples (planned run).", **v)
+    flags.DEFINE_float("batch_size", None, "Expected (Poisson) or fixed global batch.", **v)
+    flags.DEFINE_integer("epochs", None, "Epochs (planned run).", **v)
+    flags.DEFINE_integer("steps_per_epoch", None, "Default: ceil(n / batch_size).", **v)
+    flags.DEFINE_float("noise_multiplier", None, "z0 (planned run).", **v)
+    flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon instead.", **v)
+    flags.DEFINE_float("delta", None,
+                       "delta (default 0.1/n; with --run_dir, recompute at it).", **v)
+    flags.DEFINE_enum("decay", "none", ["none", "linear", "exponential"], "Noise decay.", **v)
+    flags.DEFINE_float("decay_rate", 0.0, "Decay rate tau.", **v)
     flags.DEFINE_enum("noise_mode", "calibrated", ["calibrated", "paper", "both"],
-                      "Noise mode; 'both' prints the two side by side.")
-    flags.DEFINE_integer("replicas", 1, "Replicas N.")
-    flags.DEFINE_integer("microbatch_size", 0,
-                         "Examples per micro-batch; 0: one micro-batch per replica (eDP-SGD).")
-    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "Batch sampling.")
+                      "Noise mode; 'both' prints the two side by side.", **v)
+    flags.DEFINE_integer("replicas", 1, "Replicas N.", **v)
+    flags.DEFINE_integer("microbatch_size", 0, "Examples per micro-batch; 0: one micro-batch "
+                         "per replica (eDP-SGD).", **v)
+    flags.DEFINE_enum("sampling", "poisson", ["poisson", "shuffle"], "Batch sampling.", **v)
     flags.DEFINE_float("scaling_noise_multiplier", 0.0,
-                       "> 0: charge a private per-layer scale query with this z.")
-    flags.DEFINE_float("selection_noise_multiplier", 0.0,
-                       "> 0: sparse embedding noise (DP-AdaFEST) with row counts at this z_c.")
+                       "> 0: charge a private per-layer scale query with this z.", **v)
+    flags.DEFINE_float("selection_noise_multiplier", 0.0, "> 0: sparse embedding noise "
+                       "(DP-AdaFEST) with row counts at this z_c.", **v)
     flags.DEFINE_bool("sampling_table", False,
                       "Print z and the noise left per (sampling rate, passes) at "
-                      "--target_epsilon for --dataset_size (per-example clipping), then exit.")
+                      "--target_epsilon for --dataset_size (per-example clipping), then exit.",
+                      **v)
     flags.DEFINE_list("sampling_rates", ["0.02", "0.04", "0.08", "0.16", "0.32"],
-                      "Sampling rates q of --sampling_table.")
+                      "Sampling rates q of --sampling_table.", **v)
     flags.DEFINE_list("passes", ["12", "24", "48", "96"],
-                      "Expected passes over the data (q x steps) of --sampling_table.")
+                      "Expected passes over the data (q x steps) of --sampling_table.", **v)
 
 
-def main(argv):
+def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:
     del argv
-    f = flags.FLAGS
+    f = values
     # dp-accounting warns for every RDP order it drops at small sigma (the bound stays valid)
     logging.set_verbosity(logging.ERROR)
     if f.run_dir:

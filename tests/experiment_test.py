@@ -20,7 +20,7 @@ from experiments.grids.common import cell, grid
 from tests.tiny_runs import many_csv_rows, write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=8",
+TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=4",
         "replicas=1", "learning_rate=0.01", "clc.lstm_units=8", "clc.num_lstm_layers=1",
         "clc.char_embedding_dim=8", "clc.char_filters=8", "clc.vocabulary_size=2000")
 

@@ -16,12 +16,15 @@ EPOCHS = 2
 # attempt is a process that pays TensorFlow's start and the step's tracing: the chain's faults
 # need a few steps and an epoch's end to land on, not the soak's 30-step epochs.
 SYNTHETIC_SIZE, STEPS_PER_EPOCH = 480, 12
+MAX_WORDS = 4  # the step's trace is unrolled over the words: half the soak's 8, a cheaper trace
 
 
 def test_faults_inside_a_run_lose_no_step_and_leave_a_model_that_serves(tmp_path, monkeypatch):
+    smaller = {"--config.synthetic_size=": f"--config.synthetic_size={SYNTHETIC_SIZE}",
+               "--config.max_words=": f"--config.max_words={MAX_WORDS}"}
     monkeypatch.setattr(faults, "RUN_FLAGS", tuple(
-        f"--config.synthetic_size={SYNTHETIC_SIZE}" if flag.startswith("--config.synthetic_size=")
-        else flag for flag in faults.RUN_FLAGS))
+        next((v for k, v in smaller.items() if flag.startswith(k)), flag)
+        for flag in faults.RUN_FLAGS))
     reference = faults.planned_reference(STEPS_PER_EPOCH, EPOCHS)
     chain = ["sigterm", "kill_in_checkpoint", "truncated_checkpoint", "input_error"]
     log = []
