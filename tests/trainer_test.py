@@ -695,10 +695,11 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
     The runs train on given splits without export, as tools.lira trains shadow models on subsets:
     `splits` replaces the corpus, the hook sees the trained model (and its return value is the
     summary's), and export=False leaves no SavedModel."""
-    monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * 8)
-    monkeypatch.setitem(recipes.CHUNK, "clc", 8 * 8)  # 8 rows of 8 words
     config = tiny_config("clc", mechanism, replicas=1, epochs=2, ema_fraction=0.5,
                          noise_multiplier=1.0)
+    words = config.max_words  # the budgets count row-words: 8 rows of this many words
+    monkeypatch.setitem(recipes.UNCHUNKED, "clc", 8 * words)
+    monkeypatch.setitem(recipes.CHUNK, "clc", 8 * words)
     full = corpus(config)
     half = dataclasses.replace(full, train=full.train[: len(full.train) // 2])
     raw, seen = _RawWeights(), {}
