@@ -59,8 +59,8 @@ def _in_process_call(command, **kwargs) -> int:
     """subprocess.call for the commands experiment.py runs with this interpreter, run in this
     process through the library calls those commands make (a process would import TensorFlow
     again); other commands (the tests' stand-ins) run as processes. That the commands work as
-    processes is the `finished` fixture's DP cell's and test_a_cell_with_overrides_resumes_
-    with_its_own_settings's (edp_nlu.train) and evaluate_test's (edp_nlu.evaluate)."""
+    processes is test_a_cell_with_overrides_resumes_with_its_own_settings's (edp_nlu.train)
+    and evaluate_test's (edp_nlu.evaluate)."""
     if command[0] != sys.executable:
         return _REAL_CALL(command, **kwargs)
     module, args = command[2], command[3:]
@@ -90,15 +90,15 @@ def rescoring_in_process(monkeypatch):
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
-    """The grid with its first two cells run: the SGD cell in this process, the DP cell as its
-    edp_nlu.train process (its ledger is compared with the plan the selection makes from the
-    cell's config, so it must be what the command itself charged)."""
+    """The grid with its first two cells run, in this process (their configs parsed from the
+    cells' edp_nlu.train command lines as the command parses them): that run_cell's process
+    is accepted and its exit code read is test_a_cell_with_overrides_resumes_with_its_own_
+    settings's, which runs the command on the DP cell's run."""
     tmp = tmp_path_factory.mktemp("grid")
     g = tiny_grid(tmp)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(experiment.subprocess, "call", _in_process_call)
-        sgd = experiment.run_cell(g, g.cells[0], sys.executable, None)
-    results = [sgd, experiment.run_cell(g, g.cells[1], sys.executable, None)]
+        results = [experiment.run_cell(g, c, sys.executable, None) for c in g.cells[:2]]
     experiment.report(g)
     return g, results
 
@@ -128,6 +128,7 @@ def test_a_cell_with_overrides_resumes_with_its_own_settings(finished):
     g, (_, dp) = finished
     command = experiment.cell_command(g, g.cells[1], sys.executable, resume=True)
     assert "--resume" in command and not any(a.startswith("--config") for a in command)
+    # run_cell's edp_nlu.train process (the file's one): a refused command would exit non-zero
     again = experiment.run_cell(g, g.cells[1], sys.executable, None)  # finished: nothing to train
     assert again == dp
 
