@@ -5,7 +5,10 @@ import json
 import os
 import pathlib
 
+from absl import flags
+
 import edp_tf
+from edp_nlu import evaluate
 from edp_nlu.configs.base import base_config
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.data import synthetic
@@ -102,10 +105,6 @@ def evaluate_command(capsys, *args: str) -> str:
     define some of the same names). A user error propagates: `cli.run` prints it as one
     `error:` line and exits 2 (edp_nlu/cli_test.py); the command as a process is
     tests/per_class_test.py's report test."""
-    from absl import flags
-
-    from edp_nlu import evaluate
-
     values = flags.FlagValues()
     evaluate.define_flags(values)
     values(["edp-evaluate", *args])
