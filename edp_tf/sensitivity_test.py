@@ -52,34 +52,21 @@ def _loss(y_true, y_pred):
     return 0.5 * keras.ops.sum(keras.ops.square(y_pred - y_true), axis=-1)
 
 
-class _EachStepFromZero(keras.callbacks.Callback):
-    """After each step: records the update (the kernel, started at 0) and puts the kernel back
-    to 0, so that one fit runs the step on the batch and then on its neighbour from w = 0 each."""
-
-    def __init__(self, kernel):
-        super().__init__()
-        self.kernel, self.updates = kernel, []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.updates.append(-self.kernel.numpy().ravel())
-        self.kernel.assign(np.zeros(self.kernel.shape, "float32"))
-
-
 def _updates(config, full, neighbour, x=X, y=Y):
     """The updates of one step on the batch weighted `full` and on its neighbour, weighted
-    `neighbour`, from w = 0 each, and the Mechanism the step accounts: one fit of two steps
-    (the batch, then its neighbour), so one traced step serves both (each fit traces the step
-    anew), the same step a run takes."""
+    `neighbour`, from w = 0 each; one model and one traced step serve both (the same step a run
+    takes, on the two datasets), and the Mechanism the step accounts."""
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     private = PrivateModel(model, config)
     private.compile(optimizer=keras.optimizers.SGD(1.0), loss=_loss)
-    each_step = _EachStepFromZero(model.layers[0].kernel)
-    private.fit(np.concatenate([x, x]), np.concatenate([y, y]),
-                sample_weight=np.concatenate([full, neighbour]), batch_size=len(x), epochs=1,
-                shuffle=False, verbose=0, callbacks=[each_step])
-    assert len(each_step.updates) == 2
-    return each_step.updates[0], each_step.updates[1], private.mechanism
+    updates = []
+    for weights in (full, neighbour):
+        model.layers[0].kernel.assign(np.zeros((1, 1), "float32"))
+        private.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False,
+                    verbose=0)
+        updates.append(-model.get_weights()[0].ravel())
+    return updates[0], updates[1], private.mechanism
 
 
 @pytest.fixture(scope="module")
