@@ -343,34 +343,15 @@ class _Rdp:
         return float(dp_accounting.rdp.compute_epsilon(self._orders, self._rdp, delta)[0])
 
 
-@functools.lru_cache(maxsize=16)  # a PLD can hold megabytes
-def _pld_after(interval: float, events: tuple):
-    """The PLD of `events` ((z_eff, q, count), ...) composed in order, as PLDAccountant composes
-    them. Cached by prefix: a calibration or a ledger composes the same charged epochs before
-    each candidate, so each step reuses the PLD of what came before it (same numbers: the same
-    compositions in the same order)."""
-    if not events:
-        return dp_accounting.pld.privacy_loss_distribution.identity(
-            value_discretization_interval=interval)
-    before = _pld_after(interval, events[:-1])
-    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
-    acc._pld = before  # pylint: disable=protected-access  (resumes the composition above)
-    z_eff, sampling_rate, count = events[-1]
-    acc.compose(_gaussian(z_eff, sampling_rate), count)
-    return acc._pld  # pylint: disable=protected-access
-
-
 class _Pld:
     def __init__(self, interval: float):
-        self._interval, self._events = interval, ()
+        self._acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
 
     def add(self, z_eff: float, sampling_rate: Optional[float], count: int) -> None:
-        self._events += ((z_eff, sampling_rate, count),)
+        self._acc.compose(_gaussian(z_eff, sampling_rate), count)
 
     def get_epsilon(self, delta: float) -> float:
-        if any(z_eff == 0 for z_eff, _, _ in self._events):  # as PLDAccountant: no noise
-            return math.inf
-        return float(_pld_after(self._interval, self._events).get_epsilon_for_delta(delta))
+        return float(self._acc.get_epsilon(delta))
 
 
 def _new_accountant(accountant: str, pld_discretization: float):
