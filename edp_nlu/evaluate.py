@@ -36,28 +36,30 @@ from edp_nlu.scoring import metrics as metrics_lib
 from edp_nlu.scoring import per_class, predictions
 
 
-def define_flags() -> None:
+def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
     """Defined only when run as a command: other trainers use the same flag names and tests
-    import several of them into one process."""
-    flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True)
-    flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).")
+    import several of them into one process (which gives its own `values`)."""
+    v = dict(flag_values=values)
+    flags.DEFINE_string("run_dir", None, "A finished run directory.", required=True, **v)
+    flags.DEFINE_string("data_dir", None, "Data to score (default: the run's own data).", **v)
     flags.DEFINE_enum("split", "test", ["train", "dev", "test"], "Which split to score. train "
                       "is refused for a private run: exact scores on the training split are "
-                      "unnoised statistics of the training data.")
-    flags.DEFINE_string("output", None, "Also write the metrics JSON here.")
+                      "unnoised statistics of the training data.", **v)
+    flags.DEFINE_string("output", None, "Also write the metrics JSON here.", **v)
     flags.DEFINE_bool("decodings", False, "Score the latest checkpoint (not the export) with "
-                      "both CRF decodings, BIO-constrained and unconstrained Viterbi.")
+                      "both CRF decodings, BIO-constrained and unconstrained Viterbi.", **v)
     flags.DEFINE_bool("per_class", False, "Score each intent and slot type against its count in "
                       "the run's training split. The per-class training counts are unnoised "
                       "statistics of the training data, not covered by epsilon: a diagnostic, "
                       "not a DP release. Writes --output or RUN_DIR-per_class.json beside the "
-                      "run directory (never inside a private run's directory).")
+                      "run directory (never inside a private run's directory).", **v)
     flags.DEFINE_string("compare_to", None, "With --per_class: a run on the same data (e.g. plain "
-                        "training) to put beside --run_dir; gap = its score - the run's.")
+                        "training) to put beside --run_dir; gap = its score - the run's.", **v)
     flags.DEFINE_string("per_class_results", None, "With --per_class and --compare_to: also "
-                        "write PREFIX.md (tables and commands) and PREFIX.png (gap by bucket).")
+                        "write PREFIX.md (tables and commands) and PREFIX.png (gap by bucket).",
+                        **v)
     flags.DEFINE_multi_string("command", [], "With --per_class_results: a command that made "
-                              "the runs, quoted in PREFIX.md (repeatable).")
+                              "the runs, quoted in PREFIX.md (repeatable).", **v)
 
 
 def load_serving(run_dir: str):
@@ -360,9 +362,9 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     return predictions.scores_by_decoding(model, preprocessor, utterances, x)
 
 
-def main(argv):
+def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:
     del argv
-    f = flags.FLAGS
+    f = values
     if (f.compare_to or f.per_class_results or f.command) and not f.per_class:
         raise app.UsageError("--compare_to, --per_class_results and --command go with --per_class")
     if f.per_class_results and not f.compare_to:

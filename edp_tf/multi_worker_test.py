@@ -66,57 +66,64 @@ def train_job(strategy, noise_multiplier: float, sampler_seed=None, epochs: int 
             "expected_batch": sampler.expected_batch_size, "replicas": replicas}
 
 
-def worker_main(index: int, ports: str, out: str, noise_multiplier: float, sampler_seed: int,
-                zero_loss: bool) -> None:
-    os.environ["TF_CONFIG"] = multi_worker.tf_config(
-        [f"127.0.0.1:{p}" for p in ports.split(",")], index)
-    strategy = multi_worker.make_multi_worker_strategy(timeout_seconds=120)
-    result = train_job(strategy, noise_multiplier, None if sampler_seed < 0 else sampler_seed,
-                       zero_loss=zero_loss)
+# The two jobs each worker process runs, one after the other on its one strategy: (name,
+# noise multiplier, fixed sampler seed or None for the shared key, zero loss). Two jobs in one
+# pair of processes save a pair's TensorFlow start; the z = 0 job runs first, as it ran alone.
+JOBS = (("z0", 0.0, 7, False), ("noise", 1.0, None, True))
+
+
+def _save(out: str, result: dict) -> None:
     np.savez(out, **{f"{k}/{name}": v for k in ("before", "after")
                      for name, v in result[k].items()},
              expected_batch=result["expected_batch"], replicas=result["replicas"])
 
 
-def reference_main(out: str) -> None:
-    """One process, 2 replicas (MirroredStrategy), z = 0: in a fresh process like the workers,
-    because tf.data's seeded random stream also depends on TensorFlow's global seed, which
-    other tests in the pytest process set."""
-    result = train_job(edp_tf.make_strategy(2), 0.0, sampler_seed=7)  # 2 logical CPUs
-    np.savez(out, **{f"{k}/{name}": v for k in ("before", "after")
-                     for name, v in result[k].items()})
+def worker_main(index: int, ports: str, out_dir: str) -> None:
+    os.environ["TF_CONFIG"] = multi_worker.tf_config(
+        [f"127.0.0.1:{p}" for p in ports.split(",")], index)
+    strategy = multi_worker.make_multi_worker_strategy(timeout_seconds=120)
+    for name, noise_multiplier, sampler_seed, zero_loss in JOBS:
+        _save(os.path.join(out_dir, f"{name}{index}.npz"),
+              train_job(strategy, noise_multiplier, sampler_seed, zero_loss=zero_loss))
 
 
-def run_workers(tmp_path, noise_multiplier: float, sampler_seed: int = -1,
-                zero_loss: bool = False) -> list:
+def reference_job() -> dict:
+    """One process, 2 replicas (MirroredStrategy over the logical CPUs conftest.py makes), z = 0.
+    tf.data's seeded random stream also depends on TensorFlow's global seed, which other tests
+    in this process may set: unset, as in a fresh process (and restored after)."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    kept = context.global_seed()
+    tf.random.set_seed(None)
+    try:
+        return train_job(edp_tf.make_strategy(2), 0.0, sampler_seed=7)
+    finally:
+        tf.random.set_seed(kept)
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory) -> dict:
+    """Both JOBS run by one pair of worker processes: {job name: [worker 0's, worker 1's]}."""
+    out_dir = str(tmp_path_factory.mktemp("workers"))
     ports = ",".join(map(str, free_ports(2)))
     procs = []
     for index in range(2):
-        out = str(tmp_path / f"worker{index}.npz")
         code = (f"import edp_tf.multi_worker_test as t; t.worker_main({index}, {ports!r}, "
-                f"{out!r}, {noise_multiplier}, {sampler_seed}, {zero_loss})")
+                f"{out_dir!r})")
         env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3")
-        procs.append((subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT), out))
-    results = []
-    for proc, out in procs:
+        procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    for proc in procs:
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log.decode()[-3000:]
-        results.append(dict(np.load(out)))
-    return results
+    return {name: [dict(np.load(os.path.join(out_dir, f"{name}{i}.npz"))) for i in range(2)]
+            for name, *_ in JOBS}
 
 
-def test_two_workers_at_z0_match_one_process_with_two_replicas(tmp_path):
-    workers = run_workers(tmp_path, noise_multiplier=0.0, sampler_seed=7)
-    out = str(tmp_path / "reference.npz")
-    code = f"import edp_tf.multi_worker_test as t; t.reference_main({out!r})"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="3"),
-                          timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    saved = dict(np.load(out))
-    reference = {k: {n.split("/", 1)[1]: v for n, v in saved.items() if n.startswith(k + "/")}
-                 for k in ("before", "after")}
+def test_two_workers_at_z0_match_one_process_with_two_replicas(workers):
+    workers = workers["z0"]
+    reference = reference_job()
     assert int(workers[0]["replicas"]) == 2
     for name, after in reference["after"].items():
         np.testing.assert_allclose(workers[0][f"before/{name}"], reference["before"][name])
@@ -125,10 +132,9 @@ def test_two_workers_at_z0_match_one_process_with_two_replicas(tmp_path):
             np.testing.assert_allclose(worker[f"after/{name}"], after, rtol=1e-5, atol=1e-6)
 
 
-def test_noise_of_two_workers_is_independent_with_the_single_process_law(tmp_path):
+def test_noise_of_two_workers_is_independent_with_the_single_process_law(workers):
     z = 1.0
-    workers = run_workers(tmp_path, noise_multiplier=z, zero_loss=True)
-    w0, w1 = workers
+    w0, w1 = workers["noise"]
     for name in ("a/kernel", "b/kernel"):
         np.testing.assert_array_equal(w0[f"after/{name}"], w1[f"after/{name}"])  # in sync
     # SGD at rate 1 on a loss without gradient: each of the 2 epochs x 8 steps adds noise of std

@@ -461,17 +461,21 @@ class PrivateModel(keras.Model):
         return self.train_function
 
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Keras' own, given one replica's share of the first batch where Keras takes the
-        replicas' MEAN of it. Why: Keras reads that batch only for its shapes and dtypes (every
-        share has the same), and a MEAN over strings (text for an in-model TextVectorization)
-        is an AddN TensorFlow refuses."""
+        """Keras' own, given one replica's share of the first batch, read from the data
+        adapter's dataset rather than from a distributed epoch iterator. Why: Keras reads that
+        batch only for its shapes and dtypes (every share has the same). Its replicas' MEAN of
+        the batch is an AddN TensorFlow refuses over strings (text for an in-model
+        TextVectorization). And the distributed iterator it opens for that one element is
+        dropped at once by the epoch iterator's `reset()` while the replicas' prefetch may
+        still run: that destruction crashed the process now and then (SIGSEGV in
+        `epoch_iterator.reset`). `take(1)` of the dataset leaves nothing running."""
         if iterator is not None and self._distribute_strategy is not None:
-            local = self.distribute_strategy.experimental_local_results
-            for _, _, it in iterator:  # as Keras: the first element of a fresh epoch iterator
-                data_batch = tf.nest.map_structure(
-                    lambda v: local(v)[0] if isinstance(v, tf.distribute.DistributedValues)
-                    else v, next(it))
-                break
+            element = next(iter(iterator.data_adapter.get_tf_dataset().take(1)))
+            rows = int(tf.nest.flatten(element)[0].shape[0])
+            share = max(rows // self.distribute_strategy.num_replicas_in_sync, 1)
+            data_batch = tf.nest.map_structure(
+                lambda t: t[:share] if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else t,
+                element)
             iterator = None
         return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
 

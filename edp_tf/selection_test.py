@@ -184,14 +184,15 @@ def test_unselected_rows_stay_exactly_unchanged(strategy, microbatch_size, metho
     assert private.privacy_facts()["selection_noise_multiplier"] == Z_C
 
 
-@pytest.mark.parametrize("replicas", [1, 4])  # 4: the logical devices of conftest.py
+@pytest.mark.parametrize("replicas", [1, 2])  # 2: the shared strategy's (edp_tf/conftest.py)
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
-def test_adam_and_momentum_leave_unselected_rows_unchanged(optimizer, replicas):
+def test_adam_and_momentum_leave_unselected_rows_unchanged(strategy, optimizer, replicas):
     """The tables' updates reach the optimizer as IndexedSlices of the selected rows (with
     several replicas, already summed over them, without duplicate rows), which Keras' Adam and
-    momentum SGD apply row by row: over 3 epochs no untouched row moves."""
+    momentum SGD apply row by row: over 3 epochs no untouched row moves. Two replicas take the
+    several-replica path (the step's own sum over replicas) as four do, at half the cost."""
     x, y = _data()
-    with edp_tf.make_strategy(replicas).scope():
+    with (edp_tf.make_strategy(1) if replicas == 1 else strategy).scope():
         inner = _embedding_model()
         before = inner.get_layer("table").get_weights()[0].copy()
         private = PrivateModel(inner, DPConfig(

@@ -93,27 +93,33 @@ def data_for(model, n=8, seed=0):
 
 def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     """The fast path's per-micro-batch squared norms and clipped sum equal the loop's, and
-    exactly the variables named in `covered` (paths without keras' suffixes) used a ghost rule."""
+    exactly the variables named in `covered` (paths without keras' suffixes) used a ghost rule.
+    One loop and one traced ghost pass give both (each trace costs seconds)."""
     x, y = data_for(model)
     w = np.ones(len(x), "float32")
-    squares, ghost_indices = squared_norms_by_ghost(model, loss_fn, x, y, w, k, float(k))
-    assert variable_names(model, ghost_indices) == sorted(covered)
-    want = np.array([[float(np.sum(g ** 2)) for g in grads]
-                     for grads in loop_gradients(model, loss_fn, x, y, w, k, float(k))])
-    assert squares.shape == want.shape
-    # float32 sums of a few hundred terms: relative error ~1e-6; 1e-4 leaves margin.
-    np.testing.assert_allclose(squares, want, rtol=1e-4, atol=1e-9)
-    # The clipped sum the step uses (each rule's weighted sum, in its variable's shape), with
-    # C at the median norm so that about half the micro-batches are clipped.
-
     variables = model.trainable_variables
     alpha = (1.0,) * len(variables)
     reference = loop_gradients(model, loss_fn, x, y, w, k, float(k))
+    want = np.array([[float(np.sum(g ** 2)) for g in grads] for grads in reference])
+    # The clipped sum the step uses (each rule's weighted sum, in its variable's shape), with
+    # C at the median norm so that about half the micro-batches are clipped.
     C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))
     expected, _, _ = loop_clipped_sum(reference, alpha, C)
-    result = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, loss_fn, variables, x, y, tf.constant(w), k, float(k), alpha, C))()[0]
-    for v, got, want_sum in zip(variables, result.clipped_sum, expected):
+    plans = []
+
+    @tf.function
+    def fast():
+        g = microbatch.gradients(model, loss_fn, variables, x, y, tf.constant(w),
+                                 microbatch.ClipPlan(k, float(k), alpha, C))
+        plans.append(g.pass_.plan)
+        return tf.stack(g.variable_squared_norms(), axis=1), g.clip(C).clipped_sum
+
+    squares, result = fast()
+    assert variable_names(model, [weight.index for weight in plans[0].ghost]) == sorted(covered)
+    assert squares.shape == want.shape
+    # float32 sums of a few hundred terms: relative error ~1e-6; 1e-4 leaves margin.
+    np.testing.assert_allclose(squares.numpy(), want, rtol=1e-4, atol=1e-9)
+    for v, got, want_sum in zip(variables, result, expected):
         # a ghost norm is raised by its rounding bound, up to bounds.MAX_MARGIN above the exact
         # one, so a micro-batch near C is clipped by up to that much more than the loop clips it
         # (4.8e-4 seen on an AVX2 machine for the LoRA head's kernel)

@@ -35,13 +35,13 @@ def test_where_copies_cannot_apply_the_field_is_named_in_one_line(overrides, rea
 def test_a_tiny_run_with_two_copies_is_charged_as_one_copy(tmp_path):
     """K = 2 trains (each example's micro-batch its 2 rows) and its privacy.json states the
     epsilon, q, steps and S of the same run without copies, planned by the trainer's builders."""
-    config = tiny_config("clc", "dpsgd", replicas=1, augment_copies=2, max_words=8)
+    config = tiny_config("clc", "dpsgd", replicas=1, augment_copies=2)
     summary = training.train(config, str(tmp_path / "k2"), strategy=strategy(1), export=False)
     ledger = read(summary["run_dir"], "privacy.json")
     assert ledger["augment_copies"] == 2 and ledger["sensitivity"] == 1
     assert ledger["microbatch_size"] == 1 and ledger["private"] is True
 
-    one = tiny_config("clc", "dpsgd", replicas=1, max_words=8)
+    one = tiny_config("clc", "dpsgd", replicas=1)
     resolved = read(summary["run_dir"], "config.json")["config"]
     one.update(batch_size=resolved["batch_size"], epochs=resolved["epochs"])
     n = ledger["dataset_size"]

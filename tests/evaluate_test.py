@@ -6,8 +6,6 @@ test and dev mean the export serves what was trained, tokenisation included.
 """
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import tensorflow as tf
@@ -17,8 +15,8 @@ from edp_nlu import evaluate
 from edp_nlu.configs.base import base_config
 from edp_nlu.data import synthetic
 from edp_nlu.pipeline import training
+from tests import tiny_runs
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NUMBERS = ("ser", "intent_accuracy", "slot_f1", "slot_precision", "slot_recall",
            "sentence_accuracy", "slot_substitutions", "slot_deletions", "slot_insertions",
            "intent_errors", "reference_slots", "utterances")
@@ -102,13 +100,11 @@ def test_unfinished_or_missing_runs_are_refused(finished, tmp_path):
         evaluate.evaluate_run(str(unfinished))
 
 
-def test_command_line_prints_and_writes_the_metrics(finished, tmp_path):
+def test_command_line_prints_and_writes_the_metrics(finished, tmp_path, capsys):
     output = tmp_path / "scores.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "edp_nlu.evaluate", f"--run_dir={finished['run_dir']}",
-         f"--output={output}"], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tiny_runs.evaluate_command(capsys, f"--run_dir={finished['run_dir']}",
+                                     f"--output={output}")
     written = json.loads(output.read_text())
-    assert json.loads(proc.stdout[proc.stdout.index("{"):]) == written
+    assert json.loads(out[out.index("{"):]) == written
     assert written["split"] == "test"
     assert_same_metrics(written, finished["metrics"]["test"])

@@ -11,13 +11,16 @@ import sys
 import pytest
 from absl import app, flags
 from absl.testing import flagsaver
+from ml_collections import config_flags
 
+from edp_nlu import evaluate
+from edp_nlu.pipeline import run_files, training
 from edp_tf import attacks, tuning
 from edp_tf.accounting import EpochRecord
 from edp_tf.ledger import read_ledger
 from experiments import experiment
 from experiments.grids.common import cell, grid
-from tests.tiny_runs import many_csv_rows, write_csv
+from tests.tiny_runs import many_csv_rows, strategy, write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=4",
@@ -49,11 +52,53 @@ def main_in_process(**flag_values) -> None:
         experiment.main([])
 
 
+_REAL_CALL = subprocess.call
+
+
+def _in_process_call(command, **kwargs) -> int:
+    """subprocess.call for the commands experiment.py runs with this interpreter, run in this
+    process through the library calls those commands make (a process would import TensorFlow
+    again); other commands (the tests' stand-ins) run as processes. That the commands work as
+    processes is test_a_cell_with_overrides_resumes_with_its_own_settings's (edp_nlu.train)
+    and evaluate_test's (edp_nlu.evaluate)."""
+    if command[0] != sys.executable:
+        return _REAL_CALL(command, **kwargs)
+    module, args = command[2], command[3:]
+    given = dict(a[2:].split("=", 1) for a in args if "=" in a)
+    run_dir = given["run_dir"]
+    if module == "edp_nlu.train" and args[0].startswith("--config="):  # a cell's first run
+        argv = ["edp_nlu.train", f"--config={os.path.join(kwargs['cwd'], given['config'])}",
+                *(a for a in args if a.startswith("--config."))]
+        values = flags.FlagValues()  # the config parsed as edp_nlu.train parses it
+        config_flags.DEFINE_config_file("config", None, "", flag_values=values, sys_argv=argv)
+        values(argv)
+        training.train(values.config, run_dir, strategy=strategy(int(values.config.replicas)))
+    elif module == "edp_nlu.train" and args[1:] == ["--resume", "--recompute_metrics"]:
+        config = run_files.load_run_config(run_dir)
+        training.train(config, run_dir, resume=True, strategy=strategy(int(config.replicas)))
+    elif module == "edp_nlu.evaluate" and args[1:-1] == ["--decodings"]:
+        experiment._write(given["output"], evaluate.scores_by_decoding(run_dir, "test"))
+    else:
+        raise AssertionError(f"no in-process stand-in for {command}")
+    return 0
+
+
+@pytest.fixture
+def rescoring_in_process(monkeypatch):
+    monkeypatch.setattr(experiment.subprocess, "call", _in_process_call)
+
+
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
+    """The grid with its first two cells run, in this process (their configs parsed from the
+    cells' edp_nlu.train command lines as the command parses them): that run_cell's process
+    is accepted and its exit code read is test_a_cell_with_overrides_resumes_with_its_own_
+    settings's, which runs the command on the DP cell's run."""
     tmp = tmp_path_factory.mktemp("grid")
     g = tiny_grid(tmp)
-    results = [experiment.run_cell(g, c, sys.executable, None) for c in g.cells[:2]]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(experiment.subprocess, "call", _in_process_call)
+        results = [experiment.run_cell(g, c, sys.executable, None) for c in g.cells[:2]]
     experiment.report(g)
     return g, results
 
@@ -83,6 +128,7 @@ def test_a_cell_with_overrides_resumes_with_its_own_settings(finished):
     g, (_, dp) = finished
     command = experiment.cell_command(g, g.cells[1], sys.executable, resume=True)
     assert "--resume" in command and not any(a.startswith("--config") for a in command)
+    # run_cell's edp_nlu.train process (the file's one): a refused command would exit non-zero
     again = experiment.run_cell(g, g.cells[1], sys.executable, None)  # finished: nothing to train
     assert again == dp
 
@@ -142,7 +188,7 @@ def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path
         main_in_process(grid=str(grid_file), cells="nope")
 
 
-def test_dev_attack_is_added_to_rows_measured_without_it(finished):
+def test_dev_attack_is_added_to_rows_measured_without_it(finished, rescoring_in_process):
     """--dev_attack: a row stored before the dev-split attack gets it from its own finished run
     (resumed: the final metrics are recomputed, the ledger and state untouched), and a run that
     no longer scores the row's test metrics is refused rather than mixed into it."""
@@ -176,7 +222,8 @@ def test_dev_attack_is_added_to_rows_measured_without_it(finished):
     experiment._write(experiment.cell_result_path(g, "clc_dpsgd"), again)
 
 
-def test_bio_decoding_is_added_to_rows_measured_without_it(finished, tmp_path):
+def test_bio_decoding_is_added_to_rows_measured_without_it(finished, tmp_path,
+                                                           rescoring_in_process):
     """--rescore: a row stored before the BIO decoding gets it from its run's last checkpoint;
     a checkpoint that no longer scores the row's (Viterbi) test metrics is refused."""
     g, (_, dp) = finished
@@ -408,7 +455,9 @@ def test_a_draw_saved_with_index_names_continues_under_token_names(finished, tmp
     assert not re.search(r"\d{2}_clc", json.dumps(result))
 
 
-def test_select_command_line(tmp_path):
+def test_select_command_line(tmp_path, capsys):
+    """The flags reach the selection (in this process); a usage error is a process's `error:`
+    line and exit code 2."""
     grid_file = tmp_path / "grid.py"
     grid_file.write_text(
         "from experiments.grids.common import cell, grid\n"
@@ -417,15 +466,13 @@ def test_select_command_line(tmp_path):
         f"*{('mechanism=dpsgd', 'target_epsilon=8.0') + TINY!r})])\n"
         f"    g.results_dir = {str(tmp_path / 'results')!r}\n"
         f"    g.runs_dir = {str(tmp_path / 'runs')!r}\n    return g\n")
-    run = lambda *args: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "experiments.experiment", f"--grid={grid_file}", *args], cwd=ROOT,
-        capture_output=True, text=True, timeout=300)
-    out = run("--select", "--plan_only", "--mu=4", "--distribution=logarithmic")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "K ~ logarithmic(mean 4)" in out.stdout
+    main_in_process(grid=str(grid_file), select="true", plan_only="true", mu="4",
+                    distribution="logarithmic")
+    assert "K ~ logarithmic(mean 4)" in capsys.readouterr().out
     assert experiment._read(str(tmp_path / "tuning" / "tiny.json"))["distribution"] == "logarithmic"
     # a usage error: an `error:` line and exit code 2 (edp_nlu/cli.py)
-    bad = run("--plan_only")
+    bad = subprocess.run([sys.executable, "-m", "experiments.experiment", f"--grid={grid_file}",
+                          "--plan_only"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "error: --plan_only goes with --select" in bad.stderr.splitlines(), bad.stderr[-2000:]
     with pytest.raises(app.UsageError, match="mean must be in"):

@@ -4,7 +4,8 @@ an exception in the input pipeline; resumed after each, it finishes with an expo
 and a ledger that charges every step that ran (the soak with every fault kind is the command
 `python -m tools.faults`, docs/faults.md).
 
-The runs are subprocesses, as a user runs them (see workers_test.py for why)."""
+The runs are subprocesses, as a user runs them (see workers_test.py for why); the finished
+export is loaded here, not in a fresh interpreter of its own."""
 import json
 import os
 import random
@@ -25,6 +26,7 @@ def test_faults_inside_a_run_lose_no_step_and_leave_a_model_that_serves(tmp_path
     monkeypatch.setattr(faults, "RUN_FLAGS", tuple(
         next((v for k, v in smaller.items() if flag.startswith(k)), flag)
         for flag in faults.RUN_FLAGS))
+    monkeypatch.setattr(faults, "PROBE_IN_PROCESS", True)  # TensorFlow is loaded here already
     reference = faults.planned_reference(STEPS_PER_EPOCH, EPOCHS)
     chain = ["sigterm", "kill_in_checkpoint", "truncated_checkpoint", "input_error"]
     log = []

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from edp_nlu import evaluate
+from edp_nlu import cli, evaluate
 from edp_nlu.scoring import metrics
 from edp_nlu.scoring import per_class as pc
 from edp_nlu.scoring.per_class import INTENT
@@ -183,19 +183,22 @@ def test_a_train_subset_is_other_data_and_a_config_before_the_field_is_not(runs,
         evaluate.per_class_run(runs["prior"], str(older))
 
 
-def evaluate_command(*args):
-    return subprocess.run([sys.executable, "-m", "edp_nlu.evaluate", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+def refusal_line(capsys, *args: str) -> str:
+    """The one line `python -m edp_nlu.evaluate *args` prints before it exits with code 2: a
+    user error (cli.USER_ERRORS) with a one-line message, raised before anything is written."""
+    with pytest.raises(cli.USER_ERRORS) as refused:
+        tiny_runs.evaluate_command(capsys, *args)
+    line = f"error: {refused.value}"  # as cli.run prints it
+    assert "\n" not in line, line
+    return line
 
 
-def test_a_private_run_is_not_scored_on_its_training_split(runs):
+def test_a_private_run_is_not_scored_on_its_training_split(runs, capsys):
     """Exact scores of a private run on its training split, overall or per class, are unnoised
     statistics of the data epsilon protects: refused with one line, exit code 2 (the command
     once, with --per_class; the scoring functions of both paths below)."""
     private = runs["private"]
-    proc = evaluate_command(f"--run_dir={private}", "--split=train", "--per_class")
-    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
-    (line,) = proc.stderr.strip().splitlines()
+    line = refusal_line(capsys, f"--run_dir={private}", "--split=train", "--per_class")
     assert line.startswith("error: --split=train: ") and "private run" in line, line
     for score in (lambda: evaluate.evaluate_run(private, split="train"),
                   lambda: evaluate.per_class_run(private, split="train"),
@@ -208,7 +211,8 @@ def test_a_private_run_is_not_scored_on_its_training_split(runs):
     assert evaluate.per_class_run(runs["oracle"], split="train")["split"] == "train"
 
 
-def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, tmp_path):
+def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, tmp_path,
+                                                                          capsys):
     """per_class.json holds per-class training counts, unnoised: by default it goes beside the
     run directory, and a private run's directory (which privacy.json lists file by file) is
     refused as its place."""
@@ -219,10 +223,9 @@ def test_the_per_class_report_of_a_private_run_stays_out_of_its_directory(runs, 
     written = evaluate.per_class_run(private)
     assert written["diagnostic"] == pc.DIAGNOSTIC and written["split"] == "test"
     inside = os.path.join(private, "per_class.json")
-    refused = evaluate_command(f"--run_dir={private}", "--per_class", f"--output={inside}")
-    assert refused.returncode == 2 and not os.path.exists(inside)
+    line = refusal_line(capsys, f"--run_dir={private}", "--per_class", f"--output={inside}")
+    assert not os.path.exists(inside)
     assert sorted(os.listdir(private)) == before  # nothing written into the run
-    (line,) = refused.stderr.strip().splitlines()
     assert "inside the private run" in line, line
     # the reference's directory too, when it is the private one
     with pytest.raises(ValueError, match="inside the private run"):

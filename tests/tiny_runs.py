@@ -5,7 +5,10 @@ import json
 import os
 import pathlib
 
+from absl import flags
+
 import edp_tf
+from edp_nlu import evaluate
 from edp_nlu.configs.base import base_config
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.data import synthetic
@@ -94,3 +97,17 @@ def many_csv_rows(scenario, intent, count, start=0):
     """`count` rows of one intent, each with a time and a date slot."""
     return [csv_row(start + i, scenario, intent, f"wake me at [time : {i} am] [date : today]")
             for i in range(count)]
+
+
+def evaluate_command(capsys, *args: str) -> str:
+    """`python -m edp_nlu.evaluate *args` in this process, its stdout: a fresh interpreter costs
+    ~7 CPU-s of imports. Its flags go on their own FlagValues (other modules of the test process
+    define some of the same names). A user error propagates: `cli.run` prints it as one
+    `error:` line and exits 2 (edp_nlu/cli_test.py); the command as a process is
+    tests/per_class_test.py's report test."""
+    values = flags.FlagValues()
+    evaluate.define_flags(values)
+    values(["edp-evaluate", *args])
+    capsys.readouterr()
+    evaluate.main([], values)
+    return capsys.readouterr().out

@@ -116,8 +116,9 @@ def resumed_run(tmp_path_factory):
 def cli_run(tmp_path_factory):
     """`python -m edp_nlu.train` (default config, GloVe, with eDP-SGD) with planted canaries."""
     run_dir = str(tmp_path_factory.mktemp("cli") / "run")
+    # 4 words, as tiny_config: the CLC step is unrolled over max_words, so tracing shrinks
     overrides = dict(synthetic_size=SIZE, synthetic_canaries=2, synthetic_canary_repeats=3,
-                     batch_size=BATCH, max_words=8)
+                     batch_size=BATCH, max_words=4)
     clc = dict(vocabulary_size=2000, lstm_units=8, num_lstm_layers=1, char_embedding_dim=8,
                char_filters=8)
     argv = ([sys.executable, "-m", "edp_nlu.train", f"--run_dir={run_dir}", "--replicas=1",
@@ -586,29 +587,6 @@ def test_training_counts_reach_the_log_only_with_diagnostics(caplog, diagnostics
         assert "truncated" not in logged and "left out" not in logged, logged
 
 
-def test_joint_format_dir_without_schema_reports_training_labels(tmp_path):
-    """No schema shipped with the data, labels taken as they are (label_selection="training"
-    instead of the private selection) and no word vectors: the labels and the vocabulary come
-    from the training split and are exported with the model, so the ledger says epsilon does not
-    cover them, the export is listed as not covered and the run is not private."""
-    config = tiny_config("clc", "dpsgd", replicas=1, label_selection="training")
-    config.clc.word_vectors = ""  # the vocabulary from the training text
-    splits = corpus(config)
-    config.data_dir = write_joint_dir(tmp_path / "joint", splits)
-    run_dir = str(tmp_path / "run")
-    # the ledger lists what a run writes whether or not this one exports (run_files.artifacts)
-    training.train(config, run_dir, strategy=strategy(1), export=False)
-    privacy = read(run_dir, "privacy.json")
-    assert any("label sets were derived from the training split" in s
-               for s in privacy["not_covered"])
-    assert read(run_dir, "label_schema.json")["from_training_data"] is True
-    assert any("label_schema.json" in a for a in privacy["artifacts"]["not_covered"])
-    assert any(s.startswith("saved_model/") and "the label sets and the vocabulary" in s
-               for s in privacy["artifacts"]["not_covered"])
-    assert not [a for a in privacy["artifacts"]["covered"] if a.startswith("saved_model/")]
-    assert privacy["private"] is False
-
-
 # --------------------------------------------------------------------------- user-level privacy
 def edp_tf_mechanism(dp):
     return Mechanism.from_config(dp, 2, 8 * dp.microbatch_size)
@@ -776,12 +754,23 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
     """BERT with LoRA (ghost norms): during the probing epoch the encoder's trainable weights
     (LoRA factors, biases, layer norms) stay bit-identical, the heads move; in the next epoch the
     encoder moves too. The ledger is that of any 2 epochs. One replica: frozen variables under
-    mirrored noise on 2 replicas are edp_tf/private_model_freeze_test.py's."""
+    mirrored noise on 2 replicas are edp_tf/private_model_freeze_test.py's.
+
+    The run reads a joint-format directory without schema, its labels taken as they are
+    (label_selection="training" instead of the private selection), and its vocabulary is the
+    training text's (bert.vocabulary="train"): the labels and the vocabulary come from the
+    training split and are exported with the model, so the ledger says epsilon does not cover
+    them, the export is listed as not covered and the run is not private (one run for both
+    checks: a tiny run's cost is mostly tracing)."""
     config = tiny_config("bert", "dpsgd", replicas=1, epochs=2, probe_epochs=1,
-                         noise_multiplier=1.0)
+                         noise_multiplier=1.0, label_selection="training")
     config.bert.private_finetune = "lora"
+    assert config.bert.vocabulary == "train"
+    config.data_dir = write_joint_dir(tmp_path / "joint", corpus(config))
+    run_dir = str(tmp_path / "run")
     seen = _EncoderAndHeads()
-    summary = training.train(config, str(tmp_path / "run"), strategy=strategy(1), callbacks=[seen],
+    # the ledger lists what a run writes whether or not this one exports (run_files.artifacts)
+    summary = training.train(config, run_dir, strategy=strategy(1), callbacks=[seen],
                              export=False)
     (encoder0, heads0), (encoder1, heads1), (encoder2, _) = seen.seen
     assert len(encoder0) > 0
@@ -789,10 +778,18 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
         np.testing.assert_array_equal(before, after)
     assert any(not np.allclose(b, a) for b, a in zip(heads0, heads1))
     assert any(not np.allclose(b, a) for b, a in zip(encoder1, encoder2))
-    ledger = read(str(tmp_path / "run"), "privacy.json")
-    # the tiny BERT's vocabulary comes from the training text: exported, so not private
+    ledger = read(run_dir, "privacy.json")
     assert summary["private"] is False and len(ledger["epochs"]) == 2
     assert ledger["frozen_until_epoch"] == 1  # recorded; epsilon is that of any 2 epochs
+
+    assert any("label sets were derived from the training split" in s
+               for s in ledger["not_covered"])
+    assert read(run_dir, "label_schema.json")["from_training_data"] is True
+    assert any("label_schema.json" in a for a in ledger["artifacts"]["not_covered"])
+    assert any(s.startswith("saved_model/") and "the label sets and the vocabulary" in s
+               for s in ledger["artifacts"]["not_covered"])
+    assert not [a for a in ledger["artifacts"]["covered"] if a.startswith("saved_model/")]
+    assert ledger["private"] is False
 
 
 @pytest.mark.parametrize("overrides, message", [
