@@ -4,7 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edp_nlu import cli
+import pytest
+from absl import flags
+
+from edp_nlu import cli, privacy
 from edp_nlu.configs import DIRECTORY, accept_names, config_file
 from edp_nlu.pipeline import run_files
 
@@ -31,11 +34,6 @@ def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2(monk
     edp-privacy's flags: the parser is cli.run's own (absl's app.run stood in for, so that the
     process-wide flags are untouched); a command's process ending in exit 2 with its one
     line and nothing else is test_a_bad_flag_value_is_one_line_naming_it_and_exit_2's."""
-    import pytest
-    from absl import flags
-
-    from edp_nlu import privacy
-
     values = flags.FlagValues()
     privacy.define_flags(values)
     monkeypatch.setattr(flags, "FLAGS", values)
@@ -50,8 +48,6 @@ def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2(monk
 
 
 def test_a_run_directory_that_is_not_one_names_the_commands_flag(tmp_path):
-    import pytest
-
     with pytest.raises(ValueError, match=r"^--run_dir=.*missing: the directory does not exist"):
         run_files.load_run_config(str(tmp_path / "missing"))
 

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
 from edp_tf import DPConfig, PrivateModel, microbatch
 from edp_tf.testing import mse, per_example_update, small_model, small_regression
@@ -43,6 +44,29 @@ def test_no_noise_huge_clip_equals_ordinary_training(strategy, ordinary_training
     for got, want in zip(inner.get_weights(), trained):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert history.history["clipped_fraction"] == [0.0, 0.0]
+
+
+def test_the_symbolic_build_opens_no_distributed_iterator(strategy, monkeypatch):
+    """Keras builds from one element of a distributed iterator that the epoch iterator's
+    `reset()` then destroys while the replicas' prefetch may still run (a SIGSEGV now and then
+    under load); PrivateModel builds from the dataset itself, so the iterator of the first
+    epoch is the only one opened before the first step. Keras' way opens two."""
+    opened, before_first_step = [], []
+    get_iterator = keras_tf_trainer.TFEpochIterator._get_iterator
+    monkeypatch.setattr(keras_tf_trainer.TFEpochIterator, "_get_iterator",
+                        lambda self: opened.append(1) or get_iterator(self))
+
+    class FirstStep(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            before_first_step.append(len(opened))
+
+    x, y = small_regression()
+    with strategy.scope():
+        private = PrivateModel(small_model(), DPConfig(l2_norm_clip=1.0, noise_multiplier=0.0,
+                                                       microbatch_size=1))
+        private.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.MeanSquaredError())
+    private.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0, callbacks=[FirstStep()])
+    assert before_first_step[0] == 1
 
 
 @pytest.mark.parametrize("microbatch_size", [1, 2])
