@@ -340,26 +340,39 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     """{"viterbi": metrics, "bio": metrics} of a run's latest checkpoint on `split` of its own
     data: the model is rebuilt from the run's config, so runs exported before the BIO decoding
     existed get both (their SavedModel serves Viterbi only)."""
+    check_split(run_dir, split)
+    spec, model, preprocessor = checkpoint_model(run_dir)
+    utterances = getattr(builders.load_splits(spec.data), split)
+    if not utterances:
+        raise ValueError(f"the {split} split of {run_dir}'s data is empty")
+    x = builders.encode(preprocessor, utterances, split).x
+    return predictions.scores_by_decoding(model, preprocessor, utterances, x)
+
+
+def checkpoint_model(run_dir: str) -> tuple:
+    """(run spec, model, preprocessor) of a run's latest checkpoint, the model rebuilt from the
+    run's config: for scoring what its export cannot (other decodings of the same weights)."""
     import tensorflow as tf
 
-    check_split(run_dir, split)
     spec = run_files.load_run_spec(run_dir)
     if spec.optimizer.ema_fraction > 0:  # its checkpoint holds the raw weights, not these
         raise ValueError(f"{run_dir} kept a moving average of its weights (ema_fraction), which "
                          "its checkpoint does not hold: score its export instead")
+    if spec.privacy.private and spec.optimizer.noise_filter == "kalman":
+        # between steps the model holds the Kalman filter's extrapolated point, which the
+        # checkpoint saves; the export holds the iterate (FilteredOptimizer's finalize)
+        raise ValueError(f"{run_dir} trained behind the Kalman filter (noise_filter=kalman): its "
+                         "checkpoint holds the extrapolated weights, not the ones it released: "
+                         "score its export instead")
     checkpoint = checkpoints.latest_prefix(run_dir)
     if checkpoint is None:
         raise ValueError(f"{run_dir} has no intact committed checkpoint in checkpoints/")
-    utterances = getattr(builders.load_splits(spec.data), split)
-    if not utterances:
-        raise ValueError(f"the {split} split of {run_dir}'s data is empty")
     preprocessor = warm_start.run_preprocessor(run_dir, spec.model)
     widths = [shape[1] for name, shape in tf.train.list_variables(checkpoint)
               if "word_embedding/_embeddings" in name and "optimizer" not in name]
     model = warm_start.trained_model(spec.model, preprocessor, checkpoint,
                                      widths[0] if widths else 0)
-    x = builders.encode(preprocessor, utterances, split).x
-    return predictions.scores_by_decoding(model, preprocessor, utterances, x)
+    return spec, model, preprocessor
 
 
 def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:

@@ -108,3 +108,16 @@ def test_command_line_prints_and_writes_the_metrics(finished, tmp_path, capsys):
     assert json.loads(out[out.index("{"):]) == written
     assert written["split"] == "test"
     assert_same_metrics(written, finished["metrics"]["test"])
+
+
+@pytest.mark.parametrize("field, value, named", [("noise_filter", "kalman", "Kalman"),
+                                                 ("ema_fraction", 0.5, "ema_fraction")])
+def test_checkpoint_scoring_refuses_runs_whose_checkpoint_is_not_what_they_released(
+        tmp_path, field, value, named):
+    """The Kalman filter's checkpoint holds its extrapolated point, an EMA run's the raw weights:
+    scoring either (--decodings, experiments/o_penalty.py) would score weights never released."""
+    config = tiny_runs.tiny_config(mechanism="dpsgd", replicas=1, **{field: value})
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump({"config": config.to_dict()}, f)
+    with pytest.raises(ValueError, match=f"{named}.*score its export instead"):
+        evaluate.checkpoint_model(str(tmp_path))
