@@ -1,10 +1,11 @@
 """`python -m experiments.o_penalty --run_dir=RUN [--run_dir=RUN ...]`: rare slots the private
 model misses, recovered by post-processing that costs no privacy.
 
-Where slot types collapse under DP (docs/results.md, "What privacy costs, per class"), the private model
-mostly says O for them. The CRF's BIO-constrained best path can be made to give up O more easily:
-the O tag's emission score lowered by a penalty b at every word before decoding. b is a public
-constant applied to the released model's outputs, so it is post-processing: epsilon unchanged.
+Where slot types collapse under DP (docs/results.md, "What privacy costs, per class"), the
+question is whether the private model just falls short of saying them, O winning by a small
+margin. If so, lowering the O tag's emission score by a penalty b at every word before the
+BIO-constrained CRF decoding recovers them. b is a public constant applied to the released
+model's outputs: post-processing, epsilon unchanged.
 
 b is chosen on the dev split (never on test) from a fixed grid, the smallest b of the best dev SER;
 the test row at that b is the result, and every b's dev and test rows are kept beside it.
