@@ -44,7 +44,7 @@ def choose(rows: Sequence[dict]) -> dict:
     return min(rows, key=lambda row: (row["dev"]["ser"], row["penalty"]))
 
 
-def _forward(model, x: dict) -> list:
+def forward(model, x: dict) -> list:
     """[(real rows, infer outputs)] over padded batches: one forward pass serves every b."""
     infer = tf.function(model.infer, reduce_retracing=True)
     return [(real, infer(batch)) for real, (batch,) in predictions.padded_batches(256, x)]
@@ -78,14 +78,14 @@ def penalty_rows(run_dir: str, penalties: Sequence[float] = PENALTIES) -> list:
     splits = builders.load_splits(spec.data)
     counts = per_class.training_counts([u.intent for u in splits.train],
                                        [u.tags for u in splits.train])
-    forward = {name: _forward(model, builders.encode(preprocessor, getattr(splits, name),
+    by_split = {name: forward(model, builders.encode(preprocessor, getattr(splits, name),
                                                      name).x) for name in ("dev", "test")}
     decode = tf.function(lambda p, m: model.crf.decode(p, m, constrained=True)[0],
                          reduce_retracing=True)
     rows = []
     for penalty in penalties:
         row = {"penalty": float(penalty)}
-        for name, outputs in forward.items():
+        for name, outputs in by_split.items():
             references = getattr(splits, name)
             labels = _labels(decode, preprocessor, outputs, penalty)
             scores = predictions.score(references, *labels)
