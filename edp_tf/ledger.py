@@ -338,6 +338,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         source = getattr(self.model, "batch_source", None)
         self.check_batch_source(source)  # fit checked it before anything ran; this is the root
         self._adopt_sampler_of(source)
+        self._check_plan(facts.get("plan"))
         mechanism = self._mechanism(facts)
         previous = (read_ledger(self.path) if self.path is not None and os.path.exists(self.path)
                     else self._ledger if self.path is None else None)
@@ -562,6 +563,21 @@ class PrivacyLedger(keras.callbacks.Callback):
             self.sampler = theirs
             self.sampling_rate = theirs.sampling_rate
             self.sampling_seed_fixed = self.sampling_seed_fixed or theirs.seed_fixed
+
+    def _check_plan(self, plan: Optional[dict]) -> None:
+        """The model's PrivacyPlan must be for this ledger's n, q and delta: its epsilon, and the
+        noise a target epsilon calibrated through it, would otherwise be for another run than
+        the one this ledger charges (the ledger's epsilon stays true, the target would not)."""
+        if not plan:
+            return
+        ours = {"dataset_size": self.dataset_size, "sampling_rate": self.sampling_rate,
+                "delta": self.delta}
+        diff = [k for k, v in ours.items() if v is not None and not _same(plan[k], v)]
+        if diff:
+            raise ValueError(
+                "the model's PrivacyPlan was made for another run than this ledger charges: "
+                + ", ".join(f"{k} {plan[k]!r} planned vs {ours[k]!r} here" for k in diff)
+                + " (make the plan and the ledger from the same sampler and delta)")
 
     def _check_unit(self, mechanism) -> None:
         """The sampler's unit and micro-batch must be the step's: a user-level step fed

@@ -88,3 +88,21 @@ def test_a_release_before_training_is_calibrated_for_and_charged_once(tmp_path):
     assert accounting.ExtraEvent.from_dict(led["extra_events"][0]) == release
     records = [accounting.EpochRecord.from_dict(e) for e in led["epochs"]]
     assert led["epsilon"] == accounting.compute_epsilon(records, 1 / 3, 1e-3, (release,))
+
+
+def test_a_ledger_for_another_run_than_the_plan_is_refused_before_the_first_step(tmp_path):
+    """The plan's epsilon (and a target's calibration) assumed its n, q and delta: a ledger
+    charging another n or delta would report a run the plan did not calibrate for."""
+    x, y = small_regression()
+    config = DPConfig(noise_multiplier=1.0, microbatch_size=1)
+    made = PrivacyPlan(Mechanism.from_config(config, 1, 16), 48, 1 / 3, 1e-3, 1, 3)
+    private = PrivateModel(small_model(), config, plan=made)
+    private.compile(optimizer=keras.optimizers.SGD(0.1), loss=mse)
+    before = [v.numpy().copy() for v in private.trainable_variables]
+    ledger = PrivacyLedger(str(tmp_path), dataset_size=96, delta=1e-4, sampling="shuffle")
+    with pytest.raises(ValueError, match=r"dataset_size 48 planned vs 96 here, delta 0\.001 "
+                                         r"planned vs 0\.0001 here"):
+        private.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[ledger])
+    for v, b in zip(private.trainable_variables, before):  # no step ran
+        assert (v.numpy() == b).all()
+    assert not (tmp_path / "privacy.json").exists()

@@ -282,6 +282,10 @@ class PrivateModel(keras.Model):
                              else None),
             "validation_data": self._validation,
             "training_statistics": self._training_statistics,
+            # what the plan's epsilon (and a target's calibration) assumed: the ledger checks it
+            "plan": None if self._plan is None else {
+                "dataset_size": self._plan.dataset_size,
+                "sampling_rate": self._plan.sampling_rate, "delta": self._plan.delta},
         }
 
     def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
