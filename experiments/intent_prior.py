@@ -14,8 +14,6 @@ Writes results/intent_prior/<run name>.json and results/intent_prior/table.md.
 from __future__ import annotations
 
 import collections
-import glob
-import json
 import os
 from typing import Sequence
 
@@ -24,7 +22,7 @@ from absl import app, flags
 
 from edp_nlu import evaluate
 from edp_nlu.pipeline import builders
-from experiments import o_penalty
+from experiments import posthoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results", "intent_prior")
@@ -64,7 +62,7 @@ def prior_rows(run_dir: str, taus: Sequence[float] = TAUS) -> list:
     for split in ("dev", "test"):
         x = builders.encode(preprocessor, getattr(splits, split), split).x
         logits[split] = np.concatenate([out["intent_logits"].numpy()[:real]
-                                        for real, out in o_penalty.forward(model, x)])
+                                        for real, out in posthoc.forward(model, x)])
     rows = []
     for tau in taus:
         row = {"tau": float(tau)}
@@ -96,26 +94,18 @@ def table(results: Sequence[dict]) -> str:
 
 def main(argv) -> None:
     del argv
-    os.makedirs(RESULTS, exist_ok=True)
     for run_dir in flags.FLAGS.run_dir:
         name = os.path.basename(os.path.normpath(run_dir))
         rows = prior_rows(run_dir)
-        with open(os.path.join(RESULTS, name + ".json"), "w") as f:
-            json.dump({"name": name, "run_dir": run_dir, "chosen_on": "dev",
-                       "prior": "exact training counts (an upper bound, not private)",
-                       "command": f"python -m experiments.intent_prior --run_dir={run_dir}",
-                       "rows": rows}, f, indent=1)
+        posthoc.write_results(RESULTS, {
+            "name": name, "run_dir": run_dir, "chosen_on": "dev",
+            "prior": "exact training counts (an upper bound, not private)",
+            "command": f"python -m experiments.intent_prior --run_dir={run_dir}", "rows": rows},
+            table)
         best = choose(rows)
         print(f"{name}: tau = {best['tau']:g} on dev, test intent accuracy "
               f"{rows[0]['test']['intent_accuracy']:.4f} -> "
               f"{best['test']['intent_accuracy']:.4f}")
-    results = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
-        with open(path) as f:
-            results.append(json.load(f))
-    with open(os.path.join(RESULTS, "table.md"), "w") as f:
-        f.write(table(results))
-
 
 if __name__ == "__main__":
     flags.DEFINE_multi_string("run_dir", None, "A finished run's directory (repeatable).",

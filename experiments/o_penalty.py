@@ -14,8 +14,6 @@ results/o_penalty/*.json).
 """
 from __future__ import annotations
 
-import glob
-import json
 import os
 from typing import Sequence
 
@@ -25,6 +23,7 @@ from absl import app, flags
 from edp_nlu import evaluate
 from edp_nlu.pipeline import builders
 from edp_nlu.scoring import per_class, predictions
+from experiments import posthoc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "results", "o_penalty")
@@ -42,12 +41,6 @@ def penalised(potentials: tf.Tensor, o_index: int, penalty: float) -> tf.Tensor:
 def choose(rows: Sequence[dict]) -> dict:
     """The row of the smallest penalty with the lowest dev SER: chosen on dev alone."""
     return min(rows, key=lambda row: (row["dev"]["ser"], row["penalty"]))
-
-
-def forward(model, x: dict) -> list:
-    """[(real rows, infer outputs)] over padded batches: one forward pass serves every b."""
-    infer = tf.function(model.infer, reduce_retracing=True)
-    return [(real, infer(batch)) for real, (batch,) in predictions.padded_batches(256, x)]
 
 
 def _labels(decode, preprocessor, outputs: list, penalty: float) -> tuple:
@@ -78,7 +71,7 @@ def penalty_rows(run_dir: str, penalties: Sequence[float] = PENALTIES) -> list:
     splits = builders.load_splits(spec.data)
     counts = per_class.training_counts([u.intent for u in splits.train],
                                        [u.tags for u in splits.train])
-    by_split = {name: forward(model, builders.encode(preprocessor, getattr(splits, name),
+    by_split = {name: posthoc.forward(model, builders.encode(preprocessor, getattr(splits, name),
                                                      name).x) for name in ("dev", "test")}
     decode = tf.function(lambda p, m: model.crf.decode(p, m, constrained=True)[0],
                          reduce_retracing=True)
@@ -122,25 +115,16 @@ def table(results: Sequence[dict]) -> str:
 
 def main(argv) -> None:
     del argv
-    os.makedirs(RESULTS, exist_ok=True)
     for run_dir in flags.FLAGS.run_dir:
         name = os.path.basename(os.path.normpath(run_dir))
         rows = penalty_rows(run_dir)
-        result = {"name": name, "run_dir": run_dir, "chosen_on": "dev",
-                  "command": f"python -m experiments.o_penalty --run_dir={run_dir}",
-                  "rows": rows}
-        with open(os.path.join(RESULTS, name + ".json"), "w") as f:
-            json.dump(result, f, indent=1)
+        posthoc.write_results(RESULTS, {
+            "name": name, "run_dir": run_dir, "chosen_on": "dev",
+            "command": f"python -m experiments.o_penalty --run_dir={run_dir}", "rows": rows},
+            table)
         best = choose(rows)
         print(f"{name}: b = {best['penalty']:g} on dev, test SER "
               f"{rows[0]['test']['ser']:.4f} -> {best['test']['ser']:.4f}")
-    results = []
-    for path in sorted(glob.glob(os.path.join(RESULTS, "*.json"))):
-        with open(path) as f:
-            results.append(json.load(f))
-    with open(os.path.join(RESULTS, "table.md"), "w") as f:
-        f.write(table(results))
-
 
 if __name__ == "__main__":
     flags.DEFINE_multi_string("run_dir", None, "A finished run's directory (repeatable).",
