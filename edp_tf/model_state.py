@@ -58,7 +58,7 @@ def state_assigned_in_training(model: keras.layers.Layer, inputs) -> List[str]:
     for layer in unrolled:
         layer.unroll = False
     try:
-        tf.function(forward).get_concrete_function(specs)
+        tf.function(forward, autograph=False).get_concrete_function(specs)
     finally:
         for layer in unrolled:
             layer.unroll = True

@@ -74,7 +74,7 @@ def shared_key(strategy) -> int:
         replica = tf.distribute.get_replica_context().replica_id_in_sync_group
         return tf.where(tf.equal(replica, 0), value, tf.zeros_like(value))
 
-    @tf.function  # an eager strategy.run warns about its overhead
+    @tf.function(autograph=False)  # an eager strategy.run warns about its overhead
     def summed():
         return strategy.reduce("SUM", strategy.run(contribution), axis=None)
 

@@ -681,7 +681,7 @@ class PrivateModel(keras.Model):
         strategy = self.distribute_strategy
         device = strategy.extended.worker_devices[0] if hasattr(strategy, "extended") else None
         with tf.device(device):
-            return tf.function(fn)(*args)
+            return tf.function(fn, autograph=False)(*args)
 
     def _require_loss(self):
         if self._per_example_loss is None:

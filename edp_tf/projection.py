@@ -113,7 +113,7 @@ class PublicSubspace:
             factors, _ = clipping.clip_factors(tf.norm(flat, axis=1), clip)  # NaN/Inf rows -> 0
             return flat * factors[:, None]
 
-        self._gradients = tf.function(clipped_gradients)
+        self._gradients = tf.function(clipped_gradients, autograph=False)
         self._device = device
         self._refreshed_at = None  # new variables or a new fit: refresh at the next step
 

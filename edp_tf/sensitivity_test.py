@@ -12,6 +12,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from edp_tf import DPConfig, PrivateModel, make_strategy
 
@@ -54,18 +55,24 @@ def _loss(y_true, y_pred):
 
 def _updates(config, full, neighbour, x=X, y=Y):
     """The updates of one step on the batch weighted `full` and on its neighbour, weighted
-    `neighbour`, from w = 0 each; one model and one traced step serve both (the same step a run
-    takes, on the two datasets), and the Mechanism the step accounts."""
+    `neighbour`, from w = 0 each, and the Mechanism the step accounts. One fit of two steps,
+    the weight put back to 0 between them: the same traced step (the one a run takes) on the
+    two datasets, traced once."""
     model = keras.Sequential([keras.Input((1,)),
                               keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
     private = PrivateModel(model, config)
     private.compile(optimizer=keras.optimizers.SGD(1.0), loss=_loss)
+    batches = [tf.data.Dataset.from_tensors((x, y, np.asarray(w, "float32")))
+               for w in (full, neighbour)]
     updates = []
-    for weights in (full, neighbour):
-        model.layers[0].kernel.assign(np.zeros((1, 1), "float32"))
-        private.fit(x, y, sample_weight=weights, batch_size=len(x), epochs=1, shuffle=False,
-                    verbose=0)
-        updates.append(-model.get_weights()[0].ravel())
+
+    class FromZero(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            updates.append(-model.get_weights()[0].ravel())
+            model.layers[0].kernel.assign(np.zeros((1, 1), "float32"))
+
+    private.fit(batches[0].concatenate(batches[1]), epochs=1, verbose=0, callbacks=[FromZero()])
+    assert len(updates) == 2
     return updates[0], updates[1], private.mechanism
 
 

@@ -20,12 +20,13 @@ from edp_tf.accounting import EpochRecord
 from edp_tf.ledger import read_ledger
 from experiments import experiment
 from experiments.grids.common import cell, grid
-from tests.tiny_runs import many_csv_rows, strategy, write_csv
+from tests.tiny_runs import TINY_RUN_METHOD, many_csv_rows, strategy, write_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ("diagnostics=True", "synthetic_size=240", "batch_size=32", "epochs=1", "max_words=4",
         "replicas=1", "learning_rate=0.01", "clc.lstm_units=8", "clc.num_lstm_layers=1",
-        "clc.char_embedding_dim=8", "clc.char_filters=8", "clc.vocabulary_size=2000")
+        "clc.char_embedding_dim=8", "clc.char_filters=8", "clc.vocabulary_size=2000",
+        f"per_example_method={TINY_RUN_METHOD}")
 
 
 def tiny_grid(tmp_path):

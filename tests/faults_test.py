@@ -10,6 +10,7 @@ import json
 import os
 import random
 
+from tests.tiny_runs import TINY_RUN_METHOD
 from tools import faults
 
 EPOCHS = 2
@@ -25,7 +26,7 @@ def test_faults_inside_a_run_lose_no_step_and_leave_a_model_that_serves(tmp_path
                "--config.max_words=": f"--config.max_words={MAX_WORDS}"}
     monkeypatch.setattr(faults, "RUN_FLAGS", tuple(
         next((v for k, v in smaller.items() if flag.startswith(k)), flag)
-        for flag in faults.RUN_FLAGS))
+        for flag in faults.RUN_FLAGS) + (f"--config.per_example_method={TINY_RUN_METHOD}",))
     monkeypatch.setattr(faults, "PROBE_IN_PROCESS", True)  # TensorFlow is loaded here already
     reference = faults.planned_reference(STEPS_PER_EPOCH, EPOCHS)
     chain = ["sigterm", "kill_in_checkpoint", "truncated_checkpoint", "input_error"]

@@ -75,8 +75,9 @@ def test_the_public_examples_do_not_depend_on_the_training_split(monkeypatch, tm
     (dict(public_subspace="/no/such/dir"), "'synthetic' or a public joint-format directory"),
     (dict(probe_epochs=1), r"--config\.probe_epochs=1 is invalid: probe_epochs cannot be "
                           "combined with public_subspace"),
-    (dict(sparse_embeddings=True), r"--config\.public_subspace='synthetic' is invalid: "
-                                   "public_subspace cannot be combined with sparse_embeddings"),
+    (dict(sparse_embeddings=True, per_example_method="ghost"),  # the loop has no sparse path
+     r"--config\.public_subspace='synthetic' is invalid: "
+     "public_subspace cannot be combined with sparse_embeddings"),
     (dict(optimizer="adam_bc"), r"--config\.optimizer='adam_bc' is invalid: optimizer='adam_bc' "
                                 "with public_subspace"),
 ])

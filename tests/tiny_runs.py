@@ -16,6 +16,15 @@ from edp_nlu.data import synthetic
 SIZE, BATCH = 240, 32  # 192 training utterances (80 %), q = 1/6, 6 steps per epoch
 
 
+# The per-example method of the tiny runs: the while_loop over micro-batches traces its body once
+# (a tiny private CLC run 6 instead of 9 CPU-s), where the default ghost method converts the
+# step for tf.vectorized_map. The method is an execution choice (edp_tf.DPConfig: the same
+# clipped sum, S, noise and epsilon) and these runs assert files, ledgers and resumes, not the
+# clipping; the ghost method's exactness is the library's tests' (edp_tf/microbatch_test.py,
+# edp_tf/ghost/), and the default method runs end to end in trainer_test's per-example run and
+# command, and in edp_nlu/models/private_models_test.py.
+TINY_RUN_METHOD = "loop"
+
 # A small per-example CLC on 2,400 synthetic utterances, as command-line flags: ~60 steps, a second
 # or two an epoch after tracing, long enough to stop a run (or kill a worker) between steps.
 SMALL_CLC_FLAGS = (
@@ -24,7 +33,7 @@ SMALL_CLC_FLAGS = (
     "--config.clc.lstm_units=8", "--config.clc.num_lstm_layers=1",
     "--config.clc.char_embedding_dim=8", "--config.clc.char_filters=8",
     "--config.learning_rate=0.01", "--config.target_epsilon=0", "--noise_multiplier=1.0",
-    "--mechanism=dpsgd")
+    "--mechanism=dpsgd", f"--config.per_example_method={TINY_RUN_METHOD}")
 
 
 def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides):
@@ -33,7 +42,8 @@ def tiny_config(model="clc", mechanism="edp", replicas=2, epochs=1, **overrides)
     most utterances are then truncated, which the truncation checks need anyway)."""
     c = base_config()
     c.update(dict(model=model, mechanism=mechanism, replicas=replicas, epochs=epochs,
-                  synthetic_size=SIZE, batch_size=BATCH, max_words=4, learning_rate=1e-2))
+                  synthetic_size=SIZE, batch_size=BATCH, max_words=4, learning_rate=1e-2,
+                  per_example_method=TINY_RUN_METHOD))
     # GloVe's public vocabulary (2000 words load in ~0.3 s): a vocabulary from the training
     # text would be exported with the model and make every private run "not private"
     c.clc.update(dict(word_vectors="glove-6b-50d", vocabulary_size=2000, lstm_units=8,

@@ -52,7 +52,8 @@ def finished_run(tmp_path_factory):
     """name -> (config, run_dir, summary) of a completed run, trained once per module."""
     configs = {
         "clc-sgd": lambda: tiny_config("clc", "sgd", replicas=1, diagnostics=True),
-        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=1),  # no diagnostics (default)
+        # no diagnostics, and the default per-example method (ghost), as the default command
+        "clc-dpsgd": lambda: tiny_config("clc", "dpsgd", replicas=1, per_example_method="ghost"),
         "bert-sgd": lambda: tiny_config("bert", "sgd", replicas=2, diagnostics=True),
     }
     cache = {}
@@ -636,7 +637,8 @@ def test_sparse_embedding_run_charges_the_joint_multiplier(tmp_path):
     the ledger records z_c and every epoch is charged at (z^-2 + z_c^-2)^-1/2; z0 is calibrated
     with the selection included, so the target still holds."""
     config = tiny_config("bert", "dpsgd", replicas=1, epochs=2, target_epsilon=TARGET_EPSILON,
-                         sparse_embeddings=True, selection_noise_multiplier=3.0)
+                         sparse_embeddings=True, selection_noise_multiplier=3.0,
+                         per_example_method="ghost")  # the loop has no sparse path
     config.bert.finetune = "all"
     summary = training.train(config, str(tmp_path / "sparse"), strategy=strategy(1), export=False)
     led = read(summary["run_dir"], "privacy.json")
@@ -797,7 +799,7 @@ def test_probe_epochs_train_the_heads_alone_then_the_encoder(tmp_path):
     (dict(mechanism="dpsgd", probe_epochs=2, epochs=2), r"--config\.probe_epochs=2 is invalid"
                                                         r".*fewer than the run's 2 epochs"),
     (dict(mechanism="dpsgd", probe_epochs=-1), r"--config\.probe_epochs=-1 is invalid"),
-    (dict(mechanism="dpsgd", probe_epochs=1, sparse_embeddings=True),
+    (dict(mechanism="dpsgd", probe_epochs=1, sparse_embeddings=True, per_example_method="ghost"),
      r"--config\.probe_epochs=1 is invalid: probe_epochs cannot be combined with "
      r"sparse_embeddings"),
 ])

@@ -34,7 +34,8 @@ def serving_function(task: JointTagger, preprocessor) -> tf.types.experimental.P
     tag_names = tf.constant(list(preprocessor.tag_vocabulary.labels))
     intent_names = tf.constant(list(preprocessor.intent_vocabulary.labels))
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="utterances")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="utterances")],
+                 autograph=False)
     def serve(utterances):
         words = preprocessor.split(utterances)
         predictions = task.predict_labels(preprocessor.encode_words(words))

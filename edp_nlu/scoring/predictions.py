@@ -28,7 +28,8 @@ def decoding_step(model):
     """One tf.function giving every decoding the model can run from one forward pass (see
     `predict_by_decoding`): evaluating after each epoch and at the end shares its trace."""
     return tf.function(functools.partial(model.predict_labels_by_decoding,
-                                         decodings=model.decodings()), reduce_retracing=True)
+                                         decodings=model.decodings()), reduce_retracing=True,
+                       autograph=False)
 
 
 def predict_by_decoding(model, preprocessor, x: dict, step=None, decodings=None,
@@ -76,7 +77,8 @@ def per_example_losses(model, x: dict, y: dict, batch_size: int = 256, step=None
 
 def loss_step(model):
     """The per-example joint loss in inference mode, as one tf.function."""
-    return tf.function(lambda bx, by: model.per_example_loss(by, model.infer(bx)))
+    return tf.function(lambda bx, by: model.per_example_loss(by, model.infer(bx)),
+                       autograph=False)
 
 
 def membership_attack(model, preprocessor, train_enc, nonmembers, name: str = "test") -> dict:

@@ -171,7 +171,7 @@ class BertPreprocessor(tf.Module):
     def split(self, strings: tf.Tensor) -> tf.RaggedTensor:
         return split_words(strings)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def _tokenize_words(self, words: tf.Tensor) -> tf.RaggedTensor:
         # Traced: eager keras-hub tokenizers return Python lists, graph ones return tensors.
         return tf.cast(self.tokenizer(words), tf.int32)
