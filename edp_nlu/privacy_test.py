@@ -9,6 +9,7 @@ from absl import app, flags
 
 import edp_tf
 from edp_nlu import privacy
+from edp_nlu.cli_test import NATIVE_NOISE  # the markers of TensorFlow's native start-up lines
 from edp_tf import accounting as acc
 from edp_tf import ledger
 from edp_tf.partition_selection import GaussianThresholding
@@ -53,18 +54,24 @@ def test_planned_statement_with_sparse_embedding_noise_charges_the_joint_multipl
     assert "DP-AdaFEST" in text
 
 
-def test_privacy_command_runs(tmp_path):
+def test_privacy_command_runs_and_is_quiet():
+    """The command as a user runs it, TensorFlow's native log level unset: the statement, and
+    none of TensorFlow's start-up chatter (edp_nlu/cli.py quiets it; --verbose shows it, which
+    is edp_nlu/cli_test.py's)."""
+    import os
     import subprocess
 
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     out = subprocess.run(
         [sys.executable, "-m", "edp_nlu.privacy", "--dataset_size=3000", "--batch_size=64",
          "--epochs=2", "--replicas=4", "--noise_multiplier=1.0", "--microbatch_size=1"],
-        capture_output=True, text=True, timeout=120,
-        cwd=__import__("os").path.dirname(__import__("os").path.dirname(__file__)))
+        capture_output=True, text=True, timeout=120, env=env,
+        cwd=os.path.dirname(os.path.dirname(__file__)))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "sensitivity S = 1 C" in out.stdout and "Cumulative epsilon per epoch" in out.stdout
     want = acc.compute_epsilon(acc.plan_schedule(1.0, 2, 47), 64 / 3000, 0.1 / 3000)  # 0.1/n
     assert f"epsilon = {want:.4g} (PLD" in out.stdout
+    assert not [n for n in NATIVE_NOISE if n in out.stdout + out.stderr]
 
 
 def test_statement_rederives_a_runs_epsilon_and_flags_tampering(tmp_path, capsys):
