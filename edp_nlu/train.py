@@ -26,65 +26,70 @@ from edp_nlu.configs import accept_names, config_file  # noqa: E402
 from edp_nlu.pipeline import callbacks, recipes, run_files, timing, training, worker_processes
 from edp_tf import make_multi_worker_strategy, make_strategy
 
-_CONFIG = accept_names(config_flags.DEFINE_config_file(
-    "config", config_file("default"), "Experiment config file, or the name of a packaged one "
-    "(snips_clc: edp_nlu/configs/snips_clc.py)."))
-_RUN_DIR = flags.DEFINE_string("run_dir", None,
-                               "Run directory (default: runs/<config name>-<time>).")
-_RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.")
 # Shortcuts for the most used config fields (a given flag overrides --config.<field>).
-_MECHANISM = flags.DEFINE_enum("mechanism", None, ["sgd", "edp", "dpsgd"], "Training mechanism.")
-_MODEL = flags.DEFINE_enum("model", None, ["clc", "bert"], "Model.")
-_DATA_DIR = flags.DEFINE_string("data_dir", None, "Joint-format dir or NLU-Evaluation CSV(s).")
-_REPLICAS = flags.DEFINE_integer("replicas", None, "Replicas (GPUs, else logical CPUs).")
-_EPOCHS = flags.DEFINE_integer("epochs", None, "Epochs.")
-_TARGET_EPS = flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon.")
-_NOISE = flags.DEFINE_float("noise_multiplier", None, "z0 (when no target epsilon).")
-_DECAY = flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "Noise decay.")
-_DECAY_RATE = flags.DEFINE_float("decay_rate", None, "Decay rate tau.")
-_WORKERS = flags.DEFINE_integer(
-    "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
-    "127.0.0.1 (edp_nlu/pipeline/worker_processes.py); on CPUs each worker is one replica.",
-    lower_bound=1)
-_WORKER_INDEX = flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.")
-_RECOMPUTE = flags.DEFINE_bool(
-    "recompute_metrics", False, "With --resume on a finished run: restore its last checkpoint "
-    "and recompute its final metrics (test scores, attacks), instead of printing its summary.")
-
-_SHORTCUTS = {
-    "mechanism": _MECHANISM, "model": _MODEL, "data_dir": _DATA_DIR, "replicas": _REPLICAS,
-    "epochs": _EPOCHS, "target_epsilon": _TARGET_EPS, "noise_multiplier": _NOISE,
-    "decay": _DECAY, "decay_rate": _DECAY_RATE,
-}
+SHORTCUTS = ("mechanism", "model", "data_dir", "replicas", "epochs", "target_epsilon",
+             "noise_multiplier", "decay", "decay_rate")
 
 
-def main(argv):
+def define_flags(values: flags.FlagValues = flags.FLAGS, argv=None) -> None:
+    """Defined only when run as a command: other commands use some of the same flag names and
+    tests run several commands in one process (each on its own `values`; `argv`, the command
+    line, lets the config file's `--config.<field>` flags be known before parsing)."""
+    v = dict(flag_values=values)
+    accept_names(config_flags.DEFINE_config_file(
+        "config", config_file("default"), "Experiment config file, or the name of a packaged one "
+        "(snips_clc: edp_nlu/configs/snips_clc.py).", sys_argv=argv, **v), values)
+    flags.DEFINE_string("run_dir", None, "Run directory (default: runs/<config name>-<time>).",
+                        **v)
+    flags.DEFINE_bool("resume", False, "Continue the run in --run_dir from its checkpoint.", **v)
+    flags.DEFINE_enum("mechanism", None, ["sgd", "edp", "dpsgd"], "Training mechanism.", **v)
+    flags.DEFINE_enum("model", None, ["clc", "bert"], "Model.", **v)
+    flags.DEFINE_string("data_dir", None, "Joint-format dir or NLU-Evaluation CSV(s).", **v)
+    flags.DEFINE_integer("replicas", None, "Replicas (GPUs, else logical CPUs).", **v)
+    flags.DEFINE_integer("epochs", None, "Epochs.", **v)
+    flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon.", **v)
+    flags.DEFINE_float("noise_multiplier", None, "z0 (when no target epsilon).", **v)
+    flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "Noise decay.", **v)
+    flags.DEFINE_float("decay_rate", None, "Decay rate tau.", **v)
+    flags.DEFINE_integer(
+        "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
+        "127.0.0.1 (edp_nlu/pipeline/worker_processes.py); on CPUs each worker is one replica.",
+        lower_bound=1, **v)
+    flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.", **v)
+    flags.DEFINE_bool(
+        "recompute_metrics", False, "With --resume on a finished run: restore its last "
+        "checkpoint and recompute its final metrics (test scores, attacks), instead of printing "
+        "its summary.", **v)
+
+
+def main(argv, values: flags.FlagValues = flags.FLAGS):
     del argv
-    config = _CONFIG.value
+    f = values
+    config = f.config
     with config.unlocked():
-        for field, flag in _SHORTCUTS.items():
-            if flag.value is not None:
-                config[field] = flag.value
+        for field in SHORTCUTS:
+            if f[field].value is not None:
+                config[field] = f[field].value
     # The strategy first: logical CPU devices must exist before TensorFlow initialises.
 
-    run_dir = _RUN_DIR.value or run_files.default_run_dir(config)
-    if _RESUME.value and _WORKER_INDEX.value is None:  # the chief checks, once, before any work
-        config = _resumed_config(config, run_dir)
+    run_dir = f.run_dir or run_files.default_run_dir(config)
+    if f.resume and f.worker_index is None:  # the chief checks, once, before any work
+        config = _resumed_config(config, run_dir, f)
         finished = run_files.finished_summary(run_dir)
         if (finished is not None and int(config.epochs) <= finished["epochs"]
-                and not _RECOMPUTE.value):
+                and not f.recompute_metrics):
             print(f"{run_dir} is finished ({finished['epochs']} epochs): nothing to resume. "
                   "Its summary:", flush=True)
             print(training.summary_line(finished), flush=True)
             return
-    if _WORKERS.value > 1 and _WORKER_INDEX.value is None:
+    if f.workers > 1 and f.worker_index is None:
         sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
-                                         _WORKERS.value, run_dir, _RESUME.value))
-    if _WORKER_INDEX.value is not None:
-        return _worker(config, run_dir)
+                                         f.workers, run_dir, f.resume))
+    if f.worker_index is not None:
+        return _worker(config, run_dir, f)
     strategy = make_strategy(int(config.replicas))
     try:
-        summary = training.train(config, run_dir, resume=_RESUME.value, strategy=strategy)
+        summary = training.train(config, run_dir, resume=f.resume, strategy=strategy)
     except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
         print(f"{stopped}", file=sys.stderr, flush=True)
         sys.exit(128 + stopped.signum)
@@ -105,26 +110,26 @@ def main(argv):
         sys.exit(training.BUDGET_EXIT)
 
 
-def _requested_fields() -> dict:
+def _requested_fields(values: flags.FlagValues) -> dict:
     """The config fields this command line sets: --config.<field>=... and the shortcut flags."""
     requested = {}
-    for name, value in flags.FLAGS.flag_values_dict().items():
-        if name.startswith("config.") and flags.FLAGS[name].present:
+    for name, value in values.flag_values_dict().items():
+        if name.startswith("config.") and values[name].present:
             requested[name[len("config."):]] = value
-    for field, flag in _SHORTCUTS.items():
-        if flag.present:
-            requested[field] = flag.value
+    for field in SHORTCUTS:
+        if values[field].present:
+            requested[field] = values[field].value
     return requested
 
 
-def _resumed_config(config, run_dir: str):
+def _resumed_config(config, run_dir: str, values: flags.FlagValues):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
     saved = run_files.load_run_config(run_dir, "--resume: --run_dir")
-    requested = _requested_fields()
+    requested = _requested_fields(values)
     given_file = None
-    if flags.FLAGS["config"].present:  # compared as it ran: private_ fields in their places
+    if values["config"].present:  # compared as it ran: private_ fields in their places
         private = requested.get("mechanism", config.mechanism) != "sgd"
         given_file = recipes.with_private_fields(config, private)
     diffs = run_files.resume_differences(saved, requested, given_file)
@@ -145,19 +150,19 @@ def _resumed_config(config, run_dir: str):
     return saved
 
 
-def _worker(config, run_dir: str) -> None:
+def _worker(config, run_dir: str, values: flags.FlagValues) -> None:
     """One worker of a --workers run: the same training, in its own directory (the chief's is
     the run's); the replica count is the strategy's (workers x devices per worker)."""
     strategy = make_multi_worker_strategy()
-    index = _WORKER_INDEX.value
+    index = values.worker_index
     own_dir = worker_processes.worker_dir(run_dir, index)
-    if _RESUME.value:  # the chief checked the command; the worker takes its own files
-        config = _resumed_config(config, own_dir)
+    if values.resume:  # the chief checked the command; the worker takes its own files
+        config = _resumed_config(config, own_dir, values)
     elif config.replicas != strategy.num_replicas_in_sync:
         with config.unlocked():
             config.replicas = strategy.num_replicas_in_sync
     try:
-        summary = training.train(config, own_dir, resume=_RESUME.value, strategy=strategy,
+        summary = training.train(config, own_dir, resume=values.resume, strategy=strategy,
                                  export=index == 0)
     except training.BudgetSpentError as spent:  # before any step: one line and the way out
         print(f"error: {spent}", file=sys.stderr, flush=True)
@@ -169,4 +174,5 @@ def _worker(config, run_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     cli.run(main)

@@ -4,7 +4,7 @@ an exception in the input pipeline; resumed after each, it finishes with an expo
 and a ledger that charges every step that ran (the soak with every fault kind is the command
 `python -m tools.faults`, docs/faults.md).
 
-The runs are subprocesses, as a user runs them (see workers_test.py for why); the finished
+The runs are subprocesses, as a user runs them (a fault kills or stops the process); the finished
 export is loaded here, not in a fresh interpreter of its own."""
 import json
 import os

@@ -8,7 +8,7 @@ import pathlib
 from absl import flags
 
 import edp_tf
-from edp_nlu import evaluate
+from edp_nlu import evaluate, train
 from edp_nlu.configs.base import base_config
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.data import synthetic
@@ -120,4 +120,17 @@ def evaluate_command(capsys, *args: str) -> str:
     values(["edp-evaluate", *args])
     capsys.readouterr()
     evaluate.main([], values)
+    return capsys.readouterr().out
+
+
+def train_command(capsys, *args: str) -> str:
+    """`python -m edp_nlu.train *args` in this process, its stdout (as evaluate_command): for
+    the commands that train nothing (a finished run's resume, a refused one). A user error
+    propagates (one `error:` line and exit 2 as a process: edp_nlu/cli_test.py)."""
+    argv = ["edp-train", *args]
+    values = flags.FlagValues()
+    train.define_flags(values, argv)
+    values(argv)
+    capsys.readouterr()
+    train.main([], values)
     return capsys.readouterr().out

@@ -29,6 +29,7 @@ from edp_nlu.privacy import statement_from_ledger
 from edp_nlu.scoring import predictions
 from edp_tf import Mechanism, accounting
 from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
+from tests.tiny_runs import train_command as train_in_process
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EPSILON = 4.0
@@ -448,28 +449,25 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
         assert f" {phase} " in timing, timing
 
 
-def _resume(run_dir, *flags):
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # as a user's
-    return subprocess.run([sys.executable, "-m", "edp_nlu.train", f"--run_dir={run_dir}",
-                           "--resume", *flags], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
-
-
-def test_resuming_a_finished_run_says_so_without_training(cli_run):
+def test_resuming_a_finished_run_says_so_without_training(cli_run, capsys):
+    """In this process (tiny_runs.train_command): the command trains nothing here, and a
+    process would import TensorFlow again; the command as a process is cli_run's."""
     proc = cli_run["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    again = _resume(cli_run["run_dir"])
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "is finished (1 epochs): nothing to resume" in again.stdout
+    again = train_in_process(capsys, f"--run_dir={cli_run['run_dir']}", "--resume")
+    assert "is finished (1 epochs): nothing to resume" in again
     summary = [line for line in proc.stdout.splitlines() if line.startswith("clc / edp: ")][0]
-    assert summary.split(" epochs in ")[0] in again.stdout  # the same numbers, from its files
+    assert summary.split(" epochs in ")[0] in again  # the same numbers, from its files
 
 
-def test_resume_refuses_a_command_that_asks_for_another_run(cli_run):
-    refused = _resume(cli_run["run_dir"], "--epochs=2", "--target_epsilon=3",
-                      "--config.l2_norm_clip=0.5")
-    assert refused.returncode == 2
-    (line,) = refused.stderr.strip().splitlines()
+def test_resume_refuses_a_command_that_asks_for_another_run(cli_run, capsys):
+    """The refusal is a user error: as a process, one `error:` line and exit 2 (cli.run, as
+    edp_nlu/cli_test.py's resume of a directory that is not a run)."""
+    with pytest.raises(ValueError) as refused:
+        train_in_process(capsys, f"--run_dir={cli_run['run_dir']}", "--resume", "--epochs=2",
+                      "--target_epsilon=3", "--config.l2_norm_clip=0.5")
+    line = str(refused.value)
+    assert "\n" not in line
     # more epochs would extend the run; a new target and clip are another run
     assert "target_epsilon=8.0 (asked: 3.0)" in line and "l2_norm_clip=1.0 (asked: 0.5)" in line
     assert "epochs=" not in line and "new --run_dir" in line

@@ -1,8 +1,7 @@
 """`python -m edp_nlu.train --workers=2`: two worker processes, one run, one ledger; a worker
 killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger.
 
-The command runs in subprocesses: importing edp_nlu.train here would define its flags a second
-time beside benchmarks.benchmark's (absl's DuplicateFlagError)."""
+The command runs in subprocesses: the workers are processes, and killing one is what is tested."""
 import json
 import os
 import signal

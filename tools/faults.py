@@ -335,7 +335,8 @@ def _command(run_dir: str, epochs: int, resume: bool, flags: Optional[tuple] = N
     """The child's command line; `flags` None: RUN_FLAGS as they are when called."""
     flags = RUN_FLAGS if flags is None else flags
     return [sys.executable, "-c", "from edp_nlu import cli; cli.quiet_unless_verbose(); "
-            "from tools import faults; from edp_nlu import train; cli.run(faults.child)", *flags,
+            "from tools import faults; from edp_nlu import train; train.define_flags(); "
+            "cli.run(faults.child)", *flags,
             f"--epochs={epochs}", f"--run_dir={run_dir}"] + (["--resume"] if resume else [])
 
 
