@@ -452,22 +452,30 @@ def _compute_epsilon(records: tuple, q: float, delta: float, extras: tuple, acco
         return math.inf
     if not any(r.steps for r in records) and not any(e.steps for e in extras):
         return 0.0
-    rdp = math.inf
     if accountant == "pld":
         rdp = _compute_epsilon(records, q, delta, extras, "rdp", None)
         if rdp > PLD_SKIP_ABOVE_RDP_EPSILON:
             return rdp
         if pld_discretization is None:
             pld_discretization = _pld_interval(rdp)
+        return _pld_or_rdp(_composed(records, q, extras, "pld", pld_discretization), delta, rdp)
+    return float(_composed(records, q, extras, "rdp", None).get_epsilon(delta))
+
+
+# A ledger's refresh asks for epsilon at the run's delta and at the reported ones (1/n, 1e-6):
+# one composition answers all three (a PLD's is most of an epoch end's accounting time).
+# Composed PLDs hold arrays of the privacy loss grid: fewer of them are kept.
+@functools.lru_cache(maxsize=32)
+def _composed(records: tuple, q: float, extras: tuple, accountant: str,
+              pld_discretization: Optional[float]):
+    """The run's queries composed (read-only afterwards: only get_epsilon is called)."""
     acc = _new_accountant(accountant, pld_discretization or PLD_DISCRETIZATION)
     for e in extras:
         if e.steps:
             acc.add(e.effective_noise_multiplier, e.sampling_rate, e.steps)
     for z_eff, bands, steps in _merged(records):
         acc.add(z_eff, group_sampling_rate(q, bands), steps)
-    if accountant == "pld":
-        return _pld_or_rdp(acc, delta, rdp)
-    return float(acc.get_epsilon(delta))
+    return acc
 
 
 @dataclasses.dataclass(frozen=True)

@@ -137,6 +137,26 @@ def test_decayed_schedule_composes_per_epoch(decay, mode, z0, rate):
     assert acc.compute_epsilon(flat, 0.02, 1e-5) < acc.compute_epsilon(records, 0.02, 1e-5)
 
 
+def test_epsilons_at_several_deltas_of_one_composition_are_each_deltas_own():
+    """The run's delta and the reported ones share one composed PLD: each answer is what a
+    fresh dp-accounting composition on the same grid gives at that delta, in any order of
+    asking (a shared accountant that a query changed would answer the second time otherwise)."""
+    records = acc.plan_schedule(1.2, 3, 40, "linear", 0.3)
+    q = 0.05
+    fresh = {}
+    for delta in (1e-5, 1e-3, 1e-6):
+        rdp = acc.compute_epsilon(records, q, delta, accountant="rdp")
+        grid = acc.PLD_DISCRETIZATION * max(1.0, rdp / 10.0)
+        pld = dp_accounting.pld.PLDAccountant(value_discretization_interval=grid)
+        for r in records:
+            pld.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+                q, dp_accounting.GaussianDpEvent(r.effective_noise_multiplier)), r.steps))
+        fresh[delta] = pld.get_epsilon(delta)
+    for delta in (1e-5, 1e-3, 1e-6, 1e-3, 1e-5):
+        assert acc.compute_epsilon(records, q, delta) == pytest.approx(fresh[delta], rel=1e-12)
+    assert fresh[1e-6] > fresh[1e-5] > fresh[1e-3]
+
+
 def test_paper_mode_is_much_weaker_at_the_same_z0():
     kw = dict(replicas=4, sensitivity=2)
     cal = acc.compute_epsilon(acc.plan_schedule(2.0, 3, 30, **kw), 0.02, 1e-5)
