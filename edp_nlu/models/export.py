@@ -17,7 +17,6 @@ export loads with TensorFlow alone; a BERT export also needs `import tensorflow_
 
 from __future__ import annotations
 
-import keras
 import tensorflow as tf
 
 from edp_nlu.models.joint_task import JointTagger
@@ -62,13 +61,19 @@ def serving_function(task: JointTagger, preprocessor) -> tf.types.experimental.P
 
 
 def export_serving_model(task: JointTagger, preprocessor, path: str) -> str:
-    """Writes the serving SavedModel of `task` + `preprocessor` to `path`; returns `path`."""
-    serve = serving_function(task, preprocessor)
-    archive = keras.export.ExportArchive()
-    # `task` itself is not tracked: that would trace the model's own calls while looking for
-    # resources and write every variable a second time, with the dropout layers' seed states.
-    # The endpoint's variables are written once; the preprocessor holds its lookup tables.
-    archive.track(preprocessor)
-    archive.add_endpoint("serve", serve)
-    archive.write_out(path, verbose=False)
+    """Writes the serving SavedModel of `task` + `preprocessor` to `path`; returns `path`.
+
+    The root holds the serving function traced once (`serve`, also the `serving_default` and
+    `serve` signatures), the variables it reads and the preprocessor's lookup tables. Saved as
+    a tf.function rather than this concrete function, it was traced a second time inside
+    `tf.saved_model.save` (whose save context is part of the trace's cache key): about half of
+    an export's time. `task` itself is not tracked: that would trace the model's own calls
+    while looking for resources and write every variable a second time, with the dropout
+    layers' seed states."""
+    serve = serving_function(task, preprocessor).get_concrete_function()
+    root = tf.Module()
+    root.preprocessor = preprocessor
+    root.served_variables = list(serve.variables)
+    root.serve = serve
+    tf.saved_model.save(root, path, signatures={"serve": serve, "serving_default": serve})
     return path
