@@ -1,5 +1,7 @@
 """`python -m edp_nlu.privacy`: the planned statement per noise mode, the command itself, and the
 statement re-derived from a real run's privacy.json (with a tampered copy flagged)."""
+import os
+import subprocess
 import sys
 
 import keras
@@ -58,9 +60,6 @@ def test_privacy_command_runs_and_is_quiet():
     """The command as a user runs it, TensorFlow's native log level unset: the statement, and
     none of TensorFlow's start-up chatter (edp_nlu/cli.py quiets it; --verbose shows it, which
     is edp_nlu/cli_test.py's)."""
-    import os
-    import subprocess
-
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     out = subprocess.run(
         [sys.executable, "-m", "edp_nlu.privacy", "--dataset_size=3000", "--batch_size=64",

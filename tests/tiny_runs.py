@@ -109,28 +109,30 @@ def many_csv_rows(scenario, intent, count, start=0):
             for i in range(count)]
 
 
-def evaluate_command(capsys, *args: str) -> str:
-    """`python -m edp_nlu.evaluate *args` in this process, its stdout: a fresh interpreter costs
-    ~7 CPU-s of imports. Its flags go on their own FlagValues (other modules of the test process
-    define some of the same names). A user error propagates: `cli.run` prints it as one
-    `error:` line and exits 2 (edp_nlu/cli_test.py); the command as a process is
-    tests/per_class_test.py's report test."""
+def _command_in_process(capsys, define, main, argv) -> str:
+    """A command's main on flag values of its own (other modules of the test process define
+    some of the same names), in this process: a fresh interpreter costs ~7 CPU-s of imports.
+    Returns its stdout; a user error propagates (`cli.run` prints it as one `error:` line and
+    exits 2: edp_nlu/cli_test.py)."""
     values = flags.FlagValues()
-    evaluate.define_flags(values)
-    values(["edp-evaluate", *args])
+    define(values)
+    values(argv)
     capsys.readouterr()
-    evaluate.main([], values)
+    main([], values)
     return capsys.readouterr().out
+
+
+def evaluate_command(capsys, *args: str) -> str:
+    """`python -m edp_nlu.evaluate *args` in this process; the command as a process is
+    tests/per_class_test.py's report test."""
+    return _command_in_process(capsys, evaluate.define_flags, evaluate.main,
+                               ["edp-evaluate", *args])
 
 
 def train_command(capsys, *args: str) -> str:
-    """`python -m edp_nlu.train *args` in this process, its stdout (as evaluate_command): for
-    the commands that train nothing (a finished run's resume, a refused one). A user error
-    propagates (one `error:` line and exit 2 as a process: edp_nlu/cli_test.py)."""
+    """`python -m edp_nlu.train *args` in this process, for the commands that train nothing (a
+    finished run's resume, a refused one); the command as a process is trainer_test's
+    cli_run."""
     argv = ["edp-train", *args]
-    values = flags.FlagValues()
-    train.define_flags(values, argv)
-    values(argv)
-    capsys.readouterr()
-    train.main([], values)
-    return capsys.readouterr().out
+    return _command_in_process(capsys, lambda values: train.define_flags(values, argv),
+                               train.main, argv)

@@ -28,8 +28,16 @@ from edp_nlu.pipeline.run_spec import RunSpec
 from edp_nlu.privacy import statement_from_ledger
 from edp_nlu.scoring import predictions
 from edp_tf import Mechanism, accounting
-from tests.tiny_runs import BATCH, SIZE, corpus, read, strategy, tiny_config, write_joint_dir
-from tests.tiny_runs import train_command as train_in_process
+from tests.tiny_runs import (
+    BATCH,
+    SIZE,
+    corpus,
+    read,
+    strategy,
+    tiny_config,
+    train_command,
+    write_joint_dir,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_EPSILON = 4.0
@@ -450,11 +458,10 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
 
 
 def test_resuming_a_finished_run_says_so_without_training(cli_run, capsys):
-    """In this process (tiny_runs.train_command): the command trains nothing here, and a
-    process would import TensorFlow again; the command as a process is cli_run's."""
+    """In this process (tiny_runs.train_command): the command trains nothing here."""
     proc = cli_run["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    again = train_in_process(capsys, f"--run_dir={cli_run['run_dir']}", "--resume")
+    again = train_command(capsys, f"--run_dir={cli_run['run_dir']}", "--resume")
     assert "is finished (1 epochs): nothing to resume" in again
     summary = [line for line in proc.stdout.splitlines() if line.startswith("clc / edp: ")][0]
     assert summary.split(" epochs in ")[0] in again  # the same numbers, from its files
@@ -464,7 +471,7 @@ def test_resume_refuses_a_command_that_asks_for_another_run(cli_run, capsys):
     """The refusal is a user error: as a process, one `error:` line and exit 2 (cli.run, as
     edp_nlu/cli_test.py's resume of a directory that is not a run)."""
     with pytest.raises(ValueError) as refused:
-        train_in_process(capsys, f"--run_dir={cli_run['run_dir']}", "--resume", "--epochs=2",
+        train_command(capsys, f"--run_dir={cli_run['run_dir']}", "--resume", "--epochs=2",
                       "--target_epsilon=3", "--config.l2_norm_clip=0.5")
     line = str(refused.value)
     assert "\n" not in line
