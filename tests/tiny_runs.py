@@ -130,9 +130,9 @@ def evaluate_command(capsys, *args: str) -> str:
 
 
 def train_command(capsys, *args: str) -> str:
-    """`python -m edp_nlu.train *args` in this process, for the commands that train nothing (a
-    finished run's resume, a refused one); the command as a process is trainer_test's
-    cli_run."""
+    """`python -m edp_nlu.train *args` in this process, for the commands that train nothing
+    here (a finished run's resume, a refused one, a `--workers` launcher); the command as a
+    process is trainer_test's cli_run."""
     argv = ["edp-train", *args]
     return _command_in_process(capsys, lambda values: train.define_flags(values, argv),
                                train.main, argv)

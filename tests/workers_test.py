@@ -1,12 +1,14 @@
 """`python -m edp_nlu.train --workers=2`: two worker processes, one run, one ledger; a worker
 killed mid-run stops the run with one clear line, and --resume finishes it with a correct ledger.
 
-The command runs in subprocesses: the workers are processes, and killing one is what is tested."""
+The workers are processes, and killing one is what is tested. The launcher, the command's own
+process, runs here (TensorFlow is imported already: a launcher process would import it only to
+start its workers, ~7 CPU-s before either begins, twice)."""
 import json
 import os
 import signal
-import subprocess
 import sys
+import threading
 import time
 
 import dp_accounting
@@ -14,18 +16,23 @@ import pytest
 
 from edp_nlu.pipeline import worker_processes
 from edp_tf import accounting
-from tests.tiny_runs import SMALL_CLC_FLAGS
+from tests.tiny_runs import SMALL_CLC_FLAGS, train_command
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPOCHS = 2  # killed in the second, resumed to the end
 # 1,200 utterances: 30 steps an epoch at ~90 ms (each step's all-reduce crosses processes), so
 # the second epoch still runs for seconds after the first one's state.json appears
 FLAGS = [*SMALL_CLC_FLAGS, "--config.synthetic_size=1200", f"--epochs={EPOCHS}"]
 
 
-def command(run_dir, *extra):
-    return [sys.executable, "-m", "edp_nlu.train", "--workers=2", f"--run_dir={run_dir}",
-            *FLAGS, *extra]
+def run_command(capfd, monkeypatch, run_dir, *extra) -> tuple:
+    """(exit code, stdout, stderr) of `edp-train --workers=2 ...`, its launcher in this process:
+    the workers' output reaches this process's file descriptors, as a user's terminal."""
+    argv = ["edp-train", "--workers=2", f"--run_dir={run_dir}", *FLAGS, *extra]
+    monkeypatch.setattr(sys, "argv", argv)  # the launcher starts each worker with sys.argv's flags
+    with pytest.raises(SystemExit) as exited:
+        train_command(capfd, *argv[1:])
+    out, err = capfd.readouterr()
+    return exited.value.code, out, err
 
 
 def epochs_done(run_dir) -> int:
@@ -36,20 +43,31 @@ def epochs_done(run_dir) -> int:
         return 0  # not written yet (or being replaced)
 
 
-def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
-    run_dir = str(tmp_path / "run")
-    env = dict(os.environ, PYTHONPATH=REPO)
-    launcher = subprocess.Popen(command(run_dir), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+def kill_second_worker_after_first_epoch(run_dir, finished: threading.Event, killed: list):
+    """SIGKILLs worker 1 once the chief's first epoch is done (unless the run finished first)."""
     deadline = time.time() + 600
-    while epochs_done(run_dir) < 1 and launcher.poll() is None and time.time() < deadline:
+    while epochs_done(run_dir) < 1 and not finished.is_set() and time.time() < deadline:
         time.sleep(0.2)
-    assert launcher.poll() is None, "the run ended before a worker could be killed"
+    if finished.is_set():
+        return
     with open(os.path.join(run_dir, "workers", "pids")) as f:
-        pids = [int(line) for line in f.read().split()]
-    os.kill(pids[1], signal.SIGKILL)
-    out, err = launcher.communicate(timeout=120)
-    assert launcher.returncode == 1
+        killed.extend(int(line) for line in f.read().split())
+    os.kill(killed[1], signal.SIGKILL)
+
+
+def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path, capfd, monkeypatch):
+    run_dir = str(tmp_path / "run")
+    finished, pids = threading.Event(), []
+    killer = threading.Thread(target=kill_second_worker_after_first_epoch,
+                              args=(run_dir, finished, pids))
+    killer.start()
+    try:
+        code, _, err = run_command(capfd, monkeypatch, run_dir)
+    finally:
+        finished.set()
+        killer.join()
+    assert pids, "the run ended before a worker could be killed"
+    assert code == 1
     assert "error: worker 1 of 2 was killed by SIGKILL" in err and "--resume" in err
     stopped_at = epochs_done(run_dir)
     assert 1 <= stopped_at < EPOCHS
@@ -57,10 +75,9 @@ def test_killed_worker_stops_the_run_and_resume_finishes_it(tmp_path):
         assert (not os.path.exists(f"/proc/{pid}")
                 or "zombie" in open(f"/proc/{pid}/status").read().lower())
 
-    resumed = subprocess.run(command(run_dir, "--resume"), cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.stdout.count("test SER") == 1  # one summary: the chief's
+    code, out, err = run_command(capfd, monkeypatch, run_dir, "--resume")
+    assert code == 0, err[-3000:]
+    assert out.count("test SER") == 1  # one summary: the chief's
     assert epochs_done(run_dir) == EPOCHS
     assert not os.path.exists(os.path.join(run_dir, "workers"))  # scratch copies removed
     with open(os.path.join(run_dir, "privacy.json")) as f:
