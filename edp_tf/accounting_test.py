@@ -226,6 +226,17 @@ def test_calibration_round_trip(kw):
     assert eps(z0 / (1 + 2 * tol)) > target  # ... and is the smallest that does (to tolerance)
 
 
+@pytest.mark.parametrize("q, z, steps", [(0.16, 1.3, 150), (0.02, 0.8, 100), (1.0, 5.0, 3)])
+def test_pld_calibrations_bracket_starts_above_both_roots(q, z, steps):
+    """PLD calibration starts its bracket at the z of RDP over integer orders only (cheap): at
+    any z that bound is at least RDP's and PLD's epsilon, so its z lies above both roots."""
+    records = acc.plan_schedule(z, 1, steps)
+    bracket = acc._epsilon(records, q, 1e-5, (), acc._RDP_BRACKET)
+    rdp = acc.compute_epsilon(records, q, 1e-5, accountant="rdp")
+    assert bracket >= rdp >= acc.compute_epsilon(records, q, 1e-5)
+    assert bracket <= 1.5 * rdp  # and near enough to start from: 1.25 is PLD's first step
+
+
 @pytest.mark.parametrize("name, eps, root, most", [
     ("1/z, as epsilon nearly is", lambda z: 4.0 / z, 2.0, 3),
     ("a step, where interpolation misleads", lambda z: 10.0 if z < 1.2345 else 1.0, 1.2345, 30),
