@@ -25,7 +25,8 @@ clc_sgd_*), run with the same commands.
   third of SNIPS's training set, so about a third of its time on the 2-core CPU). BandMF is not
   run on BERT: at BERT's q 0.08 its CLC twin pairs gained nothing (SNIPS) or lost (ATIS).
 
-Cells run in the order listed: SNIPS first, one run of each lever before any second run.
+Cells run in the order listed: the CLC cells SNIPS first, one run of each lever before any
+second run; then the BERT cells, ATIS's two runs before SNIPS's.
 """
 from experiments.grids.common import cell, grid
 
