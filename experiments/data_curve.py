@@ -38,6 +38,15 @@ def errors(test: dict) -> tuple:
     return e, test["utterances"] + test["reference_slots"]
 
 
+def ser_ratio(private_ser: float, plain_ser: float) -> float:
+    """Private / plain SER. Plain training with no test error gives inf when the private run
+    errs, and 1.0 when it does not either: two runs without an error on the same test set are
+    as good as each other, and the user's question (is private within 1.2x?) is answered yes."""
+    if plain_ser > 0:
+        return private_ser / plain_ser
+    return 1.0 if private_ser == 0 else math.inf
+
+
 def ratio_interval(private_errors: float, plain_errors: float, ratio: float) -> tuple:
     """The ratio's 95% interval from Poisson error counts (log scale); (nan, nan) if either
     count is 0."""
@@ -99,8 +108,7 @@ def curve_rows(groups: dict) -> list:
             for plain in runs["sgd"]:
                 e_priv, denominator = errors(private["test"])
                 e_plain, _ = errors(plain["test"])
-                ratio = (private["test"]["ser"] / plain["test"]["ser"]
-                         if plain["test"]["ser"] > 0 else math.inf)
+                ratio = ser_ratio(private["test"]["ser"], plain["test"]["ser"])
                 lo, hi = ratio_interval(e_priv, e_plain, ratio)
                 bio = (private.get("test_bio") or {}).get("ser"), (
                     plain.get("test_bio") or {}).get("ser")
@@ -124,6 +132,21 @@ def curve_rows(groups: dict) -> list:
 def _noise_per_example(private: dict, n: int):
     z, q = private.get("noise_multiplier"), private.get("sampling_rate")
     return z / (q * n) if z and q else ""
+
+
+def first_within(ns: list, ratios: list, target: float = TARGET) -> int | None:
+    """The smallest measured n from which every pair, at that n and at every larger measured n,
+    is within `target`; None if the largest n is not. Measured, not fitted: it needs no model of
+    the curve, where `crossing` extrapolates one."""
+    worst: dict = {}
+    for n, r in zip(ns, ratios):
+        worst[n] = max(worst.get(n, -math.inf), r)
+    found = None
+    for n in sorted(worst, reverse=True):
+        if worst[n] > target:
+            break
+        found = n
+    return found
 
 
 def answers(rows: list) -> dict:
@@ -166,6 +189,12 @@ def write(rows: list) -> None:
             f"{_fmt(r['noise_per_example'] * 1e4 if r['noise_per_example'] else '', 2)}e-4 | "
             f"`{r['private_command']}`; `{r['plain_command']}` |")
     lines += ["", f"## n at which private / plain = {TARGET}", ""]
+    for corpus in sorted({r["corpus"] for r in rows}):
+        mine = [r for r in rows if r["corpus"] == corpus]
+        n = first_within([r["n"] for r in mine], [r["ratio"] for r in mine])
+        lines.append(f"* {corpus}, measured: " + (
+            f"within {TARGET}x from n = {n:,} on (every pair at that n and above)"
+            if n is not None else f"not within {TARGET}x at the largest n measured"))
     for corpus, fit in answers(rows).items():
         if fit is None:
             lines.append(f"* {corpus}: no fit (fewer than two pairs with a finite ratio above 1, "

@@ -36,3 +36,18 @@ def test_ratio_interval_widens_with_fewer_errors():
     many = data_curve.ratio_interval(1000, 500, 2.0)
     assert few[0] < many[0] < 2.0 < many[1] < few[1]
     assert all(math.isnan(x) for x in data_curve.ratio_interval(10, 0, math.inf))
+
+
+def test_ser_ratio_of_two_runs_without_an_error_is_one():
+    assert data_curve.ser_ratio(0.2, 0.1) == pytest.approx(2.0)
+    assert math.isinf(data_curve.ser_ratio(0.0005, 0.0))  # only plain is perfect
+    assert data_curve.ser_ratio(0.0, 0.0) == 1.0  # neither errs: private is as good
+
+
+def test_first_within_needs_every_pair_at_and_above_n():
+    ns = [10_000, 30_000, 30_000, 100_000]
+    assert data_curve.first_within(ns, [3.0, 1.1, 1.15, 1.0]) == 30_000
+    assert data_curve.first_within(ns, [3.0, 1.1, 1.3, 1.0]) == 100_000  # one pair at 30k out
+    # within at 10k but not at 30k: the answer is where it stays within
+    assert data_curve.first_within(ns, [1.1, 3.0, 1.1, 1.0]) == 100_000
+    assert data_curve.first_within(ns, [1.1, 1.1, 1.1, math.inf]) is None  # largest n out
