@@ -149,13 +149,18 @@ def first_within(ns: list, ratios: list, target: float = TARGET) -> int | None:
     return found
 
 
-def answers(rows: list) -> dict:
-    """{corpus: crossing(...) over that corpus's pairs}."""
-    out = {}
+def by_corpus(rows: list) -> dict:
+    """{corpus: ([n of each pair], [ratio of each pair])}, corpora in sorted order."""
+    out: dict = {}
     for corpus in sorted({r["corpus"] for r in rows}):
         mine = [r for r in rows if r["corpus"] == corpus]
-        out[corpus] = crossing([r["n"] for r in mine], [r["ratio"] for r in mine])
+        out[corpus] = [r["n"] for r in mine], [r["ratio"] for r in mine]
     return out
+
+
+def answers(rows: list) -> dict:
+    """{corpus: crossing(...) over that corpus's pairs}."""
+    return {corpus: crossing(ns, ratios) for corpus, (ns, ratios) in by_corpus(rows).items()}
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -189,9 +194,8 @@ def write(rows: list) -> None:
             f"{_fmt(r['noise_per_example'] * 1e4 if r['noise_per_example'] else '', 2)}e-4 | "
             f"`{r['private_command']}`; `{r['plain_command']}` |")
     lines += ["", f"## n at which private / plain = {TARGET}", ""]
-    for corpus in sorted({r["corpus"] for r in rows}):
-        mine = [r for r in rows if r["corpus"] == corpus]
-        n = first_within([r["n"] for r in mine], [r["ratio"] for r in mine])
+    for corpus, (ns, ratios) in by_corpus(rows).items():
+        n = first_within(ns, ratios)
         lines.append(f"* {corpus}, measured: " + (
             f"within {TARGET}x from n = {n:,} on (every pair at that n and above)"
             if n is not None else f"not within {TARGET}x at the largest n measured"))
