@@ -15,17 +15,19 @@ interval more (docs/privacy.md, "Interrupted runs").
 """
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import tempfile
 import time
+import weakref
 from typing import Any, Iterable, Optional
 
 import keras
 from absl import logging
 
-from edp_tf import accounting, checks
+from edp_tf import accounting, checks, step_count
 from edp_tf.accounting import EpochRecord
 from edp_tf.sampling import PoissonSampler, UserPoissonSampler
 
@@ -62,6 +64,12 @@ PUBLIC_USERS_SENTENCE = (
 SAMPLING_SEED_SENTENCE = (
     "The Poisson sampling seed was fixed: the batches are predictable, so the amplification by "
     "sampling that epsilon relies on does not hold.")
+OUTSIDE_FIT_SENTENCE = (
+    "The private step ran outside an accounted fit (train_step or the train function called "
+    "directly, a custom loop, a callback stepping on its own, or a fit without this ledger): "
+    "steps_outside_fit counts those updates, which the step itself counted. Their batches were "
+    "not the sampler's and they were not charged, so epsilon does not bound what they moved "
+    "into the weights. The run is not private.")
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -124,6 +132,26 @@ def charged(ledger: dict) -> tuple:
     if interrupted and interrupted.get("steps"):
         records.append(EpochRecord.from_dict(interrupted))
     return tuple(records), accounting.as_extra_events(ledger.get("extra_events", []))
+
+
+def headline(ledger: dict, delta: Optional[float] = None) -> dict:
+    """The one statement every output gives (privacy.json, `statement()`, the report,
+    edp-privacy, edp-evaluate's labels): epsilon over every step a released file can hold,
+    whether the run is private, and the steps counted.
+
+    Why the open or interrupted epoch is in it: a checkpoint committed inside that epoch (the
+    trainers', or a user callback's save) holds its steps the moment it is on disk, so the
+    epoch's durable bound (`in_progress.steps`, never fewer than ran) is charged in the
+    headline, not in a footnote, and a later resume charges exactly that."""
+    records, extras = charged(ledger)
+    delta = ledger["delta"] if delta is None else accounting.check_delta(delta)
+    est = accounting.compute_epsilons(records, ledger["sampling_rate"], delta, extras)
+    interrupted = ledger.get("in_progress") or {}
+    return {"epsilon": est.epsilon, "epsilon_rdp": est.epsilon_rdp,
+            "epsilon_pld": est.epsilon_pld, "delta": delta,
+            "private": bool(ledger.get("private")) and math.isfinite(est.epsilon),
+            "steps": sum(r.steps for r in records), "epochs": len(records),
+            "in_progress_steps": int(interrupted.get("steps") or 0)}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -235,6 +263,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         self._last_call: Optional[float] = None  # time of the previous step call
         self._last_steps = 1  # steps that call could run
         self._step_seconds: Optional[float] = None  # a step's time, for the flush interval
+        self._epoch_count: Optional[int] = None  # the step's own count when the epoch opened
 
     @classmethod
     def for_sampler(cls, run_dir: str, sampler, delta: float,
@@ -314,6 +343,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         remove = getattr(self.model, "remove_before_steps", None)
         if remove is not None:
             remove(self.before_steps)
+        self.reconcile()  # the last epoch's saves (a ModelCheckpoint's) into privacy.json
 
     def on_epoch_begin(self, epoch, logs=None):
         self.begin_epoch(epoch)
@@ -326,6 +356,10 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.close_epoch(epoch, logs)
+        if logs is not None and self._ledger is not None:
+            # epsilon so far, a function of the ledger only (public): the callbacks after this
+            # one see it (History, the progress bar, CSVLogger, TensorBoard)
+            logs["epsilon"] = float(self._ledger["epsilon"])
         if self.target_epsilon is not None:
             self._stop_if_next_exceeds(epoch)
 
@@ -355,6 +389,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         else:
             led = dict(mechanism, epochs=[], extra_events=[], not_covered=[], private=True,
                        in_progress=None, fits=[])
+        self._refuse_training_it_does_not_hold(led)
         charged = self._charged_extra.setdefault(id(self.model), [])
         new_extra = [e for e in facts.get("extra_events", []) if e not in charged]
         accounting.as_extra_events(new_extra)  # validates them before anything is written
@@ -389,6 +424,11 @@ class PrivacyLedger(keras.callbacks.Callback):
         self._ledger, self._fit_params = led, self.params
         self._continued, self._open_epoch, self._steps = False, None, 0
         self._refresh_epsilon()
+        _LIVE.add(self)
+        listen = getattr(self.model, "add_after_save", None)
+        if listen is not None:  # a file the model saves is listed when it is written
+            listen(self.reconcile)
+        self.reconcile()  # steps since the last fit, or before this ledger
 
     def continue_at(self, epoch: int) -> None:
         """First epoch of a fit: charges an interrupted epoch, refuses gaps (once per fit)."""
@@ -404,10 +444,13 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.continue_at(epoch)
         if self._open_epoch == epoch:
             return
+        self.reconcile()  # steps between the fit's epochs (a callback's own)
         self._open_epoch, self._steps = epoch, 0
         self._started = self._bound = 0
         self._hooked = False
         self._last_call = None
+        count = self._step_count()
+        self._epoch_count = None if count is None else count.value
 
     def before_steps(self, steps: int) -> None:
         """Called before a train-function call that may run `steps` steps, once it is traced
@@ -469,6 +512,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         led["epochs"] = list(led["epochs"]) + [record.to_dict()]
         led["in_progress"] = None
         self._open_epoch = None
+        self._settle_epoch_count(record.steps)
         self._refresh_epsilon()
         self._write()
         logging.warning("privacy ledger: epoch %d was interrupted after %d step(s): charged %d",
@@ -489,12 +533,91 @@ class PrivacyLedger(keras.callbacks.Callback):
         led["epochs"] = list(led["epochs"]) + [record.to_dict()]
         led["in_progress"] = None
         self._open_epoch = None
+        self._settle_epoch_count(record.steps)
         self._refresh_epsilon()
         self._write()
         logging.info("privacy ledger: epoch %d (%d steps, z=%.4g, z_eff=%.4g): epsilon %.4g "
                      "(RDP %.4g) at delta %.3g", epoch, record.steps, record.noise_multiplier,
                      record.effective_noise_multiplier, led["epsilon"], led["epsilon_rdp"],
                      led["delta"])
+
+    # ------------------------------------------------------------------ the step's own count
+    def reconcile(self) -> None:
+        """Compares the ledger with the step's own count (edp_tf/step_count.py) and states the
+        steps no accounted epoch holds: they void the run (`steps_outside_fit`, not covered).
+        Runs at every fit's and epoch's start, before a statement is read, and at exit; not
+        while an epoch is open (its steps are being charged by the durable bound)."""
+        count = self._step_count()
+        if self._ledger is None or self._open_epoch is not None:
+            return
+        if self._list_saved_files():
+            self._write()
+        if count is not None:
+            self._declare_outside(count.take_unaccounted())
+
+    def statement(self) -> dict:
+        """The ledger as a reviewer reads it, reconciled with the step's count first, with the
+        headline's epsilon and `private` (an open epoch's durable bound charged)."""
+        self.reconcile()
+        led = dict(self.ledger)
+        top = headline(led)
+        return led | {k: top[k] for k in ("epsilon", "epsilon_rdp", "epsilon_pld", "private")}
+
+    def _step_count(self):
+        return getattr(self.model, "step_count", None) if self.model is not None else None
+
+    def _refuse_training_it_does_not_hold(self, led: dict) -> None:
+        """Before the first step: weights that another wrapper trained, or that an optimizer
+        updated before this wrapper's first step, carry steps this ledger would not state."""
+        model, count = self.model, self._step_count()
+        if count is None:
+            return
+        wrapped = getattr(model, "wrapped_model", None)
+        others = step_count.steps_by_other_wrappers(wrapped, count) if wrapped is not None else 0
+        if others:
+            raise ValueError(
+                f"this model's weights hold {others} private step(s) of another PrivateModel "
+                "(make_private or PrivateModel called twice on one model), which this ledger "
+                "would not count: keep training with the first wrapper (its fits continue its "
+                "ledger), or wrap a freshly built model")
+        if count.value:
+            return  # this wrapper has stepped: reconcile() accounts for its own count
+        charged = sum(int(e["steps"]) for e in led["epochs"]) + int(
+            (led.get("in_progress") or {}).get("steps") or 0)
+        own = getattr(model, "optimizer", None)
+        before = _iterations(own) - charged
+        inner = getattr(wrapped, "optimizer", None)
+        if inner is not None and inner is not own:
+            before = max(before, 0) + _iterations(inner)
+        if before > 0:
+            raise ValueError(
+                f"the model was trained before this wrapper: its optimizer applied {before} "
+                "update(s) the ledger does not hold (model.fit before make_private?), and "
+                "epsilon would not cover them. Wrap a freshly built model; if that training "
+                "used public data only, copy its weights into a fresh model "
+                "(fresh.set_weights(model.get_weights())) and wrap that")
+
+    def _settle_epoch_count(self, charged_steps: int) -> None:
+        """At an epoch's close: updates the step applied beyond the steps charged (a
+        callback's own steps inside the epoch) are outside; the rest are accounted."""
+        count, start = self._step_count(), self._epoch_count
+        self._epoch_count = None
+        if count is None or start is None:
+            return
+        ran = count.value - start
+        count.take_unaccounted()
+        self._declare_outside(ran - charged_steps)
+
+    def _declare_outside(self, steps: int) -> None:
+        if steps <= 0:
+            return
+        led = self.ledger
+        led["steps_outside_fit"] = int(led.get("steps_outside_fit", 0)) + int(steps)
+        led["not_covered"] = _merge_sentences(led["not_covered"], [OUTSIDE_FIT_SENTENCE])
+        led["private"] = False
+        self._write(durable=True)
+        logging.warning("privacy ledger: %d step(s) ran outside an accounted fit: the run is "
+                        "not private (privacy.json steps_outside_fit)", steps)
 
     # ------------------------------------------------------------------ the budget
     def _refuse_if_over_budget(self, epoch: int) -> None:
@@ -542,8 +665,24 @@ class PrivacyLedger(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ helpers
     def _write(self, durable: bool = False) -> None:
+        self._list_saved_files()
         if self.path is not None:
             write_json_atomically(self.path, self._ledger, durable=durable)
+
+    def _list_saved_files(self) -> bool:
+        """The files the model saved (`save`, `save_weights`, `export`, so a ModelCheckpoint's
+        too) among the covered artifacts: each holds weights of some step, and the headline
+        counts every step up to now. Whether the list grew."""
+        saved = getattr(self.model, "saved_files", ()) if self.model is not None else ()
+        if not saved or self._ledger is None or self._ledger.get("artifacts") is None:
+            return False
+        artifacts = dict(self._ledger["artifacts"])
+        before = list(artifacts.get("covered", []))
+        artifacts["covered"] = _merge_sentences(before, [
+            f"{path} (saved by the model: weights of a step the headline counts)"
+            for path in saved])
+        self._ledger["artifacts"] = artifacts
+        return artifacts["covered"] != before
 
     def _facts(self) -> dict:
         model = self.model
@@ -658,6 +797,8 @@ class PrivacyLedger(keras.callbacks.Callback):
             # BandMF: b (charged as ceil(steps / b) steps at b q) and its strategy
             # (informational: any coefficients of norm <= 1 have the same epsilon)
             "bands": facts.get("bands", 1),
+            # informational: Opacus' secure mode (CSPRNG state, summed draws), same epsilon
+            "secure_noise": facts.get("secure_noise", False),
         } | ({"bandmf_coefficients": facts["bandmf_coefficients"]}
              if facts.get("bandmf_coefficients") else {})
 
@@ -698,17 +839,21 @@ class PrivacyLedger(keras.callbacks.Callback):
         _refresh_epsilon(self._ledger)
 
 
+def _iterations(optimizer) -> int:
+    iterations = getattr(optimizer, "iterations", None)
+    return 0 if iterations is None else int(iterations.numpy())
+
+
 def _refresh_epsilon(led: dict) -> None:
-    """The ledger's epsilon fields, from its charged epochs and extra events."""
-    records = tuple(EpochRecord.from_dict(e) for e in led["epochs"])
-    est = accounting.compute_epsilons(records, led["sampling_rate"], led["delta"],
-                                      led["extra_events"])
+    """The ledger's epsilon fields: the headline's (its charged epochs, an open epoch's
+    durable bound and its extra events)."""
+    top = headline(led)
     led["epsilon"], led["epsilon_rdp"], led["epsilon_pld"] = (
-        est.epsilon, est.epsilon_rdp, est.epsilon_pld)
+        top["epsilon"], top["epsilon_rdp"], top["epsilon_pld"])
     # beside the run's delta (default 0.1/n): the same run at delta = 1/n and 1e-6
     led["epsilon_at_other_deltas"] = accounting.epsilons_at_reported_deltas(
-        records, led["sampling_rate"], led["dataset_size"], led["extra_events"])
-    if math.isinf(est.epsilon):
+        charged(led)[0], led["sampling_rate"], led["dataset_size"], led["extra_events"])
+    if math.isinf(top["epsilon"]):
         led["private"] = False
 
 
@@ -742,3 +887,18 @@ def _charge_interrupted(led: dict, where: str) -> bool:
     logging.warning("privacy ledger: epoch %d was interrupted: charged %d step(s), the most "
                     "that can have run", interrupted["epoch"], interrupted["steps"])
     return True
+
+
+# ledgers that have begun a fit: at exit each states the steps its model ran since (a custom
+# loop after the last fit), so that privacy.json does not outlive them as private
+_LIVE: "weakref.WeakSet[PrivacyLedger]" = weakref.WeakSet()
+
+
+@atexit.register
+def _reconcile_at_exit() -> None:
+    for ledger in list(_LIVE):
+        try:
+            ledger.reconcile()
+        except Exception as error:  # noqa: BLE001 (at exit: say it, never mask the exit)
+            logging.error("privacy ledger: could not reconcile %s at exit: %s",
+                          ledger.path or "the in-memory ledger", error)

@@ -81,6 +81,14 @@ def adaptable_layers(model: keras.layers.Layer, public: Iterable[str] = ()) -> L
             and id(layer) not in covered]
 
 
+def training_signature(model: keras.layers.Layer) -> tuple:
+    """What decides which state a training step can assign: every layer's `trainable` flag
+    and the model's variables. The refusal is run again whenever it changes (a layer unfrozen
+    between fits starts updating its statistics), and only then: tracing costs seconds."""
+    return (tuple((id(layer), bool(layer.trainable)) for layer in _layers(model)),
+            tuple(id(v) for v in model.variables))
+
+
 def refuse_state_outside_the_clip(model: keras.layers.Layer, inputs,
                                   public_layers: Sequence[str] = ()) -> None:
     """ValueError naming each layer whose state would learn from the private data unclipped."""

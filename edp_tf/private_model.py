@@ -34,6 +34,7 @@ from edp_tf import (
     projection,
     scaling,
     selection,
+    step_count,
     step_guard,
 )
 from edp_tf.config import DPConfig, Features, Incompatible, compatibility
@@ -43,10 +44,8 @@ from edp_tf.plan import PrivacyPlan
 _log = logging.getLogger(__name__)
 
 _SAVE_WRAPPED = (
-    "a PrivateModel is not saved: save or export the model it trains, "
-    "private.wrapped_model.save('model.keras') or .export('saved_model') (the same weights, "
-    "no privacy machinery inside); resume training from a tf.train.Checkpoint of "
-    "wrapped_model and the optimizer")
+    "a PrivateModel has no config of its own: private.save('model.keras') saves the model it "
+    "trains (the same weights, no privacy machinery inside), which loads with Keras alone")
 
 TRAINING_STATISTICS_SENTENCE = (
     "fit showed the training loss, compiled metrics and clipping statistics (clipped_fraction, "
@@ -77,6 +76,12 @@ CLASS_WEIGHT_REFUSED = (
     "PrivateModel.fit does not take class_weight: each example's gradient is clipped to the "
     "norm C after its weight is applied, so the weights would be mostly undone without a word. "
     "A weight inside the loss meets the same cap; rebalance the data instead")
+
+
+TRAIN_ON_BATCH_REFUSED = (
+    "PrivateModel.train_on_batch is refused: its batch is not a Poisson sample and no ledger "
+    "charges it; train with fit(sampler.dataset(x, y), steps_per_epoch=k) (make_private's "
+    "fit(x, y) samples itself)")
 
 
 class PrivateModel(keras.Model):
@@ -139,14 +144,19 @@ class PrivateModel(keras.Model):
         self._training_statistics = training_statistics
         self._batch_source: Optional[batch_source.BatchSource] = None  # set by each fit
         self._validation = False  # the last fit evaluated validation_data
-        self._state_checked = False  # model_state's refusal runs once, before the first step
+        # model_state's refusal runs before the first step and again whenever what trains
+        # changes (model_state.training_signature)
+        self._state_checked_for: Optional[tuple] = None
         self._loop_reported = False  # the automatic per-example loop is said once
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
+        # the updates the step applied, counted in the step's own graph: a ledger charges
+        # what ran by it, whichever Keras path ran it (edp_tf/step_count.py)
+        self.step_count = step_count.StepCount()
         # held outside Keras' and TensorFlow's tracking: a checkpoint or SavedModel of the
         # wrapper must not hold the Philox state (it would predict the next draws and
         # recompute past ones, and a restored copy would replay the same noise)
-        self._noise = _Untracked(noise.make_generator(config.seed))
+        self._noise = _Untracked(noise.make_generator(config.seed, config.secure_noise))
         # BandMF's last b - 1 noise vectors, untracked for the same reason and more: with the
         # released updates they would give the past clipped sums away (docs/privacy.md)
         self._noise_history = _Untracked(None)
@@ -163,6 +173,8 @@ class PrivateModel(keras.Model):
         # called before each step call with the steps it may run (edp_tf/step_guard.py): the
         # ledger makes them durable there, after tracing and before any data is read
         self._before_steps = _Untracked([])
+        self._saved = _Untracked([])  # paths save / save_weights / export wrote
+        self._after_save = _Untracked([])
         self._subspace: Optional[projection.PublicSubspace] = None
         self._metric_trackers = {
             name: keras.metrics.Mean(name=name)
@@ -200,14 +212,58 @@ class PrivateModel(keras.Model):
     def call(self, inputs, training=None):
         return self.wrapped_model(inputs, training=training)
 
+    # One object: what a Keras user does with a model (save, ModelCheckpoint, BackupAndRestore,
+    # summary) acts on the model it trains, so every file loads into the user's own
+    # architecture with Keras alone and holds no privacy machinery (no noise generator, no
+    # mechanism, no ledger). The wrapper itself is never serialised (get_config).
     def save(self, filepath, *args, **kwargs):
-        """Refused before any file is created: the wrapper is training machinery (a noise
-        generator, the mechanism, a ledger's view), and what a user ships is the model itself,
-        which epsilon covers."""
-        raise ValueError(_SAVE_WRAPPED)
+        """Saves the trained model (`wrapped_model`): epsilon covers it, and the ledger's
+        headline counts every step before the save (an open epoch's too)."""
+        result = self.wrapped_model.save(filepath, *args, **kwargs)
+        self._note_saved(filepath)
+        return result
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """The trained model's weights (they load into the user's model)."""
+        result = self.wrapped_model.save_weights(filepath, *args, **kwargs)
+        self._note_saved(filepath)
+        return result
+
+    def load_weights(self, filepath, *args, **kwargs):
+        return self.wrapped_model.load_weights(filepath, *args, **kwargs)
+
+    def export(self, filepath, *args, **kwargs):
+        """A SavedModel of the trained model, for serving."""
+        result = self.wrapped_model.export(filepath, *args, **kwargs)
+        self._note_saved(filepath)
+        return result
+
+    def summary(self, *args, **kwargs):
+        return self.wrapped_model.summary(*args, **kwargs)
+
+    @property
+    def saved_files(self) -> tuple:
+        """What `save`, `save_weights` and `export` wrote (a ledger lists them as covered)."""
+        return tuple(self._saved.value)
+
+    def _note_saved(self, filepath) -> None:
+        if str(filepath) not in self._saved.value:
+            self._saved.value.append(str(filepath))
+        for listener in self._after_save.value:  # a ledger lists the file at once
+            listener()
+
+    def add_after_save(self, listener) -> None:
+        """Calls `listener()` after each `save`, `save_weights` or `export` (once per one)."""
+        if listener not in self._after_save.value:
+            self._after_save.value.append(listener)
 
     def get_config(self):
         raise ValueError(_SAVE_WRAPPED)
+
+    def train_on_batch(self, *args, **kwargs):
+        """Refused: a batch the caller chose is no Poisson sample, and a step outside `fit`
+        runs without the ledger's durable charge before it."""
+        raise ValueError(TRAIN_ON_BATCH_REFUSED)
 
     def compile(self, optimizer="rmsprop", loss=None, metrics=None, loss_weights=None,
                 **kwargs):
@@ -222,8 +278,10 @@ class PrivateModel(keras.Model):
                     f"optimizer.{name} would clip the noisy update after the privacy step; "
                     "clipping belongs to DPConfig.l2_norm_clip"
                 )
+        _refuse_loss_scaling(self.wrapped_model, optimizer)
         # The loss is not handed to Keras: its reduction divides by the replica count.
         super().compile(optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
+        _refuse_loss_scaling(self.wrapped_model, self.optimizer)  # Keras' own wrapping
 
     @property
     def metrics(self):
@@ -273,6 +331,7 @@ class PrivateModel(keras.Model):
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
+            "secure_noise": cfg.secure_noise,  # informational: the same distribution
             "not_covered": not_covered,
             # the model's own queries, then the plan's releases made before the first step
             "extra_events": [dict(e) for e in self._extra_events] + [
@@ -432,6 +491,7 @@ class PrivateModel(keras.Model):
             with self.distribute_strategy.scope():  # every variable: the frozen ones join later
                 self.optimizer.build(self.wrapped_model.trainable_variables)
         self._prepare(first)
+        step_count.claim(self.wrapped_model, self.step_count)  # the model is the unit
         callbacks = [_EpochSchedule(self)] + callbacks
         if self._subspace is not None:
             callbacks.insert(1, projection.RefreshCallback(self._subspace, self.optimizer))
@@ -494,10 +554,11 @@ class PrivateModel(keras.Model):
         """Decides the step's constants (the mechanism, alpha) before tracing it."""
         fx, fy, fw = first
         self._ensure_built(fx)
-        if not self._state_checked:
+        signature = model_state.training_signature(self.wrapped_model)
+        if signature != self._state_checked_for:
             model_state.refuse_state_outside_the_clip(self.wrapped_model, fx,
                                                       self._public_layers)
-            self._state_checked = True
+            self._state_checked_for = signature
         fw = _mask(fx, fw)
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])
@@ -521,6 +582,14 @@ class PrivateModel(keras.Model):
             with self.distribute_strategy.scope():
                 self._noise_history.value = noise.banded_histories(variables,
                                                                    self._mechanism.bands)
+        count = len(self.wrapped_model.trainable_variables)
+        if self._layer_scales is not None and len(self._layer_scales) != count:
+            if cfg.scaling != "uniform":  # decided (and maybe charged) for another set
+                raise ValueError(
+                    f"the model's trainable variables changed since DPConfig.scaling="
+                    f"{cfg.scaling!r} decided {len(self._layer_scales)} scales (now {count}): "
+                    "set layer.trainable before the first fit, or wrap the model anew")
+            changed = True
         if self._layer_scales is None or changed:  # alpha for every trainable variable
             self._layer_scales = self._decide_layer_scales(fx, fy, fw)
         scales = tuple(self._layer_scales[i] for i in trained)
@@ -717,6 +786,7 @@ class PrivateModel(keras.Model):
         if self._subspace is not None:  # post-processing of the (summed) release
             updates = self._subspace.project(updates)
         self.optimizer.apply_gradients(zip(updates, variables))
+        self.step_count.increment()  # the ledger's truth: no update without it
 
         self._metric_trackers["noise_multiplier"].update_state(z_t)
         if self._training_statistics:  # else nothing of the private batches is kept, anywhere
@@ -804,6 +874,24 @@ class _Untracked:
 
     def __init__(self, value):
         self.value = value
+
+
+MIXED_FLOAT16_REFUSED = (
+    "mixed_float16 needs loss scaling (Keras wraps the optimizer in a LossScaleOptimizer), which "
+    "the private step does not do: the optimizer would divide every clipped, noised update by "
+    "the loss scale, and training would silently stop. Use "
+    "keras.mixed_precision.set_global_policy('mixed_bfloat16') (no loss scaling needed) or "
+    "float32, and build the model again")
+
+
+def _refuse_loss_scaling(model, optimizer) -> None:
+    """mixed_float16 is refused before any step: its loss scaling lives in Keras' own train
+    step (scale the loss, unscale the gradients), and the private step has none."""
+    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+    float16 = any(getattr(getattr(layer, "dtype_policy", None), "name", "") == "mixed_float16"
+                  for layer in ghost.flatten_layers(model))
+    if scaled or float16:
+        raise ValueError(MIXED_FLOAT16_REFUSED)
 
 
 def _sum_over_replicas(updates: list) -> list:

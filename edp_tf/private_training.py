@@ -10,12 +10,14 @@ ledger, so every batch it trains on is one the accounting covers.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
 from edp_tf import accounting, batch_source, checks, multi_worker, report, sampling
+from edp_tf import ledger as ledger_lib
 from edp_tf.config import DPConfig
 from edp_tf.ledger import PrivacyLedger
 from edp_tf.mechanism import Mechanism
@@ -33,8 +35,13 @@ class Budget:
     batch_size: int
     delta: Optional[float] = None
     run_dir: Optional[str] = None
+    resume: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.resume, bool):
+            raise ValueError(f"resume must be True or False, got {self.resume!r}")
+        if self.resume and self.run_dir is None:
+            raise ValueError("resume=True continues the ledger of a run_dir: give run_dir")
         checks.number("target_epsilon", self.target_epsilon, 0.0, True)
         checks.count("epochs", self.epochs, 1)
         checks.count("batch_size", self.batch_size, 1)
@@ -56,6 +63,7 @@ class AutoPrivateModel(PrivateModel):
         self._sampler: Optional[sampling.PoissonSampler] = None
         self._ledger: Optional[PrivacyLedger] = None
         self._epochs_done = 0
+        self._earlier_ledger: Optional[dict] = None  # what resume=True continues
 
     @property
     def sampler(self) -> Optional[sampling.PoissonSampler]:
@@ -72,7 +80,7 @@ class AutoPrivateModel(PrivateModel):
         if self._ledger is None:
             return 0.0
         try:
-            return float(self._ledger.ledger["epsilon"])  # extra events too
+            return float(self._ledger.statement()["epsilon"])  # extra events too
         except RuntimeError:  # no fit has started
             return 0.0
 
@@ -81,7 +89,7 @@ class AutoPrivateModel(PrivateModel):
         whether the run is private (what `privacy.json` holds when `run_dir` was given)."""
         if self._ledger is None:
             raise RuntimeError("the privacy statement is known once fit() has started")
-        return dict(self._ledger.ledger)
+        return self._ledger.statement()  # reconciled with the step's own count first
 
     def privacy_report(self, path: str) -> str:
         """Writes a self-contained report of the statement (`.html`, else Markdown):
@@ -176,13 +184,44 @@ class AutoPrivateModel(PrivateModel):
                   if cfg.scaling == "private" else ())
         plan = PrivacyPlan(Mechanism.from_config(cfg, replicas, sampler.max_batch_size), n,
                            sampler.sampling_rate, delta, self._budget.epochs,
-                           sampler.steps_per_epoch, extras).calibrated(self._budget.target_epsilon)
+                           sampler.steps_per_epoch, extras)
+        records, events = self._earlier_run()
+        self._epochs_done = max((r.epoch for r in records), default=-1) + 1
+        try:
+            plan = plan.calibrated(self._budget.target_epsilon, charged=records,
+                                   first_epoch=min(self._epochs_done, self._budget.epochs - 1),
+                                   charged_events=events)
+        except ValueError:
+            if not records:
+                raise
+            raise ledger_lib.BudgetExhaustedError(
+                f"make_private: {self._budget.run_dir}'s ledger has spent epsilon "
+                f"{ledger_lib.headline(self._earlier_ledger)['epsilon']:.4g} and no noise fits "
+                f"the epochs left in target_epsilon={self._budget.target_epsilon:g}: raise "
+                "target_epsilon, or use a new run_dir") from None
         self._dp_config = cfg.replace(noise_multiplier=plan.mechanism.noise_multiplier)
         self.dp_noise_multiplier.assign(plan.mechanism.noise_multiplier)
         self._plan = plan
         self._sampler = sampler
         self._ledger = PrivacyLedger.for_sampler(self._budget.run_dir, sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
+
+    def _earlier_run(self) -> tuple:
+        """(EpochRecords, ExtraEvents) an earlier run left in run_dir, which `resume=True`
+        continues; refused in one line, before any step, when resume was not asked."""
+        run_dir = self._budget.run_dir
+        path = None if run_dir is None else os.path.join(run_dir, ledger_lib.FILENAME)
+        if path is None or not os.path.exists(path):
+            return (), ()
+        self._earlier_ledger = ledger_lib.read_ledger(path)
+        if not self._budget.resume:
+            top = ledger_lib.headline(self._earlier_ledger)
+            raise ValueError(
+                f"make_private: run_dir {run_dir!r} already holds a run: epsilon "
+                f"{top['epsilon']:.4g} spent over {top['epochs']} epoch(s) ({path}). Continue "
+                "it with make_private(..., resume=True) (its epochs and budget carry on; "
+                "restore your model's weights first), or give a new run_dir")
+        return ledger_lib.charged(self._earlier_ledger)
 
     def _batches(self, x, y) -> tf.data.Dataset:
         source = batch_source.describe(x)
@@ -210,6 +249,7 @@ def _rows(x, y) -> int:
 def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batch_size: int,
                  l2_norm_clip: float = 1.0, delta: Optional[float] = None,
                  microbatch_size: Optional[int] = 1, run_dir: Optional[str] = None,
+                 resume: bool = False,
                  strategy: Optional[tf.distribute.Strategy] = None,
                  public_layers=(), training_statistics: bool = False,
                  **dp_options) -> AutoPrivateModel:
@@ -236,6 +276,11 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
         examples (sensitivity 2C); None one micro-batch per replica (the paper's eDP-SGD).
       strategy: a `tf.distribute` strategy (e.g. `edp_tf.make_strategy(replicas=2)`); default
         the current one.
+      run_dir: where privacy.json is written (None: the ledger stays in memory). A run_dir
+        that holds a ledger already is refused at the first fit unless `resume=True`, which
+        continues it: its epochs count, the noise is calibrated for the epochs left to land at
+        target_epsilon, and the next epoch follows the last one charged (restore the model's
+        weights yourself, e.g. from your ModelCheckpoint).
       dp_options: further `edp_tf.DPConfig` fields (noise_mode, decay, clipping, ...).
     """
     strategy = strategy or tf.distribute.get_strategy()
@@ -251,7 +296,7 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
             raise ValueError(f"make_private decides {name} itself (the noise from the budget, "
                              "the expected batch from batch_size, seeds from OS entropy); use "
                              "edp_tf.PrivateModel to set it")
-    budget = Budget(target_epsilon, epochs, batch_size, delta, run_dir)
+    budget = Budget(target_epsilon, epochs, batch_size, delta, run_dir, resume)
     config = DPConfig(l2_norm_clip=l2_norm_clip, microbatch_size=microbatch_size,
                       noise_multiplier=1.0, **dp_options)
     with strategy.scope():

@@ -1,6 +1,6 @@
 """make_private: one call, Poisson batches drawn by the library, the budget kept across fits."""
 import json
-import os
+import zipfile
 
 import keras
 import numpy as np
@@ -35,12 +35,13 @@ def test_arrays_train_on_poisson_batches_to_the_budget_and_no_further(tmp_path):
     model, private = _private(str(tmp_path), strategy=edp_tf.make_strategy(2))
     before = model.get_weights()
     history = private.fit(x, y, epochs=1, verbose=0)  # one of the two planned epochs
-    assert set(history.history) == {"noise_multiplier"}  # no unnoised training statistic
+    # no unnoised training statistic; epsilon per epoch, a function of the ledger
+    assert set(history.history) == {"noise_multiplier", "epsilon"}
     sampler = private.sampler
     assert (sampler.dataset_size, sampler.sampling_rate) == (N_EX, BATCH / N_EX)
     assert private.batch_source.kind == "sampler"  # the library drew the batches itself
     first = private.epsilon
-    assert 0 < first < TARGET
+    assert 0 < first < TARGET and history.history["epsilon"] == [first]
     private.fit(x, y, verbose=0)  # the rest of the plan, continuing the ledger
     statement = private.privacy_statement()
     assert [e["epoch"] for e in statement["epochs"]] == [0, 1]
@@ -92,13 +93,28 @@ def test_make_private_refuses_what_it_decides_itself_and_foreign_variables():
     assert edp_tf.__version__ and "sampl" in edp_tf.make_private.__doc__
 
 
-def test_saving_the_wrapper_names_the_way_and_leaves_no_file(tmp_path):
-    model, private = _private()
-    with pytest.raises(ValueError, match=r"private\.wrapped_model\.save"):
-        private.save(str(tmp_path / "p.keras"))
-    assert not os.path.exists(tmp_path / "p.keras")
-    private.wrapped_model.save(str(tmp_path / "m.keras"))  # the way it names works
-    assert keras.models.load_model(str(tmp_path / "m.keras")).count_params() == model.count_params()
+def test_one_object_saves_checkpoints_and_loads_into_the_users_model(tmp_path):
+    x, y = _data()
+    model, private = _private(str(tmp_path / "run"))
+    checkpoints = [keras.callbacks.ModelCheckpoint(str(tmp_path / "best.keras")),
+                   keras.callbacks.ModelCheckpoint(str(tmp_path / "w.weights.h5"),
+                                                   save_weights_only=True)]
+    private.fit(x, y, epochs=1, verbose=0, callbacks=checkpoints)  # ModelCheckpoint works
+    private.save(str(tmp_path / "m.keras"))
+    with zipfile.ZipFile(tmp_path / "m.keras") as saved:  # the user's architecture, alone
+        config = saved.read("config.json").decode()
+    assert "edp_tf" not in config and "PrivateModel" not in config
+    loaded = keras.models.load_model(str(tmp_path / "best.keras"))
+    fresh = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
+    fresh.load_weights(str(tmp_path / "w.weights.h5"))  # weights-only loads into the user's
+    for a, b, c in zip(model.get_weights(), loaded.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    covered = private.privacy_statement()["artifacts"]["covered"]
+    assert any(str(tmp_path / "best.keras") in c for c in covered)
+    assert any(str(tmp_path / "m.keras") in c for c in covered)
+    with pytest.raises(ValueError, match="no config of its own"):
+        private.get_config()
 
 
 class _StopAt(keras.callbacks.Callback):
@@ -149,3 +165,43 @@ def test_the_wrappers_checkpoint_holds_no_noise_state_and_hidden_statistics_stay
     assert names and not [n for n in names if "generator" in n.lower() or "state" in n.lower()]
     kept = {k: float(v) for k, v in private.get_metrics_result().items()}
     assert set(kept) >= {"loss", "noise_multiplier"} and kept["loss"] == 0.0
+
+
+def test_a_used_run_dir_is_refused_before_a_step_and_resume_continues_it(tmp_path):
+    x, y = _data()
+    _, first = _private(str(tmp_path))
+    first.fit(x, y, epochs=1, verbose=0)
+    spent = first.epsilon
+    model, again = _private(str(tmp_path))  # the same script run a second time
+    before = model.get_weights()
+    with pytest.raises(ValueError, match=f"already holds a run: epsilon {spent:.4g} spent over "
+                                         r"1 epoch\(s\).*resume=True.*new run_dir"):
+        again.fit(x, y, verbose=0)
+    assert again.step_count.value == 0
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    _, resumed = _private(str(tmp_path), resume=True)
+    resumed.fit(x, y, verbose=0)  # the one epoch left of the two, at the budget
+    statement = resumed.privacy_statement()
+    assert [e["epoch"] for e in statement["epochs"]] == [0, 1]
+    assert spent < statement["epsilon"] <= TARGET
+    with pytest.raises(ValueError, match="give run_dir"):
+        _private(None, resume=True)
+
+
+def test_mixed_float16_is_refused_before_training():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        with pytest.raises(ValueError, match="mixed_float16 needs loss scaling"):
+            _private()
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:  # bfloat16 needs no loss scaling: it trains, and the update is not scaled away
+        x, y = _data()
+        model, private = _private()
+        before = model.get_weights()
+        private.fit(x, y, epochs=1, verbose=0)
+        moved = max(float(np.max(np.abs(a - b))) for a, b in zip(before, model.get_weights()))
+        assert moved > 1e-3  # SGD(0.1) on a noised mean gradient of norm ~ 1: far above 1e-5
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
