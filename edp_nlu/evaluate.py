@@ -34,6 +34,7 @@ from absl import app, flags
 from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
 from edp_nlu.scoring import metrics as metrics_lib
 from edp_nlu.scoring import per_class, predictions
+from edp_tf import ledger as ledger_lib
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
@@ -162,7 +163,9 @@ def run_label(run_dir: str) -> str:
     path = os.path.join(run_dir, "privacy.json")
     if spec.privacy.private and os.path.isfile(path):
         with open(path) as f:
-            epsilon = json.load(f).get("epsilon")
+            led = json.load(f)
+        # the headline (an interrupted epoch's steps too) where the file is a whole ledger
+        epsilon = ledger_lib.headline(led)["epsilon"] if "epochs" in led else led.get("epsilon")
         if isinstance(epsilon, (int, float)):
             label += f", eps {epsilon:.2f}"
     return label

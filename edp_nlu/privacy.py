@@ -24,7 +24,8 @@ from typing import Optional, Sequence
 
 from absl import app, flags, logging
 
-from edp_tf import accounting, ledger, plan, report
+from edp_tf import accounting, plan, report
+from edp_tf import ledger as ledger_lib
 from edp_tf.accounting import EpochRecord
 from edp_tf.mechanism import Mechanism
 
@@ -75,29 +76,28 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     """The statement of a finished run (a loaded privacy.json), optionally at another delta."""
     delta = ledger["delta"] if delta is None else accounting.check_delta(delta)
     q = ledger["sampling_rate"]
-    records = [EpochRecord.from_dict(e) for e in ledger["epochs"]]
-    extras = accounting.as_extra_events(ledger.get("extra_events", []))
+    records, extras = ledger_lib.charged(ledger)  # an open epoch's bound too: the headline's
+    records = list(records)
     unit = ledger.get("privacy_unit", "example")
     lines = ["Privacy statement of a finished run",
              _mechanism_line(ledger["noise_mode"], ledger["replicas"], ledger["microbatch_size"],
                              ledger["sensitivity"], unit, ledger.get("user_estimator", "fixed"),
                              ledger.get("local_epochs", 0))
              + f", C = {ledger['l2_norm_clip']:g}",
-             f"Data: n = {ledger['dataset_size']} {unit}s, {ledger['sampling']} sampling, "
-             f"q = {q:.6g} "
-             f"(batch {ledger['batch_size']:g}), {sum(r.steps for r in records)} steps"]
+             "Data: " + report.sampling_sentence(ledger)]
     z_c = ledger.get("selection_noise_multiplier")
     if z_c is not None:
         lines.append(f"Sparse embedding noise (DP-AdaFEST): noisy row counts, z_c = {z_c:g}, on "
                      "the same sample as the gradient: each step charged at the joint multiplier "
                      "(z_eff^-2 + z_c^-2)^-1/2")
-    recomputed = accounting.compute_epsilon(records, q, delta, extras)
-    if delta == ledger["delta"] and not math.isclose(recomputed, ledger["epsilon"],
-                                                     rel_tol=1e-6, abs_tol=1e-9):
+    top = ledger_lib.headline(ledger, delta)
+    recomputed = top["epsilon"]
+    if (delta == ledger["delta"] and not ledger.get("in_progress")
+            and not math.isclose(recomputed, ledger["epsilon"], rel_tol=1e-6, abs_tol=1e-9)):
         lines.append(f"WARNING: privacy.json says epsilon {_fmt(ledger['epsilon'])}, recomputed "
                      f"{_fmt(recomputed)}: the file was edited or written by another version")
     lines.append(f"Guarantee: epsilon = {_fmt(recomputed)} (PLD; RDP "
-                 f"{_fmt(accounting.compute_epsilon(records, q, delta, extras, 'rdp'))}) at "
+                 f"{_fmt(top['epsilon_rdp'])}) at "
                  f"delta = {delta:.3g}, add/remove-one-{unit}"
                  + (" (all of that user's data)" if unit == "user" else "")
                  + ", all checkpoints released")
@@ -109,15 +109,16 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
         lines += ["Cumulative epsilon per epoch:"] + _table(
             records, {ledger["noise_mode"]: _per_epoch(records, q, delta, extras)})
     if ledger.get("in_progress"):
-        lines.append(f"Epoch {ledger['in_progress']['epoch']} is running or was interrupted: it "
-                     f"is charged {ledger['in_progress']['steps']} step(s) (the most that can "
-                     "have run) when the run resumes.")
+        lines.append(f"Epoch {ledger['in_progress']['epoch']} is running or was interrupted: "
+                     f"its {ledger['in_progress']['steps']} step(s) (the most that can have run, "
+                     "which a checkpoint inside it may hold) are charged above, as a resume "
+                     "charges them.")
     label_sets = (ledger.get("artifacts") or {}).get("label_sets")
     if label_sets:  # written by the trainers: where the exported label sets come from
         lines.append(f"Label sets: {label_sets}")
     lines += [f"Assumes: {s}" for s in ledger.get("assumes", [])]
     lines += _extras_and_caveats(extras, ledger.get("not_covered", []),
-                                 bool(ledger.get("private")) and math.isfinite(recomputed))
+                                 top["private"])
     return "\n".join(lines)
 
 
@@ -303,7 +304,7 @@ def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:
     # dp-accounting warns for every RDP order it drops at small sigma (the bound stays valid)
     logging.set_verbosity(logging.ERROR)
     if f.run_dir:
-        led = ledger.read_ledger(f.run_dir)
+        led = ledger_lib.read_ledger(f.run_dir)
         print(statement_from_ledger(led, f.delta))
         if f.report:
             print(f"wrote {report.write(led, f.report, f'Privacy report of {f.run_dir}')}")

@@ -1,5 +1,6 @@
 """`python -m edp_nlu.privacy`: the planned statement per noise mode, the command itself, and the
 statement re-derived from a real run's privacy.json (with a tampered copy flagged)."""
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import edp_tf
 from edp_nlu import privacy
 from edp_nlu.cli_test import NATIVE_NOISE  # the markers of TensorFlow's native start-up lines
 from edp_tf import accounting as acc
-from edp_tf import ledger
+from edp_tf import ledger, report
 from edp_tf.partition_selection import GaussianThresholding
 
 
@@ -164,3 +165,36 @@ def test_sampling_table_command(capsys):
     assert "run noise spans 1.00x" in out
     with pytest.raises(app.UsageError, match="--target_epsilon"):
         run_command(capsys, *base)
+
+
+def test_one_headline_charges_the_open_epoch_everywhere(tmp_path, capsys):
+    x = np.random.default_rng(0).normal(size=(120, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    private = edp_tf.make_private(
+        keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]), target_epsilon=4.0,
+        epochs=2, batch_size=30, run_dir=str(tmp_path))
+    private.compile(keras.optimizers.SGD(0.1),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    private.fit(x, y, epochs=1, verbose=0)
+    path = tmp_path / "privacy.json"
+    with open(path) as f:
+        led = json.load(f)
+    closed = led["epsilon"]
+    # a kill inside epoch 1 after a checkpoint of its first 3 steps: the durable bound says 3
+    record = acc.EpochRecord.from_dict(led["epochs"][0])
+    led["in_progress"] = acc.EpochRecord(1, 3, record.noise_multiplier,
+                                         record.effective_noise_multiplier).to_dict()
+    path.write_text(json.dumps(led))
+    top = ledger.headline(ledger.read_ledger(str(tmp_path)))
+    expected = acc.compute_epsilon((record, acc.EpochRecord.from_dict(led["in_progress"])),
+                                   led["sampling_rate"], led["delta"])
+    assert top["epsilon"] == pytest.approx(expected) and top["epsilon"] > closed
+    assert top["steps"] == private.sampler.steps_per_epoch + 3
+    # edp-privacy's statement, the report and a settled ledger give that same figure
+    text = run_command(capsys, f"--run_dir={tmp_path}")
+    assert f"Guarantee: epsilon = {top['epsilon']:.4g} " in text
+    assert f"{top['steps']} steps" in text
+    verdict = report.sections(ledger.read_ledger(str(tmp_path)))[0][1][0]
+    assert f"({top['epsilon']:.3g}," in verdict
+    settled = ledger.settle_interrupted(str(tmp_path))
+    assert settled["epsilon"] == pytest.approx(top["epsilon"])

@@ -14,7 +14,7 @@ import math
 from typing import Optional, Sequence
 
 from edp_tf import accounting
-from edp_tf.accounting import EpochRecord
+from edp_tf.ledger import charged, headline
 
 FORMATS = ("html", "md")
 # the audit that measures a lower bound on this kind of mechanism (tools/audit.py of a checkout;
@@ -36,13 +36,39 @@ def audit_mechanism(ledger: dict) -> str:
     return "dpsgd" if ledger.get("microbatch_size") == 1 else "default"
 
 
+def sampling_sentence(ledger: dict) -> str:
+    """How the run sampled and what the accountant charged for it, in words a reviewer can
+    re-derive epsilon from (edp-privacy and the report both print it).
+
+    Why BandMF needs its own words: its charge is not "steps at q" but ceil(steps / b) steps
+    per epoch at the group rate b q; printing q and the steps would lead a reviewer to another
+    epsilon."""
+    records = charged(ledger)[0]
+    unit = ledger.get("privacy_unit", "example")
+    q, steps = ledger["sampling_rate"], sum(r.steps for r in records)
+    base = (f"{ledger['sampling']} sampling, q = {q:.6g} of n = {ledger['dataset_size']} "
+            f"{unit}s (expected batch {ledger['batch_size']:g}), {steps} steps over "
+            f"{len(records)} epochs")
+    bands = int(ledger.get("bands", 1) or 1)
+    if bands <= 1:
+        return base
+    participations = sum(r.participations for r in records)
+    return (base + f"; BandMF with b = {bands} bands (amplified banded matrix factorization, "
+            f"Choquette-Choo et al. 2023): the {unit}s are split once into {bands} groups and "
+            f"step t Poisson-samples group t mod {bands} at b q = "
+            f"{accounting.group_sampling_rate(q, bands):.6g}, so each {unit} takes part at "
+            f"most once every {bands} steps ({participations} participations at most: "
+            "ceil(steps / b) per epoch). The noise is correlated through a b-banded "
+            "lower-triangular strategy with columns of norm at most 1, and separated "
+            "participations touch disjoint rows of it: the run is charged as DP-SGD with "
+            "those participations at rate b q, each a Gaussian of the epoch's z (their "
+            "amplification theorem for b-min-separated participation, the event of "
+            "jax-privacy's amplified BandMF accounting)")
+
+
 def epsilon_curve(ledger: dict) -> list:
     """[(epochs done, epsilon after them)], recomputed from the records (PLD)."""
-    records = [EpochRecord.from_dict(e) for e in ledger.get("epochs", [])]
-    interrupted = ledger.get("in_progress")
-    if interrupted and interrupted.get("steps") is not None:  # what the resume charges
-        records.append(EpochRecord.from_dict(interrupted))
-    extras = accounting.as_extra_events(ledger.get("extra_events", []))
+    records, extras = charged(ledger)
     if not records:
         return [(0, accounting.compute_epsilon((), ledger["sampling_rate"], ledger["delta"],
                                                extras))] if extras else []
@@ -55,10 +81,9 @@ def epsilon_curve(ledger: dict) -> list:
 def sections(ledger: dict) -> list:
     """[(title, [paragraphs or bullet lists])]: the report's content, format-free."""
     curve = epsilon_curve(ledger)
-    epsilon = curve[-1][1] if curve else 0.0
+    top = headline(ledger)  # the figure every output gives
+    epsilon, private = top["epsilon"], top["private"]
     unit = ledger.get("privacy_unit", "example")
-    private = bool(ledger.get("private")) and math.isfinite(epsilon)
-    steps = sum(int(e["steps"]) for e in ledger.get("epochs", []))
     verdict = (f"The run is ({epsilon:.3g}, {ledger['delta']:.3g})-differentially private with "
                f"respect to adding or removing one training {unit}"
                + (" (all of that user's data)" if unit == "user" else "")
@@ -79,9 +104,9 @@ def sections(ledger: dict) -> list:
                     f"{epsilon:.6g}: the file was edited or written by another version.")
     others = ledger.get("epsilon_at_other_deltas") or {}
     mechanism = [
-        f"Sampling: {ledger['sampling']}, q = {ledger['sampling_rate']:.6g} of n = "
-        f"{ledger['dataset_size']} {unit}s (expected batch {ledger['batch_size']:g}), "
-        f"{steps} steps over {len(ledger.get('epochs', []))} epochs",
+        "Sampling: " + sampling_sentence(ledger)
+        + (f" (the last one interrupted or running: {top['in_progress_steps']} steps charged)"
+           if top["in_progress_steps"] else ""),
         f"Clipping norm C = {ledger['l2_norm_clip']:g}, sensitivity {ledger['sensitivity']:g} C "
         f"({_clip_unit(ledger.get('microbatch_size'))}), {ledger['replicas']} replica(s), "
         f"noise mode {ledger['noise_mode']}",
@@ -102,6 +127,16 @@ def sections(ledger: dict) -> list:
     files = ([f"covered: {a}" for a in artifacts.get("covered", [])]
              + [f"NOT covered: {a}" for a in artifacts.get("not_covered", [])])
     audit = audit_mechanism(ledger)
+    check = (
+        f"An empirical lower bound on epsilon for {_AUDITS[audit]}, from a checkout of "
+        f"edp-tf: `python -m tools.audit --mechanism={audit} --target_epsilon="
+        f"{max(1, round(epsilon)) if math.isfinite(epsilon) else 8} --canaries=4000 "
+        "--steps=2 --runs=10 --gaussian` (results/audit/table.md holds the measured rows).")
+    if int(ledger.get("bands", 1) or 1) > 1:
+        check = ("No audit of BandMF exists yet: tools.audit checks the Gaussian step of "
+                 "DP-SGD, which each BandMF participation is (the same clipped sum and noise "
+                 "std per row of the strategy), but not the correlation of the noise across "
+                 "steps, on which BandMF's accounting also rests.")
     return [
         ("The guarantee", [verdict]),
         ("Epsilon over the epochs", ["__plot__"]),
@@ -110,11 +145,8 @@ def sections(ledger: dict) -> list:
         ("What epsilon does not cover", [list(ledger.get("not_covered", [])) or ["(nothing)"]]),
         ("Each artifact", [files or ["(no artifact list recorded)"]]),
         ("Checking the mechanism", [
-            f"An empirical lower bound on epsilon for {_AUDITS[audit]}, from a checkout of "
-            f"edp-tf: `python -m tools.audit --mechanism={audit} --target_epsilon="
-            f"{max(1, round(epsilon))} --canaries=4000 --steps=2 --runs=10 --gaussian` "
-            "(results/audit/table.md holds the measured rows). Recompute this report's epsilon "
-            "from privacy.json with `edp-privacy --run_dir=RUN_DIR`."]),
+            check + " Recompute this report's epsilon from privacy.json with "
+            "`edp-privacy --run_dir=RUN_DIR`."]),
     ]
 
 

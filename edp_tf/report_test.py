@@ -48,3 +48,21 @@ def test_markdown_embeds_the_plot_and_a_non_private_or_edited_ledger_says_so(tmp
     assert "WARNING: privacy.json states epsilon 0.5" in edited
     with pytest.raises(ValueError, match="format"):
         report.render(_ledger(), "pdf")
+
+
+def test_a_bandmf_statement_says_what_was_charged_and_that_no_audit_exists():
+    # 10 steps an epoch with b = 3: ceil(10 / 3) = 4 participations charged per epoch, at 3 q
+    records = [accounting.EpochRecord(t, 10, 1.2, 1.2, bands=3) for t in range(3)]
+    epsilon = accounting.compute_epsilon(records, 0.05, 1e-5)
+    ledger = _ledger(epochs=[r.to_dict() for r in records], bands=3, epsilon=epsilon,
+                     epsilon_pld=epsilon)
+    sentence = report.sampling_sentence(ledger)
+    assert "b = 3 bands" in sentence and "b q = 0.15" in sentence
+    assert "12 participations at most" in sentence and "30 steps over 3 epochs" in sentence
+    # a reviewer re-deriving epsilon from the printed words: 12 Poisson steps at 0.15
+    rederived = accounting.compute_epsilon([accounting.EpochRecord(0, 12, 1.2, 1.2)], 0.15, 1e-5)
+    assert rederived == pytest.approx(epsilon, rel=1e-6)
+    text = report.render(ledger, "md")
+    assert sentence in text and "No audit of BandMF exists yet" in text
+    assert "--mechanism=dpsgd" not in text  # not the audit of another mechanism
+    assert "BandMF" not in report.sampling_sentence(_ledger())

@@ -166,6 +166,7 @@ def finished_summary(run_dir: str) -> dict | None:
         return None
     private = spec.privacy.private
     ledger = read_json(os.path.join(run_dir, ledger_lib.FILENAME), {}) if private else {}
+    ledger = ledger | (ledger_lib.headline(ledger) if ledger else {})  # the one headline
     return {"run_dir": run_dir, "mechanism": spec.privacy.mechanism, "model": spec.model.model,
             "epochs": len(metrics.get("epochs", [])), "seconds": 0.0, "test": metrics["test"],
             "decoding": metrics.get("decoding", "viterbi"),

@@ -525,8 +525,9 @@ def _statement(ledger, run_dir: str) -> dict:
     """The ledger's statement for the summary: the one this fit charged, or, when fit had no
     epoch left to run (a finished run resumed), the one it left in the run directory."""
     if ledger is not None and ledger.records:
-        return ledger.ledger
-    return read_json(os.path.join(run_dir, "privacy.json"), {})
+        return ledger.statement()
+    led = read_json(os.path.join(run_dir, "privacy.json"), {})
+    return led | (ledger_lib.headline(led) if led else {})  # the one headline
 
 
 def _ledger(spec: run_spec.RunSpec, data: _Data, run_dir: str, sampler, n: int, delta: float,
