@@ -13,7 +13,8 @@ Modes: `sgd` (plain Keras step of the model), `edp` (one micro-batch per replica
 (per-example: ghost norms), `dpsgd_vectorized` (per-example gradients of every variable, the
 pre-ghost path), `edp_k<k>` (micro-batches of k examples); any private mode with the suffix
 `_sparse` (e.g. `edp_sparse`, `dpsgd_sparse`) uses sparse embedding noise (DP-AdaFEST, the
-DPConfig defaults of its selection) and reports the fraction of embedding rows it selected.
+DPConfig defaults of its selection) and reports the fraction of embedding rows it selected;
+the suffix `_secure` (last) draws the noise in secure mode (`DPConfig.secure_noise`).
 BERT only: a mode may end with `+<what trains>` (edp_nlu/models/bert/finetuning.py):
 `+no_embeddings`, `+bias`, `+lora` (Keras' per-head layout) or `+lora_matrix`, e.g. what the
 trainers run:
@@ -220,6 +221,7 @@ def synthetic_batch(name: str, sizes: dict, batch: int, seed: int = 0):
 
 # ------------------------------------------------------------------------------ modes
 SPARSE = "_sparse"
+SECURE = "_secure"  # DPConfig.secure_noise: CSPRNG state, each sample the sum of 4 draws
 # `+<suffix>`: what a BERT mode trains -> (bert.finetune, bert.lora_layout)
 FINETUNING = {"no_embeddings": ("no_embeddings", "per_head"), "bias": ("bias", "per_head"),
               "lora": ("lora", "per_head"), "lora_matrix": ("lora", "matrix")}
@@ -240,6 +242,7 @@ def microbatch_of(mode: str) -> Optional[int]:
     mode = split_finetuning(mode)[0]
     if mode == "sgd":
         return 0
+    mode = mode[: -len(SECURE)] if mode.endswith(SECURE) else mode
     mode = mode[: -len(SPARSE)] if mode.endswith(SPARSE) else mode
     if mode == "edp":
         return None
@@ -248,7 +251,7 @@ def microbatch_of(mode: str) -> Optional[int]:
     if mode.startswith("edp_k") and mode[5:].isdigit() and int(mode[5:]) >= 1:
         return int(mode[5:])
     raise ValueError(f"--modes: unknown mode {mode!r} (sgd, edp, dpsgd, dpsgd_vectorized, "
-                     "edp_k<k>, each optionally with the suffix _sparse)")
+                     "edp_k<k>, each optionally with the suffix _sparse, then _secure)")
 
 
 class Mode:
@@ -279,7 +282,8 @@ class Mode:
                 config = edp_tf.DPConfig(
                     l2_norm_clip=1.0, noise_multiplier=1.0, microbatch_size=microbatch_of(base),
                     per_example_method="vectorized" if base.startswith("dpsgd_vectorized")
-                    else "ghost", sparse_embeddings=base.endswith(SPARSE))
+                    else "ghost", sparse_embeddings=base.removesuffix(SECURE).endswith(SPARSE),
+                    secure_noise=base.endswith(SECURE))
                 self.model = edp_tf.PrivateModel(inner, config)
                 self.model.compile(optimizer=optimizer, loss=loss)
         start = time.perf_counter()
@@ -472,6 +476,8 @@ def _checked_modes(model_name: str, mode_names: List[str], batch: int,
 def _mode_facts(name: str, mode: "Mode") -> dict:
     """What a mode's result row says beside its times: what it runs and what it trains."""
     base, finetuning = split_finetuning(name)
+    secure = base.endswith(SECURE)
+    base = base.removesuffix(SECURE)
     facts = {"first_step_s": mode.first_step_s,
              "trainable_parameters": mode.trainable_parameters,
              "what": MODE_HELP.get(base) or f"micro-batches of {microbatch_of(base)} examples"}
@@ -481,6 +487,8 @@ def _mode_facts(name: str, mode: "Mode") -> dict:
                          "examples") + ", sparse embedding noise (DP-AdaFEST)"
         facts["selected_rows_fraction"] = float(
             mode.model.get_metrics_result()["selected_rows"])
+    if secure:
+        facts["what"] += ", secure noise (CSPRNG state, each sample the sum of 4 draws)"
     if finetuning is not None:
         facts["what"] += f"; trains bert.finetune={finetuning[0]}" + (
             f", bert.lora_layout={finetuning[1]}" if finetuning[0] == "lora" else "")

@@ -34,6 +34,8 @@ from edp_tf.config import (
         ({"scaling": "public", "layer_scales": (1.0, 0.0)}, "layer_scales"),
         ({"scaling": "first_batch", "layer_scales": (1.0,)}, "layer_scales"),
         ({"seed": "abc"}, "seed"),
+        ({"secure_noise": "yes"}, "secure_noise"),
+        ({"secure_noise": True, "seed": 7}, "secure_noise"),
         ({"expected_batch_size": 0}, "expected_batch_size"),
         ({"scaling_noise_multiplier": 0}, "scaling_noise_multiplier"),
         # the scaling query is charged per row: one user owns up to microbatch_size rows

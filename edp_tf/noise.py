@@ -9,19 +9,56 @@ tests check independence through the variance of the summed update.
 from __future__ import annotations
 
 import math
+import secrets
 from typing import Optional, Sequence
 
 import tensorflow as tf
 
 
-def make_generator(seed: Optional[int]) -> tf.random.Generator:
-    """A generator seeded from OS entropy unless `seed` is given (then the run is not private).
+def make_generator(seed: Optional[int], secure: bool = False):
+    """A generator seeded from OS entropy unless `seed` is given (then the run is not private);
+    `secure`: a `SecureNormal` (DPConfig.secure_noise).
 
     Create it inside `strategy.scope()` so that each replica gets its own stream.
     """
+    if secure:
+        if seed is not None:
+            raise ValueError("secure noise takes its seed from the OS's CSPRNG: no fixed seed")
+        return SecureNormal()
     if seed is None:
         return tf.random.Generator.from_non_deterministic_state()
     return tf.random.Generator.from_seed(seed)
+
+
+# Gaussian draws summed per secure sample (Opacus' secure_mode sums as many)
+SECURE_DRAWS = 4
+
+
+class SecureNormal:
+    """Opacus' `secure_mode` for TensorFlow: what the step asks of its generator (`normal`),
+    hardened against the two known ways to predict or invert DP noise.
+
+    * The seed: TensorFlow's `from_non_deterministic_state` seeds each generator from a
+      process-wide Mersenne Twister (itself seeded once by the OS), which is not a
+      cryptographic generator. Here the whole Philox state (its 64-bit key and 128-bit
+      counter) comes from `secrets` (the OS's CSPRNG), with nothing in between.
+    * The floating-point attack on the Gaussian (Holohan and Braghin 2021; Jin et al. 2022): a
+      single sampled float has a sparse, input-dependent set of possible values, so the noisy
+      release can reveal the exact value under it. Each sample is the sum of `SECURE_DRAWS`
+      independent standard normals divided by sqrt(SECURE_DRAWS) (exactly N(0, 1) in
+      distribution), whose possible values are dense, as in Opacus (which sums 4).
+    The cost is `SECURE_DRAWS` times the Gaussian draws of a step (docs/benchmarks.md).
+    """
+
+    def __init__(self) -> None:
+        state = [secrets.randbits(63) for _ in range(3)]  # Philox: 2 counter words, 1 key
+        self.generator = tf.random.Generator.from_state(state, alg="philox")
+
+    def normal(self, shape, dtype=tf.float32) -> tf.Tensor:
+        total = self.generator.normal(shape, dtype=dtype)
+        for _ in range(SECURE_DRAWS - 1):
+            total += self.generator.normal(shape, dtype=dtype)
+        return total * tf.cast(1.0 / math.sqrt(SECURE_DRAWS), dtype)
 
 
 def noise_owners(sizes: Sequence[int], replicas: int) -> tuple:

@@ -42,6 +42,9 @@ STD_RTOL = 0.05
         ("per_example", dict(microbatch_size=1), 32, lambda z, C: z * C / 32),
         # micro-batches of 2: S = 2C, D = 16 micro-batches.
         ("microbatch_2", dict(microbatch_size=2), 32, lambda z, C: z * 2 * C / 16),
+        # secure mode: the sum of 4 draws / 2 has the same std, independent across replicas
+        ("secure_per_example", dict(microbatch_size=1, secure_noise=True), 32,
+         lambda z, C: z * C / 32),
     ],
 )
 def test_update_std_matches_formula(strategy, name, cfg_kwargs, batch, expected):
@@ -106,3 +109,19 @@ def test_each_variable_gets_the_whole_summed_noise(strategy):
     want = z * 2 * C / N
     assert float(np.std(kernel)) == pytest.approx(want, rel=0.05)
     assert float(np.std(bias)) == pytest.approx(want, rel=0.10)
+
+
+def test_secure_noise_takes_its_whole_state_from_the_os_csprng(monkeypatch):
+    drawn = iter([11, 22, 33])
+    monkeypatch.setattr(noise.secrets, "randbits", lambda bits: next(drawn))
+    assert list(noise.SecureNormal().generator.state.numpy()) == [11, 22, 33]
+    monkeypatch.undo()
+    a, b = noise.SecureNormal(), noise.SecureNormal()
+    assert not np.array_equal(a.generator.state.numpy(), b.generator.state.numpy())
+    with pytest.raises(ValueError, match="secure_noise"):
+        DPConfig(secure_noise=True, seed=3)
+    # 4 x 10^5 samples: the sample variance's standard error is sqrt(2 / n) = 0.22%, and the
+    # fourth moment's (3 for a Gaussian) is about 1.5%: 5% and 10% are > 6 standard errors
+    sample = a.normal([400_000]).numpy()
+    assert np.var(sample) == pytest.approx(1.0, rel=0.05)
+    assert np.mean(sample ** 4) == pytest.approx(3.0, rel=0.10)
