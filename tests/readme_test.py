@@ -22,3 +22,13 @@ def test_readme_library_example_runs(tmp_path, monkeypatch, capsys):
     assert len(privacy["epochs"]) == 5 and privacy["microbatch_size"] == 1
     assert os.path.isfile(tmp_path / "run" / "saved_model" / "saved_model.pb")
     assert re.search(r"epsilon [0-9.]+ private True", printed)
+    assert "run/saved_model" in " ".join(privacy["artifacts"]["covered"])
+    # the same script again: refused in one line before a step, naming the two ways on
+    try:
+        exec(compile(code, "README.md", "exec"), {"__name__": "__main__"})
+    except ValueError as error:
+        assert "already holds a run" in str(error) and "resume=True" in str(error)
+        assert "\n" not in str(error)
+    else:
+        raise AssertionError("a second run into the same run_dir trained")
+    assert json.load(open(tmp_path / "run" / "privacy.json")) == privacy
