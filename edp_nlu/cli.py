@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
+import re
 import sys
 import warnings
 
 from absl import app, flags, logging
 
-# Errors a user can fix from the message alone (flags, config values, data files, budgets).
-USER_ERRORS = (ValueError, FileNotFoundError, app.UsageError)
+# Errors a user can fix from the message alone (flags, config values, data files, budgets, a
+# run directory that cannot be written: each names its path).
+USER_ERRORS = (ValueError, FileNotFoundError, PermissionError, NotADirectoryError,
+               IsADirectoryError, app.UsageError)
 
 
 def _verbose(argv) -> bool:
@@ -111,11 +114,39 @@ def run(main) -> None:
     app.run(wrapped, flags_parser=_parse_flags)
 
 
+HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def _parse_flags(argv):
     """absl's parser, with a bad flag as one `error:` line and exit code 2 (absl's own prints
-    "FATAL Flags parsing error" and exits 1); its suggestions ("Did you mean ...?") are kept."""
+    "FATAL Flags parsing error" and exits 1); its suggestions ("Did you mean ...?") are kept.
+    Asking for help is no error: exit code 0 (absl's help flags exit 1)."""
     try:
         return flags.FLAGS(argv)
     except flags.Error as error:
         print(f"error: {' '.join(str(error).split())}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except SystemExit as done:
+        if any(a in HELP_FLAGS for a in argv[1:]):
+            sys.exit(0)
+        raise done
+
+
+def define_flags_or_exit(define) -> None:
+    """`define()`, a command's flag definitions, with a misspelt `--config.<field>` (which
+    ml_collections reads while the config flag is defined, as an AttributeError carrying its
+    "Did you mean" line) as one `error:` line and exit code 2."""
+    try:
+        define()
+    except (AttributeError, KeyError) as error:
+        if _verbose(sys.argv):
+            raise
+        text = str(error)
+        missing = re.search(r'instead of "(\w+)"', text) or re.search(r"'(\w+)", text)
+        suggestion = re.search(r'Did you mean "(\w+)"', text)
+        given = [a.split("=")[0] for a in sys.argv[1:] if a.startswith("--config.")]
+        field = next((g for g in given if missing and missing.group(1) in g.split(".")), None)
+        print(f"error: {field or 'a --config.<field> flag'}: no such config field"
+              + (f" (did you mean --config.{suggestion.group(1)}?)" if suggestion else ""),
+              file=sys.stderr, flush=True)
         sys.exit(2)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from absl import flags
 
-from edp_nlu import cli, privacy
+from edp_nlu import cli, privacy, train
 from edp_nlu.configs import DIRECTORY, accept_names, config_file
 from edp_nlu.pipeline import run_files
 
@@ -123,3 +123,33 @@ def test_a_config_is_a_path_or_a_packaged_configs_name(tmp_path):
         "config", config_file("default"), "", flag_values=values, sys_argv=argv), values)
     values(argv)
     assert holder.value.data_dir.endswith("atis") and holder.value.mechanism == "sgd"
+
+
+def test_help_is_no_error(monkeypatch, capsys):
+    """absl's --help exits 1; asking for help exits 0 (in this process, as the test above)."""
+    values = flags.FlagValues()
+    privacy.define_flags(values)
+    flags.DEFINE_flag(cli.app.HelpFlag(), flag_values=values)  # absl's app defines it
+    monkeypatch.setattr(flags, "FLAGS", values)
+    monkeypatch.setattr(cli.app, "run", lambda main, flags_parser: main(flags_parser(
+        ["edp-privacy", "--help"])))
+    with pytest.raises(SystemExit) as exited:
+        cli.run(lambda argv: pytest.fail(f"main ran with {argv}"))
+    assert exited.value.code == 0
+    assert "--helpfull" in capsys.readouterr().out  # absl printed its help
+
+
+def test_a_misspelt_config_field_is_one_line_with_the_suggestion_and_exit_2(monkeypatch, capsys):
+    """ml_collections reads --config.<field> while the flag is defined, and raised a 55-line
+    AttributeError there, outside cli.run."""
+    argv = ["edp-train", "--config.batchsize=3"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        cli.define_flags_or_exit(lambda: train.define_flags(flags.FlagValues(), argv))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --config.batchsize: no such config field (did you mean --config.batch_size?)"]
+    values = flags.FlagValues()
+    train.define_flags(values, ["edp-train"])
+    with pytest.raises(flags.IllegalFlagValueError, match="epochs"):
+        values(["edp-train", "--epochs=0"])  # 0 would mean "automatic": not from this flag

@@ -28,7 +28,7 @@ def _command(name: str) -> Callable[[], None]:
             sys.exit(f"error: edp-{name} is the NLU application, which needs its extra "
                      f"dependencies ({error.name} is missing): pip install 'edp-tf[nlu]'")
         if hasattr(module, "define_flags"):
-            module.define_flags()
+            cli.define_flags_or_exit(module.define_flags)
         _help_as_the_module(module)
         cli.run(module.main)
 

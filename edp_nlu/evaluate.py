@@ -416,5 +416,5 @@ def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
+    cli.define_flags_or_exit(define_flags)
     cli.run(main)

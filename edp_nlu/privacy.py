@@ -104,7 +104,7 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     others = accounting.epsilons_at_reported_deltas(records, q, ledger["dataset_size"], extras)
     lines.append("Same run at other deltas: " + ", ".join(
         f"epsilon {_fmt(v['epsilon'])} at delta = {label} ({v['delta']:.3g})"
-        for label, v in others.items()))
+        for label, v in others.items()) + _inf_explained(others.values(), extras))
     if records:
         lines += ["Cumulative epsilon per epoch:"] + _table(
             records, {ledger["noise_mode"]: _per_epoch(records, q, delta, extras)})
@@ -120,6 +120,17 @@ def statement_from_ledger(ledger: dict, delta: Optional[float] = None) -> str:
     lines += _extras_and_caveats(extras, ledger.get("not_covered", []),
                                  top["private"])
     return "\n".join(lines)
+
+
+def _inf_explained(estimates, extras) -> str:
+    """Why an epsilon is inf at a delta, where one is: that delta is not above what the
+    releases before training spend of it (their thresholds), so no guarantee holds there."""
+    spent = math.fsum(e.delta * e.steps for e in extras)
+    if not spent or all(math.isfinite(v["epsilon"]) for v in estimates):
+        return ""
+    names = ", ".join(sorted({e.name for e in extras if e.delta}))
+    return (f" (inf: at that delta nothing is left once {names} spent delta {spent:.3g}; "
+            "the guarantee holds only at a larger delta)")
 
 
 def _extras_and_caveats(extras, not_covered, private: bool) -> list:
@@ -349,5 +360,5 @@ def main(argv, values: flags.FlagValues = flags.FLAGS) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
+    cli.define_flags_or_exit(define_flags)
     cli.run(main)

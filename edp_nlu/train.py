@@ -46,7 +46,9 @@ def define_flags(values: flags.FlagValues = flags.FLAGS, argv=None) -> None:
     flags.DEFINE_enum("model", None, ["clc", "bert"], "Model.", **v)
     flags.DEFINE_string("data_dir", None, "Joint-format dir or NLU-Evaluation CSV(s).", **v)
     flags.DEFINE_integer("replicas", None, "Replicas (GPUs, else logical CPUs).", **v)
-    flags.DEFINE_integer("epochs", None, "Epochs.", **v)
+    flags.DEFINE_integer("epochs", None, "Epochs, >= 1 (leave it out for the config's: 0 in "
+                         "a config file means automatic, edp_nlu/pipeline/recipes.py).",
+                         lower_bound=1, **v)
     flags.DEFINE_float("target_epsilon", None, "Calibrate z0 to this epsilon.", **v)
     flags.DEFINE_float("noise_multiplier", None, "z0 (when no target epsilon).", **v)
     flags.DEFINE_enum("decay", None, ["none", "linear", "exponential"], "Noise decay.", **v)
@@ -174,5 +176,5 @@ def _worker(config, run_dir: str, values: flags.FlagValues) -> None:
 
 
 if __name__ == "__main__":
-    define_flags()
+    cli.define_flags_or_exit(define_flags)
     cli.run(main)

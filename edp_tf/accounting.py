@@ -606,9 +606,14 @@ def _refuse_unreachable_target(target: float, q: float, delta: float, extras: tu
         if spent >= target:
             raise ValueError(f"the epochs charged already spend epsilon {spent:.4g} >= "
                              f"target_epsilon={target:g}: no z0 can meet it")
-    if extras and _epsilon((), q, delta, extras, accountant) >= target:
+    alone = _epsilon((), q, delta, extras, accountant) if extras else 0.0
+    if alone >= target:
+        names = ", ".join(sorted({e.name for e in extras}))
         raise ValueError(
-            f"the extra events alone spend epsilon >= target_epsilon={target}: no z0 can meet it")
+            f"target_epsilon={target:g} is too small: the releases made before training "
+            f"({names}) spend epsilon {alone:.4g} on their own, before any step, so no noise "
+            "can meet it. Raise target_epsilon, or avoid those releases (a label set given "
+            "as a public schema instead of selected from the data costs nothing)")
     if selection_noise_multiplier is not None:  # z0 -> inf leaves the selection's z_c alone
         z_c = checks.number("selection_noise_multiplier", selection_noise_multiplier, 0.0, True)
         alone = tuple(EpochRecord(t, steps_per_epoch, z_c, z_c) for t in range(epochs))

@@ -259,7 +259,7 @@ def test_calibration_charges_extra_events():
     plain = acc.calibrate_noise(*args, accountant="rdp")
     extra = [acc.ExtraEvent("private_layer_scales", 2.0)]
     assert acc.calibrate_noise(*args, accountant="rdp", extra_events=extra) > plain
-    with pytest.raises(ValueError, match="extra events alone"):
+    with pytest.raises(ValueError, match="spend epsilon .* on their own, before any step"):
         acc.calibrate_noise(*args, accountant="rdp", extra_events=[acc.ExtraEvent("x", 0.1)])
 
 

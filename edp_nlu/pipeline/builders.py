@@ -565,7 +565,14 @@ def private_run(sampling_part: SamplingSpec, privacy: PrivacySpec, k: Optional[i
                               tuple(releases))
     target = privacy.target_epsilon
     if target > 0 and noise_multiplier is None:
-        plan = plan.calibrated(target)
+        try:
+            plan = plan.calibrated(target)
+        except ValueError as error:
+            if "label_selection" not in str(error):
+                raise
+            raise ValueError(f"--target_epsilon: {error} (here: --config.label_schema=<file> "
+                             "gives the labels as a public schema; a higher "
+                             "--config.label_selection_noise costs less)") from None
         _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",
                   plan.mechanism.noise_multiplier, target, delta)
     elif target > 0:
