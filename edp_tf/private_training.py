@@ -16,7 +16,15 @@ from typing import Optional
 import keras
 import tensorflow as tf
 
-from edp_tf import accounting, batch_source, checks, multi_worker, report, sampling
+from edp_tf import (
+    accounting,
+    batch_source,
+    checks,
+    input_pipelines,
+    multi_worker,
+    report,
+    sampling,
+)
 from edp_tf import ledger as ledger_lib
 from edp_tf.config import DPConfig
 from edp_tf.ledger import PrivacyLedger
@@ -84,6 +92,19 @@ class AutoPrivateModel(PrivateModel):
         except RuntimeError:  # no fit has started
             return 0.0
 
+    def epsilon_at(self, delta: float) -> float:
+        """Epsilon of the run so far at another `delta` (inf where `delta` is not above what the
+        releases before training spent of it: no guarantee holds there)."""
+        if self._ledger is None:
+            return 0.0
+        led = self._ledger.statement()
+        try:
+            return float(ledger_lib.headline(led, delta)["epsilon"])
+        except ValueError as error:
+            if "no epsilon holds" in str(error):
+                return float("inf")
+            raise
+
     def privacy_statement(self) -> dict:
         """The ledger: epsilon, delta, the mechanism, what it assumes and does not cover, and
         whether the run is private (what `privacy.json` holds when `run_dir` was given)."""
@@ -105,9 +126,12 @@ class AutoPrivateModel(PrivateModel):
 
         x: arrays or a dict of arrays with n rows (y likewise): each epoch is ceil(n / B)
           steps, every example in each batch independently with probability q = B / n
-          (B = make_private's batch_size). Or a sampler's dataset (`sampler.dataset(x, y)`),
-          accounted at that sampler's q. Other tf.data pipelines and generators are refused:
-          their batches are not Poisson samples.
+          (B = make_private's batch_size). Or any finite pipeline of (x, y): a
+          tf.data.Dataset (batched, shuffled or not), a PyDataset or a generator that ends;
+          one pass over it gives the n examples, and the library draws the batches from them
+          as from arrays (edp_tf/input_pipelines.py; larger than memory: the streaming
+          sampler). Or a sampler's dataset (`sampler.dataset(x, y)`), accounted at that
+          sampler's q.
         epochs: more epochs to train (default: what is left of make_private's `epochs`); they
           follow the earlier fits' in the ledger and its noise schedule.
         batch_size, shuffle, sample_weight: not taken (the sampler decides the batches and
@@ -124,6 +148,11 @@ class AutoPrivateModel(PrivateModel):
                              f"batch_size={self._budget.batch_size}, which the noise was "
                              "calibrated for")
         kwargs.pop("shuffle", None)  # the sampler draws every batch
+        if batch_source.describe(x).kind in ("dataset", "generator"):
+            if y is not None:
+                raise ValueError("make_private's fit: a pipeline yields its own labels; pass it "
+                                 "as x alone")
+            x, y = input_pipelines.to_arrays(x)  # one pass: the set the sampler draws from
         if self._ledger is None:
             self._start(x, y)
         dataset = self._batches(x, y)
@@ -169,10 +198,11 @@ class AutoPrivateModel(PrivateModel):
             sampler = kind(
                 dataset_size=n, sampling_rate=self._budget.batch_size / n, replicas=replicas,
                 microbatch_size=cfg.microbatch_size, key=key, **more)
-        else:
+        else:  # pipelines were made arrays in fit
             raise ValueError(
-                f"make_private's fit takes arrays or a dict of arrays (it samples Poisson batches "
-                f"itself), or a sampler's dataset; it was given {source.description}")
+                f"make_private's fit takes arrays, a dict of arrays, a finite tf.data.Dataset, "
+                f"PyDataset or generator, or a sampler's dataset; it was given "
+                f"{source.description}")
         n = sampler.dataset_size
         delta = (self._budget.delta if self._budget.delta is not None
                  else accounting.default_delta(n))

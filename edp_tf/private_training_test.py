@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import ledger, sampling
+from edp_tf import input_pipelines, ledger, sampling
 
 N_EX, BATCH, EPOCHS, TARGET = 128, 32, 2, 3.0
 
@@ -42,6 +42,9 @@ def test_arrays_train_on_poisson_batches_to_the_budget_and_no_further(tmp_path):
     assert private.batch_source.kind == "sampler"  # the library drew the batches itself
     first = private.epsilon
     assert 0 < first < TARGET and history.history["epsilon"] == [first]
+    # at a larger delta the same run has a smaller epsilon; at its own delta the headline
+    assert private.epsilon_at(0.1 / N_EX) == pytest.approx(first)
+    assert private.epsilon_at(0.5 / N_EX) < first
     private.fit(x, y, verbose=0)  # the rest of the plan, continuing the ledger
     statement = private.privacy_statement()
     assert [e["epoch"] for e in statement["epochs"]] == [0, 1]
@@ -65,12 +68,9 @@ def test_dicts_of_arrays_and_the_samplers_dataset_are_taken_others_refused():
     assert private.privacy_statement()["private"] is True
     with pytest.raises(ValueError, match="rows but the run's first had"):
         private.fit(x[:64], y[:64], epochs=1, verbose=0)
-    # the run's own sampler's dataset is accepted; a pipeline of the user's is not
+    # the run's own sampler's dataset is accepted
     private.fit(private.sampler.dataset({"features": x}, y), epochs=1, verbose=0)
-    own = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)
     _, fresh = _private()
-    with pytest.raises(ValueError, match="did not sample"):
-        fresh.fit(own, epochs=1, verbose=0)
     with pytest.raises(ValueError, match="batch_size=16"):
         fresh.fit(x, y, batch_size=16, verbose=0)
     with pytest.raises(ValueError, match="sample_weight"):
@@ -205,3 +205,47 @@ def test_mixed_float16_is_refused_before_training():
         assert moved > 1e-3  # SGD(0.1) on a noised mean gradient of norm ~ 1: far above 1e-5
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+class _Batches(keras.utils.PyDataset):
+    def __init__(self, x, y):
+        super().__init__()
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x) // 16
+
+    def __getitem__(self, i):
+        return self.x[16 * i:16 * (i + 1)], self.y[16 * i:16 * (i + 1)]
+
+
+@pytest.mark.parametrize("pipeline", ["unbatched", "batched_shuffled", "pydataset",
+                                      "generator"])
+def test_any_finite_pipeline_trains_on_the_librarys_own_poisson_batches(pipeline):
+    """One pass gives the set of examples; the batches fit trains on are the sampler's, never
+    the pipeline's (their grouping and order do not enter the accounting)."""
+    x, y = _data()
+    slices = tf.data.Dataset.from_tensor_slices((x, y))
+    given = {"unbatched": slices,
+             "batched_shuffled": slices.shuffle(N_EX).batch(BATCH),
+             "pydataset": _Batches(x, y),
+             "generator": ((x[i:i + 16], y[i:i + 16]) for i in range(0, N_EX, 16))}[pipeline]
+    _, private = _private()
+    private.fit(given, epochs=1, verbose=0)
+    assert private.batch_source.kind == "sampler"  # the library's Poisson batches
+    assert private.sampler.dataset_size == N_EX
+    assert private.privacy_statement()["private"] is True
+
+
+def test_a_pipeline_without_end_or_with_weights_is_refused_in_one_line():
+    x, y = _data()
+    slices = tf.data.Dataset.from_tensor_slices((x, y))
+    _, private = _private()
+    with pytest.raises(ValueError, match=r"endless tf.data.Dataset \(.repeat\(\)\?\)"):
+        private.fit(slices.repeat(), epochs=1, verbose=0)
+    weighted = tf.data.Dataset.from_tensor_slices((x, y, np.ones(N_EX, "float32")))
+    with pytest.raises(ValueError, match="sample weights"):
+        private.fit(weighted, epochs=1, verbose=0)
+    with pytest.raises(ValueError, match="StreamingPoissonSampler"):
+        input_pipelines.to_arrays(slices, max_bytes=1000)
+    assert private.step_count.value == 0
