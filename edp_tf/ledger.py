@@ -421,6 +421,8 @@ class PrivacyLedger(keras.callbacks.Callback):
                             else library_artifacts(facts))
         led["global_batch_size"] = facts["global_batch_size"]
         led["schedule"] = self._schedule()
+        if self.target_epsilon is not None:  # the budget, for the report's chart
+            led["target_epsilon"] = self.target_epsilon
         self._ledger, self._fit_params = led, self.params
         self._continued, self._open_epoch, self._steps = False, None, 0
         self._refresh_epsilon()

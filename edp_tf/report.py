@@ -9,7 +9,9 @@ plot or as Markdown with the same plot as a data URI; nothing is fetched to show
 from __future__ import annotations
 
 import base64
+import datetime
 import html
+import importlib.metadata
 import math
 from typing import Optional, Sequence
 
@@ -126,12 +128,16 @@ def sections(ledger: dict) -> list:
     artifacts = ledger.get("artifacts") or {}
     files = ([f"covered: {a}" for a in artifacts.get("covered", [])]
              + [f"NOT covered: {a}" for a in artifacts.get("not_covered", [])])
+    # every statement of what epsilon leaves out, the files' included: one list, as the ledger
+    uncovered = list(ledger.get("not_covered", [])) + [
+        f"the file {a}" for a in artifacts.get("not_covered", [])]
     audit = audit_mechanism(ledger)
     check = (
-        f"An empirical lower bound on epsilon for {_AUDITS[audit]}, from a checkout of "
-        f"edp-tf: `python -m tools.audit --mechanism={audit} --target_epsilon="
-        f"{max(1, round(epsilon)) if math.isfinite(epsilon) else 8} --canaries=4000 "
-        "--steps=2 --runs=10 --gaussian` (results/audit/table.md holds the measured rows).")
+        f"An empirical lower bound on epsilon for {_AUDITS[audit]} at this run's epsilon and "
+        f"replicas, from a checkout of edp-tf: `python -m tools.audit --mechanism={audit} "
+        f"--target_epsilon={epsilon if math.isfinite(epsilon) else 8.0:.3g} "
+        f"--replicas={ledger.get('replicas', 1)} --canaries=4000 --steps=2 --runs=10 "
+        "--gaussian` (results/audit/table.md holds the measured rows).")
     if int(ledger.get("bands", 1) or 1) > 1:
         check = ("No audit of BandMF exists yet: tools.audit checks the Gaussian step of "
                  "DP-SGD, which each BandMF participation is (the same clipped sum and noise "
@@ -142,12 +148,19 @@ def sections(ledger: dict) -> list:
         ("Epsilon over the epochs", ["__plot__"]),
         ("The mechanism", [mechanism]),
         ("What epsilon assumes", [list(ledger.get("assumes", [])) or ["(nothing recorded)"]]),
-        ("What epsilon does not cover", [list(ledger.get("not_covered", [])) or ["(nothing)"]]),
+        ("What epsilon does not cover", [uncovered or ["(nothing)"]]),
         ("Each artifact", [files or ["(no artifact list recorded)"]]),
         ("Checking the mechanism", [
             check + " Recompute this report's epsilon from privacy.json with "
             "`edp-privacy --run_dir=RUN_DIR`."]),
     ]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("edp-tf")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that was not installed
+        return "0+unknown"
 
 
 def _clip_unit(microbatch_size) -> str:
@@ -157,14 +170,16 @@ def _clip_unit(microbatch_size) -> str:
             else "one micro-batch per replica clipped")
 
 
-def svg_plot(curve: Sequence[tuple], width: int = 560, height: int = 240) -> str:
-    """Epsilon against epochs as a standalone SVG (no plotting library in the privacy core)."""
+def svg_plot(curve: Sequence[tuple], width: int = 560, height: int = 240,
+             target: Optional[float] = None) -> str:
+    """Epsilon against epochs as a standalone SVG (no plotting library in the privacy core),
+    with the budget (`target`) as a dashed line."""
     left, bottom, pad = 56, 36, 14
     if not curve:
         return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="40">'
                 '<text x="10" y="25">no epoch recorded</text></svg>')
     x_max = max(k for k, _ in curve)
-    finite = [e for _, e in curve if math.isfinite(e)]
+    finite = [e for _, e in curve if math.isfinite(e)] + ([target] if target else [])
     y_max = max(finite) * 1.1 if finite and max(finite) > 0 else 1.0
 
     def xy(k, e):
@@ -173,6 +188,12 @@ def svg_plot(curve: Sequence[tuple], width: int = 560, height: int = 240) -> str
         return f"{x:.1f},{y:.1f}"
 
     points = " ".join(xy(k, e) for k, e in curve)
+    budget = ""
+    if target:
+        y = xy(0, target).split(",")[1]
+        budget = (f'<line x1="{left}" y1="{y}" x2="{width - pad}" y2="{y}" stroke="#b03a2e" '
+                  f'stroke-dasharray="5,4"/><text x="{width - pad}" y="{float(y) - 4:.1f}" '
+                  f'text-anchor="end" font-size="11" fill="#b03a2e">target {target:.3g}</text>')
     ticks = "".join(
         f'<text x="{left - 6}" y="{height - bottom - (height - bottom - pad) * f + 4:.1f}" '
         f'text-anchor="end" font-size="11">{y_max * f:.3g}</text>' for f in (0, 0.5, 1))
@@ -185,7 +206,8 @@ def svg_plot(curve: Sequence[tuple], width: int = 560, height: int = 240) -> str
             f'font-size="11">{x_max} epochs</text>'
             f'<text x="{left - 6}" y="{height - 4}" text-anchor="end" font-size="11">0</text>'
             f'<text x="{left + 4}" y="{pad + 10}" font-size="11">epsilon</text>'
-            f'<polyline fill="none" stroke="#1f5fa8" stroke-width="2" points="{points}"/>'
+            f'{budget}<polyline fill="none" stroke="#1f5fa8" stroke-width="2" '
+            f'points="{points}"/>'
             + "".join(f'<circle cx="{xy(k, e).split(",")[0]}" cy="{xy(k, e).split(",")[1]}" '
                       f'r="2.5" fill="#1f5fa8"/>' for k, e in curve)
             + "</svg>")
@@ -197,7 +219,11 @@ def render(ledger: dict, fmt: str = "html", title: Optional[str] = None) -> str:
         raise ValueError(f"report format must be one of {FORMATS}, got {fmt!r}")
     title = title or "Privacy report"
     content = sections(ledger)
-    plot = svg_plot(epsilon_curve(ledger))
+    plot = svg_plot(epsilon_curve(ledger), target=ledger.get("target_epsilon"))
+    content.insert(0, ("About this report", [
+        f"Written by edp-tf {_version()} on {datetime.date.today().isoformat()} from the run's "
+        "privacy.json; every number is recomputed from its records, and the guarantee states "
+        "exactly its headline (edp_tf.ledger.headline)."]))
     if fmt == "md":
         data = base64.b64encode(plot.encode()).decode()
         out = [f"# {title}", ""]

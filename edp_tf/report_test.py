@@ -1,5 +1,6 @@
 """The privacy report: epsilon recomputed from the records, every section, both formats."""
 import base64
+import datetime
 import re
 
 import pytest
@@ -66,3 +67,15 @@ def test_a_bandmf_statement_says_what_was_charged_and_that_no_audit_exists():
     assert sentence in text and "No audit of BandMF exists yet" in text
     assert "--mechanism=dpsgd" not in text  # not the audit of another mechanism
     assert "BandMF" not in report.sampling_sentence(_ledger())
+
+
+def test_the_report_says_what_the_ledger_says_with_its_target_version_date_and_audit():
+    ledger = _ledger(target_epsilon=3.0)
+    page = report.render(ledger, "html")
+    assert 'stroke-dasharray="5,4"' in page and "target 3</text>" in page  # the budget line
+    assert f"on {datetime.date.today().isoformat()}" in page and "edp-tf " in page
+    # the artifact that is not covered is in the not-covered section too, not "(nothing)"
+    section = page[page.index("What epsilon does not cover"):page.index("Each artifact")]
+    assert "the file tensorboard/" in section and "(nothing)" not in section
+    # the audit of this run: its epsilon and its replicas, not the repository's example
+    assert f"--target_epsilon={ledger['epsilon']:.3g} --replicas=2" in page
