@@ -107,8 +107,9 @@ def test_the_samplers_batches_are_accounted_on_every_accepted_path(strategy, dat
     assert [e["steps"] for e in content["epochs"]] == [3, 3]  # what ran, not the sampler's 4
     assert ledger.VALIDATION_SENTENCE in content["assumes"]
     assert content["batch_source"]["row_maps"] == ["scale_rows"]
-    # the training statistics are hidden by default; the validation loss is shown (assumed)
-    assert set(history.history) == {"noise_multiplier", "val_loss"}
+    # the training statistics are hidden by default; the validation loss is shown (assumed),
+    # and epsilon, a function of the ledger
+    assert set(history.history) == {"noise_multiplier", "val_loss", "epsilon"}
 
     resumed = _model(strategy, sampler)
     led = ledger.PrivacyLedger.for_sampler(str(tmp_path), sampler, DELTA)

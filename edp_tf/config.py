@@ -362,6 +362,14 @@ class DPConfig:
     def seed_fixed(self) -> bool:
         return self.seed is not None
 
+    @property
+    def microbatch_rows(self) -> Optional[int]:
+        """Rows of one micro-batch, the one definition: microbatch_size times the augmented
+        copies of each example; None for one micro-batch per replica (its rows then are the
+        replica's, `Mechanism.rows_per_microbatch`)."""
+        k = self.microbatch_size
+        return None if k is None else k * self.augment_copies
+
 
 def _flat_property(name: str, group: str) -> property:
     return property(lambda self: getattr(getattr(self, group), name),
@@ -422,7 +430,7 @@ def _rules(c: DPConfig, f: Features):
     reported."""
     k, user, copies = c.microbatch_size, c.privacy_unit == "user", c.augment_copies
     method = f.per_example_method or c.per_example_method
-    rows = (k or 1) * copies  # a micro-batch's rows: the chunks hold whole micro-batches
+    rows = c.microbatch_rows  # the chunks hold whole micro-batches
     p = c.physical_batch_size
     yield ("noise_mode", c.noise_mode == "paper" and k is not None,
            "DPConfig.noise_mode='paper' reproduces Algorithm 1, which has one micro-batch per "

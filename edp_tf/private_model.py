@@ -562,8 +562,7 @@ class PrivateModel(keras.Model):
         fw = _mask(fx, fw)
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])
-        # rows per micro-batch: an example's augmented copies are one micro-batch of K rows
-        k = None if cfg.microbatch_size is None else cfg.microbatch_size * cfg.augment_copies
+        k = cfg.microbatch_rows  # an example's augmented copies are one micro-batch of K rows
         if batch % n or (k is not None and batch % (n * k)):
             copies = f" x augment_copies {cfg.augment_copies}" if cfg.augment_copies > 1 else ""
             raise ValueError(
