@@ -17,14 +17,16 @@ if __name__ == "__main__":  # before ml_collections imports TensorFlow: its nati
 
     cli.quiet_unless_verbose()
 
+import os  # noqa: E402
 import sys  # noqa: E402
+from typing import Optional  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from edp_nlu.configs import accept_names, config_file  # noqa: E402
 from edp_nlu.pipeline import callbacks, recipes, run_files, timing, training, worker_processes
-from edp_tf import make_multi_worker_strategy, make_strategy
+from edp_tf import make_multi_worker_strategy, make_strategy, multi_worker
 
 # Shortcuts for the most used config fields (a given flag overrides --config.<field>).
 SHORTCUTS = ("mechanism", "model", "data_dir", "replicas", "epochs", "target_epsilon",
@@ -57,7 +59,10 @@ def define_flags(values: flags.FlagValues = flags.FLAGS, argv=None) -> None:
         "workers", 1, "Worker processes on this machine, one MultiWorkerMirroredStrategy run over "
         "127.0.0.1 (edp_nlu/pipeline/worker_processes.py); on CPUs each worker is one replica.",
         lower_bound=1, **v)
-    flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker.", **v)
+    flags.DEFINE_integer("worker_index", None, "Set by --workers for each worker. Under a "
+                         "cluster manager (TF_CONFIG set: Kubeflow's TFJob, Vertex AI) leave it "
+                         "out: each process takes its task from TF_CONFIG (docs/multi_host.md).",
+                         **v)
     flags.DEFINE_bool(
         "recompute_metrics", False, "With --resume on a finished run: restore its last "
         "checkpoint and recompute its final metrics (test scores, attacks), instead of printing "
@@ -84,11 +89,8 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
                   "Its summary:", flush=True)
             print(training.summary_line(finished), flush=True)
             return
-    if f.workers > 1 and f.worker_index is None:
-        sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
-                                         f.workers, run_dir, f.resume))
-    if f.worker_index is not None:
-        return _worker(config, run_dir, f)
+    if _as_one_of_several_workers(config, run_dir, f):
+        return
     strategy = make_strategy(int(config.replicas))
     try:
         summary = training.train(config, run_dir, resume=f.resume, strategy=strategy)
@@ -152,11 +154,50 @@ def _resumed_config(config, run_dir: str, values: flags.FlagValues):
     return saved
 
 
-def _worker(config, run_dir: str, values: flags.FlagValues) -> None:
-    """One worker of a --workers run: the same training, in its own directory (the chief's is
-    the run's); the replica count is the strategy's (workers x devices per worker)."""
+def _as_one_of_several_workers(config, run_dir: str, values: flags.FlagValues) -> bool:
+    """Runs the --workers launcher, one of its workers, or a worker a cluster manager started
+    (TF_CONFIG); False when this process trains alone."""
+    if values.workers > 1 and values.worker_index is None:
+        sys.exit(worker_processes.launch(worker_processes.without_workers_flag(sys.argv[1:]),
+                                         values.workers, run_dir, values.resume))
+    if values.worker_index is not None:
+        _worker(config, run_dir, values, values.worker_index)
+        return True
+    external = _cluster_managers_index(values)
+    if external is None:
+        return False
+    _cluster_worker(config, values, external)
+    return True
+
+
+def _cluster_managers_index(values: flags.FlagValues) -> Optional[int]:
+    """This process's worker index in a cluster whose TF_CONFIG a cluster manager set
+    (Kubeflow's TFJob, Vertex AI, a launcher of the user's), or None: no TF_CONFIG, a cluster
+    of one, or our own --workers launcher (which passes --worker_index)."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw or values.worker_index is not None or values.workers > 1:
+        return None
+    index, workers = multi_worker.cluster_position(raw)
+    return index if workers > 1 else None
+
+
+def _cluster_worker(config, values: flags.FlagValues, index: int) -> None:
+    """Worker `index` of a cluster manager's run: the run directory must be the same path on
+    every host (shared storage); a worker other than the chief prepares its own copy there, as
+    our launcher does for --workers."""
+    if values.run_dir is None:
+        raise ValueError("TF_CONFIG names a cluster: give every worker the same --run_dir, on "
+                         "storage every host sees (the chief's files are the run's)")
+    if index > 0:
+        worker_processes.prepare_worker(values.run_dir, index, values.resume)
+    return _worker(config, values.run_dir, values, index)
+
+
+def _worker(config, run_dir: str, values: flags.FlagValues, index: int) -> None:
+    """One worker of a multi-worker run (--workers, or a cluster manager's TF_CONFIG): the same
+    training, in its own directory (the chief's is the run's); the replica count is the
+    strategy's (workers x devices per worker)."""
     strategy = make_multi_worker_strategy()
-    index = values.worker_index
     own_dir = worker_processes.worker_dir(run_dir, index)
     if values.resume:  # the chief checked the command; the worker takes its own files
         config = _resumed_config(config, own_dir, values)

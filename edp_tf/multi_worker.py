@@ -41,6 +41,37 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
                        "task": {"type": "worker", "index": int(index)}})
 
 
+def cluster_position(tf_config: str) -> tuple:
+    """(this process's worker index, the number of workers) from a TF_CONFIG a cluster manager
+    set (Kubeflow's TFJob, Vertex AI, a launcher of the user's), or ValueError in one line.
+
+    The chief is worker 0: a `chief` task, or worker 0 when the cluster has no chief job (as
+    MultiWorkerMirroredStrategy numbers them); the workers follow in their order. Other jobs
+    (`ps`, `evaluator`) have no part in a synchronous all-reduce and are refused."""
+    try:
+        parsed = json.loads(tf_config)
+        cluster, task = dict(parsed["cluster"]), dict(parsed["task"])
+        kind, index = str(task["type"]), int(task["index"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"TF_CONFIG is not a cluster (JSON with cluster and task.type/index): "
+                         f"{error}") from None
+    other = sorted(set(cluster) - {"chief", "worker"})
+    if other:
+        raise ValueError(f"TF_CONFIG names job(s) {other}: a private run is one synchronous "
+                         "all-reduce of chief and workers only")
+    chiefs, workers = list(cluster.get("chief", [])), list(cluster.get("worker", []))
+    if len(chiefs) > 1:
+        raise ValueError(f"TF_CONFIG names {len(chiefs)} chiefs: at most one")
+    if kind not in ("chief", "worker"):
+        raise ValueError(f"TF_CONFIG's task type {kind!r} is neither chief nor worker")
+    size = len(chiefs) if kind == "chief" else len(workers)
+    if not 0 <= index < size:
+        raise ValueError(f"TF_CONFIG's task {kind} {index} is not in its cluster ({size} "
+                         f"{kind} address(es))")
+    position = 0 if kind == "chief" else index + len(chiefs)
+    return position, len(chiefs) + len(workers)
+
+
 def make_multi_worker_strategy(timeout_seconds: Optional[float] = None) -> MultiWorker:
     """The strategy of this worker, from the TF_CONFIG environment variable.
 
@@ -58,8 +89,16 @@ def is_multi_worker(strategy) -> bool:
 
 
 def worker_index(strategy) -> int:
-    """This process's worker number (0, the chief, in a single-process run)."""
-    return int(strategy.cluster_resolver.task_id or 0) if is_multi_worker(strategy) else 0
+    """This process's worker number (0, the chief, in a single-process run); with a `chief`
+    job in the cluster, the chief is 0 and worker i is i + 1 (cluster_position)."""
+    if not is_multi_worker(strategy):
+        return 0
+    resolver = strategy.cluster_resolver
+    index = int(resolver.task_id or 0)
+    if resolver.task_type == "chief":
+        return 0
+    jobs = resolver.cluster_spec().as_dict()
+    return index + len(jobs.get("chief", []))
 
 
 def shared_key(strategy) -> int:

@@ -176,3 +176,22 @@ def test_sampler_key_gives_the_same_batches_and_is_not_a_fixed_seed():
         edp_tf.PoissonSampler(dataset_size=40, sampling_rate=0.3, key=1, seed=1)
     with pytest.raises(ValueError, match="key"):
         edp_tf.PoissonSampler(dataset_size=40, sampling_rate=0.3, key=-1)
+
+
+def test_a_cluster_managers_tf_config_gives_the_chief_first_and_refuses_what_cannot_run():
+    def config(cluster, kind, index):
+        return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+    workers = {"worker": ["a:1", "b:1", "c:1"]}
+    assert multi_worker.cluster_position(config(workers, "worker", 0)) == (0, 3)
+    assert multi_worker.cluster_position(config(workers, "worker", 2)) == (2, 3)
+    with_chief = {"chief": ["c:1"], "worker": ["a:1", "b:1"]}  # Kubeflow's TFJob with a chief
+    assert multi_worker.cluster_position(config(with_chief, "chief", 0)) == (0, 3)
+    assert multi_worker.cluster_position(config(with_chief, "worker", 1)) == (2, 3)
+    for bad, why in [(config(workers, "worker", 3), "not in its cluster"),
+                     (config({**workers, "ps": ["p:1"]}, "worker", 0), "ps"),
+                     (config({"chief": ["a:1", "b:1"]}, "chief", 0), "2 chiefs"),
+                     (config(workers, "evaluator", 0), "neither chief nor worker"),
+                     ("{not json", "not a cluster")]:
+        with pytest.raises(ValueError, match=why):
+            multi_worker.cluster_position(bad)

@@ -68,14 +68,25 @@ def _prepare(run_dir: str, workers: int, resume: bool) -> None:
     if not resume:
         return
     for index in range(1, workers):
-        target = worker_dir(run_dir, index)
-        os.makedirs(target)
-        for name in _RESUME_FILES:
-            if os.path.exists(os.path.join(run_dir, name)):
-                shutil.copy2(os.path.join(run_dir, name), target)
-        if os.path.isdir(os.path.join(run_dir, "checkpoints")):
-            shutil.copytree(os.path.join(run_dir, "checkpoints"),
-                            os.path.join(target, "checkpoints"))
+        prepare_worker(run_dir, index, resume)
+
+
+def prepare_worker(run_dir: str, index: int, resume: bool) -> None:
+    """Worker `index` > 0's directory: empty for a new run; for a resume, a copy of the chief's
+    files and checkpoints, so that every worker restores the chief's last checkpoint (the
+    chief's files are the run's: the one ledger charged every step). A worker started by a
+    cluster manager does this itself, on the run directory every host sees."""
+    target = worker_dir(run_dir, index)
+    shutil.rmtree(target, ignore_errors=True)  # an earlier attempt's copies are stale
+    os.makedirs(target)
+    if not resume:
+        return
+    for name in _RESUME_FILES:
+        if os.path.exists(os.path.join(run_dir, name)):
+            shutil.copy2(os.path.join(run_dir, name), target)
+    if os.path.isdir(os.path.join(run_dir, "checkpoints")):
+        shutil.copytree(os.path.join(run_dir, "checkpoints"),
+                        os.path.join(target, "checkpoints"))
 
 
 def _stop(procs: Sequence[subprocess.Popen]) -> None:
