@@ -190,14 +190,22 @@ def _cluster_worker(config, values: flags.FlagValues, index: int) -> None:
                          "storage every host sees (the chief's files are the run's)")
     if index > 0:
         worker_processes.prepare_worker(values.run_dir, index, values.resume)
-    return _worker(config, values.run_dir, values, index)
+    return _worker(config, values.run_dir, values, index, CLUSTER_COLLECTIVE_TIMEOUT)
 
 
-def _worker(config, run_dir: str, values: flags.FlagValues, index: int) -> None:
+# Under a cluster manager no launcher of ours stops the others when a host dies: each
+# collective then fails after this long instead of blocking forever, the ledger charges what
+# ran, and the manager's restart with --resume continues from the chief's last checkpoint.
+# Long enough for the slowest legitimate wait (a peer tracing a large model's first step).
+CLUSTER_COLLECTIVE_TIMEOUT = 600.0
+
+
+def _worker(config, run_dir: str, values: flags.FlagValues, index: int,
+            timeout_seconds: Optional[float] = None) -> None:
     """One worker of a multi-worker run (--workers, or a cluster manager's TF_CONFIG): the same
     training, in its own directory (the chief's is the run's); the replica count is the
     strategy's (workers x devices per worker)."""
-    strategy = make_multi_worker_strategy()
+    strategy = make_multi_worker_strategy(timeout_seconds)
     own_dir = worker_processes.worker_dir(run_dir, index)
     if values.resume:  # the chief checked the command; the worker takes its own files
         config = _resumed_config(config, own_dir, values)
