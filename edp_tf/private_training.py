@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from typing import Optional
 
 import keras
@@ -233,16 +234,39 @@ class AutoPrivateModel(PrivateModel):
         self.dp_noise_multiplier.assign(plan.mechanism.noise_multiplier)
         self._plan = plan
         self._sampler = sampler
-        self._ledger = PrivacyLedger.for_sampler(self._budget.run_dir, sampler, delta,
+        self._ledger = PrivacyLedger.for_sampler(self._ledger_dir(), sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
+
+    def _worker_index(self) -> int:
+        return multi_worker.worker_index(self.distribute_strategy)
+
+    def _ledger_dir(self) -> Optional[str]:
+        """Where this process keeps its ledger: run_dir on the chief (the run's, the one a
+        reviewer reads), run_dir/workers/<i> on worker i of several (its copy of the same
+        charges); every worker must compute the same noise, so a resumed worker starts from a
+        copy of the chief's ledger."""
+        run_dir, index = self._budget.run_dir, self._worker_index()
+        if run_dir is None or index == 0:
+            return run_dir
+        own = os.path.join(run_dir, "workers", str(index))
+        os.makedirs(own, exist_ok=True)
+        chief = os.path.join(run_dir, ledger_lib.FILENAME)
+        if self._budget.resume and os.path.exists(chief):
+            shutil.copy2(chief, os.path.join(own, ledger_lib.FILENAME))
+        elif os.path.exists(os.path.join(own, ledger_lib.FILENAME)):
+            os.remove(os.path.join(own, ledger_lib.FILENAME))  # an earlier attempt's copy
+        return own
 
     def _earlier_run(self) -> tuple:
         """(EpochRecords, ExtraEvents) an earlier run left in run_dir, which `resume=True`
-        continues; refused in one line, before any step, when resume was not asked."""
+        continues; refused in one line, before any step, when resume was not asked. The
+        chief's ledger is the run's: every worker reads it (on storage every host sees)."""
         run_dir = self._budget.run_dir
         path = None if run_dir is None else os.path.join(run_dir, ledger_lib.FILENAME)
         if path is None or not os.path.exists(path):
             return (), ()
+        if self._worker_index() > 0 and not self._budget.resume:
+            return (), ()  # the chief refuses a used run_dir (its ledger may be new already)
         self._earlier_ledger = ledger_lib.read_ledger(path)
         if not self._budget.resume:
             top = ledger_lib.headline(self._earlier_ledger)
