@@ -9,6 +9,7 @@ Poisson batches as from arrays (edp_tf/input_pipelines.py); the difference is th
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import keras
@@ -22,6 +23,7 @@ _ROWS = flags.DEFINE_integer("rows", 20000, "Training examples.")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs per fit.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Fits per input kind (they take turns).")
 _BATCH = flags.DEFINE_integer("batch_size", 200, "make_private's batch_size.")
+_OUTPUT = flags.DEFINE_string("output", None, "JSON file for the results.")
 
 
 def _fit(given, rows: int, epochs: int, batch: int) -> float:
@@ -55,8 +57,12 @@ def main(argv) -> None:
     base = result["arrays"]["median_s"]
     for r in result.values():
         r["ratio_to_arrays"] = r["median_s"] / base
-    print(json.dumps({"rows": rows, "epochs": epochs, "batch_size": batch, "result": result},
-                     indent=2))
+    report = {"rows": rows, "epochs": epochs, "batch_size": batch, "result": result,
+              "command": "python -m benchmarks.pipeline_throughput " + " ".join(sys.argv[1:])}
+    print(json.dumps(report, indent=2))
+    if _OUTPUT.value:
+        with open(_OUTPUT.value, "w") as f:
+            json.dump(report, f, indent=2)
 
 
 if __name__ == "__main__":
