@@ -83,7 +83,7 @@ def test_noise_history_stays_out_of_checkpoints_and_the_model(tmp_path):
     config = DPConfig(noise_multiplier=1.0, microbatch_size=1, expected_batch_size=8.0,
                       bandmf_bands=2)
     _, private = noise_sequence(make_strategy(1), config, 2)
-    history = private._noise_history.value
+    history = private.noise_stage.history
     assert len(history) == 2 and float(np.abs(history[0].numpy()).max()) > 0
     path = tf.train.Checkpoint(model=private, optimizer=private.optimizer).write(
         str(tmp_path / "ckpt"))

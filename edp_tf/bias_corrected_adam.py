@@ -119,3 +119,15 @@ class BiasCorrectedAdam(keras.optimizers.Adam):
         config.pop("amsgrad", None)
         config["floor"] = self.floor
         return config
+
+
+def attach_mechanism_noise(optimizer, mechanism, variables: Sequence, scales: Sequence,
+                           multiplier) -> None:
+    """Tells a `BiasCorrectedAdam` the noise std of each variable's update at z = 1:
+    alpha_k x (the replicas' summed std at z = 1) / D, what the private step adds (for the
+    clipped-denominator estimator too: its noise is fixed on the average); any other optimizer
+    is left as it is."""
+    if not isinstance(optimizer, BiasCorrectedAdam):
+        return
+    unit = mechanism.summed_noise_std(1.0) / mechanism.expected_microbatches
+    optimizer.attach_noise(variables, [a * unit for a in scales], multiplier)

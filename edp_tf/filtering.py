@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 from keras.src.utils import tracking
 
-from edp_tf import bias_corrected_adam
+from edp_tf import bias_corrected_adam, replica_sum
 
 
 def impulse_response(b: Sequence[float], a: Sequence[float], steps: int) -> np.ndarray:
@@ -81,7 +81,7 @@ class FilteredOptimizer(keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         # the update reaching the inner optimizer has been summed over the replicas already
-        inner_optimizer._all_reduce_sum_gradients = _already_summed
+        inner_optimizer._all_reduce_sum_gradients = replica_sum.already_summed
 
     # ---------------------------------------------------------------- the filter's two halves
     def _build_state(self, variables: list) -> None:
@@ -336,7 +336,3 @@ def _write(variable, value):
 
 def _tf_variable(variable):
     return variable.value if isinstance(variable, keras.Variable) else variable
-
-
-def _already_summed(grads_and_vars):
-    return list(grads_and_vars)

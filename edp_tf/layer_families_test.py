@@ -143,7 +143,7 @@ def test_recurrent_layer_that_is_not_unrolled_falls_back_to_the_loop_exactly(nam
             private = PrivateModel(model, DPConfig(microbatch_size=1, noise_multiplier=0.0,
                                                    l2_norm_clip=0.1, per_example_method=method))
             private.compile(optimizer=keras.optimizers.SGD(0.5), loss=mse)
-        with caplog.at_level(logging.INFO, logger="edp_tf.private_model"):
+        with caplog.at_level(logging.INFO, logger="edp_tf.step_method"):
             private.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         trained[method] = model.get_weights()
     assert [r for r in caplog.records if "cannot be vectorised" in r.getMessage()]

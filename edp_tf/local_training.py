@@ -37,6 +37,15 @@ class LocalTraining:
         return math.ceil(rows / self.batch_size)
 
 
+def for_config(config, rows_per_microbatch):
+    """DP-FedAvg's local training for `config` (None for DP-FedSGD, local_epochs 0); its
+    batches default to a user's whole micro-batch."""
+    if not config.local_epochs:
+        return None
+    return LocalTraining(config.local_epochs, config.local_batch_size or rows_per_microbatch,
+                         float(config.local_learning_rate))
+
+
 def pseudo_gradient(model, loss_fn, variables, x, y, w, local: LocalTraining):
     """(theta - theta_local per variable, the user's loss under theta [1], y_pred under theta).
 

@@ -105,7 +105,7 @@ def test_each_variable_gets_the_whole_summed_noise(strategy):
     z, C = 1.3, 0.7
     update, private = one_step_update(strategy, DPConfig(l2_norm_clip=C, noise_multiplier=z), 32)
     kernel, bias = update[: 4 * 1250], update[4 * 1250:]
-    assert len(set(private._noise_owners)) == 2
+    assert len(set(private.noise_stage.owners)) == 2
     want = z * 2 * C / N
     assert float(np.std(kernel)) == pytest.approx(want, rel=0.05)
     assert float(np.std(bias)) == pytest.approx(want, rel=0.10)

@@ -146,6 +146,22 @@ class PrivacyPlan:
                                           self.sampling_rate, self.delta,
                                           tuple(charged_events) + self.charged_events, accountant)
 
+    def step_mechanism(self, mechanism: Mechanism) -> Mechanism:
+        """The plan's mechanism, if it is the one the step's config and batch give (`mechanism`):
+        else the ledger would charge a step that does not run."""
+        planned = self.mechanism
+        if mechanism.strategy is None:  # BandMF: the plan's strategy, optimised for its run
+            mechanism = dataclasses.replace(mechanism, strategy=planned.strategy)
+        if planned != mechanism:
+            fields = [f.name for f in dataclasses.fields(Mechanism)
+                      if getattr(planned, f.name) != getattr(mechanism, f.name)]
+            raise ValueError(
+                "the PrivacyPlan was made for another step: "
+                + ", ".join(f"{f} {getattr(planned, f)!r} planned vs {getattr(mechanism, f)!r} "
+                            "here" for f in fields)
+                + " (same DPConfig, replicas and global batch size as the plan's)")
+        return planned
+
     def with_not_covered(self, *sentences: str) -> "PrivacyPlan":
         """This plan with more sentences on what it does not cover (each once)."""
         merged = list(self.not_covered)

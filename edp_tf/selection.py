@@ -147,3 +147,19 @@ def selected_fraction(selected: Sequence[tf.Tensor]) -> tf.Tensor:
 def per_replica_std(multiplier: float, sensitivity: float, clip: float, replicas: int) -> float:
     """The per-replica count-noise std whose N-replica sum has std z_c S C1."""
     return float(multiplier) * float(sensitivity) * float(clip) / math.sqrt(replicas)
+
+
+def for_config(config, model, variables: Sequence, sensitivity: float,
+               replicas: int) -> Optional[RowSelection]:
+    """The row selection DPConfig(sparse_embeddings=True) asks for, over the Embedding tables
+    among the trained `variables` (None without sparse embeddings)."""
+    if not config.sparse_embeddings:
+        return None
+    indices = embedding_table_indices(model, variables)
+    if not indices:
+        raise ValueError("DPConfig.sparse_embeddings=True but the model has no trainable "
+                         "Embedding table")
+    summed_std = per_replica_std(config.selection_noise_multiplier, sensitivity,
+                                 config.selection_clip, 1)
+    return RowSelection(indices, config.selection_clip, summed_std / math.sqrt(replicas),
+                        config.selection_threshold * summed_std)

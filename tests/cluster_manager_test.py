@@ -12,8 +12,7 @@ import time
 
 from edp_nlu.pipeline import worker_processes
 from edp_tf import accounting
-from tests.tiny_runs import SMALL_CLC_FLAGS
-from tests.workers_test import epochs_done
+from tests.tiny_runs import SMALL_CLC_FLAGS, epochs_done
 
 EPOCHS = 2
 # 1,200 utterances: 30 steps an epoch, each all-reduced across the two processes (~90 ms), so

@@ -136,3 +136,12 @@ def train_command(capsys, *args: str) -> str:
     argv = ["edp-train", *args]
     return _command_in_process(capsys, lambda values: train.define_flags(values, argv),
                                train.main, argv)
+
+
+def epochs_done(run_dir) -> int:
+    """The epochs a run directory's state.json says are done (0 before it is written)."""
+    try:
+        with open(os.path.join(run_dir, "state.json")) as f:
+            return int(json.load(f).get("epochs_done", 0))
+    except (OSError, ValueError):
+        return 0  # not written yet (or being replaced)

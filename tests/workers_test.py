@@ -16,7 +16,7 @@ import pytest
 
 from edp_nlu.pipeline import worker_processes
 from edp_tf import accounting
-from tests.tiny_runs import SMALL_CLC_FLAGS, train_command
+from tests.tiny_runs import SMALL_CLC_FLAGS, epochs_done, train_command
 
 EPOCHS = 2  # killed in the second, resumed to the end
 # 1,200 utterances: 30 steps an epoch at ~90 ms (each step's all-reduce crosses processes), so
@@ -33,14 +33,6 @@ def run_command(capfd, monkeypatch, run_dir, *extra) -> tuple:
         train_command(capfd, *argv[1:])
     out, err = capfd.readouterr()
     return exited.value.code, out, err
-
-
-def epochs_done(run_dir) -> int:
-    try:
-        with open(os.path.join(run_dir, "state.json")) as f:
-            return int(json.load(f).get("epochs_done", 0))
-    except (OSError, ValueError):
-        return 0  # not written yet (or being replaced)
 
 
 def kill_second_worker_after_first_epoch(run_dir, finished: threading.Event, killed: list):
