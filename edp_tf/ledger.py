@@ -209,13 +209,15 @@ class PrivacyLedger(keras.callbacks.Callback):
         most a kill can over-charge (SIGKILL, power loss: `in_progress.steps` is charged).
       flush_seconds: the bound is rewritten (fsynced, about 10 ms) about this often: it runs
         ahead by the steps that take this long, between 1 and `flush_steps`.
+      budget_reserve: the fraction of target_epsilon the plan held back (its noise calibrated
+        for the rest), stated in privacy.json; the budget itself stays target_epsilon.
     """
 
     def __init__(self, run_dir: str, dataset_size: int, delta: float, sampling: str = "poisson",
                  sampling_rate: Optional[float] = None, sampling_seed_fixed: bool = False,
                  sampler=None, target_epsilon: Optional[float] = None,
                  budget_accountant: str = "pld", flush_steps: int = 8,
-                 flush_seconds: float = 1.0):
+                 flush_seconds: float = 1.0, budget_reserve: float = 0.0):
         super().__init__()
         if isinstance(dataset_size, bool) or not isinstance(dataset_size, int) or dataset_size < 1:
             raise ValueError(f"dataset_size must be an integer >= 1, got {dataset_size!r}")
@@ -252,6 +254,9 @@ class PrivacyLedger(keras.callbacks.Callback):
         self.target_epsilon = (None if target_epsilon is None
                                else checks.number("target_epsilon", target_epsilon, 0.0, True))
         self.budget_accountant = accounting._check_accountant(budget_accountant)
+        # the fraction of the budget the plan held back for redoing steps a late kill lost
+        self.budget_reserve = checks.number("budget_reserve", budget_reserve, 0.0, False, 0.5,
+                                            True)
         self.stopped_after_epoch: Optional[int] = None
         self.reason: Optional[str] = None
         self._cleared: Any = None  # (epoch, records) whose prediction passed
@@ -423,6 +428,12 @@ class PrivacyLedger(keras.callbacks.Callback):
         led["schedule"] = self._schedule()
         if self.target_epsilon is not None:  # the budget, for the report's chart
             led["target_epsilon"] = self.target_epsilon
+        if self.budget_reserve and self.target_epsilon is not None:
+            led["budget_reserve"] = {
+                "fraction": self.budget_reserve,
+                "planned_epsilon": self.target_epsilon * (1.0 - self.budget_reserve),
+                "why": "the noise was calibrated for the planned epsilon; the rest of "
+                       "target_epsilon is for redoing steps an interruption lost"}
         self._ledger, self._fit_params = led, self.params
         self._continued, self._open_epoch, self._steps = False, None, 0
         self._refresh_epsilon()

@@ -70,6 +70,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    (refuse); label_selection_noise / _max_labels / _delta_share set the selection
   noise_multiplier z0; ignored when target_epsilon > 0 (then z0 is calibrated)
   delta            0 = 0.1/n (n = training examples; delta must be well below 1/n)
+  budget_reserve   with a target epsilon: the fraction of it held back (z0 calibrated for the
+                   rest), so that a resume redoing the steps a late kill lost still lands within
+                   the target (privacy.json budget_reserve; docs/multi_host.md)
 """
 import ml_collections
 
@@ -219,6 +222,9 @@ def _privacy_fields(c: ml_collections.ConfigDict) -> None:
     """The run's privacy knobs, DPConfig's by name, and the augmented copies' rows."""
     # privacy: the run's own knobs; the mechanism's are DPConfig's (below)
     c.target_epsilon = 0.0  # > 0: calibrate z0 to reach it after `epochs`; also stops at the budget
+    # fraction of target_epsilon held back: z0 is calibrated for (1 - reserve) target, so that
+    # a resume redoing the steps a late kill lost still lands within target_epsilon
+    c.budget_reserve = 0.0
     c.delta = 0.0
     # edp only: examples per micro-batch; 0 = one micro-batch per replica (the paper's eDP-SGD).
     # 2 by default: with one micro-batch per replica a step sums only N clipped vectors against

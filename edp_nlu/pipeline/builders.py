@@ -182,6 +182,9 @@ def _check_sizes_and_rates(config, bad) -> None:
         bad("learning_rate", config.learning_rate, "> 0, or 0 for the automatic default")
     if config.target_epsilon < 0:
         bad("target_epsilon", config.target_epsilon, ">= 0 (0 = use noise_multiplier)")
+    if not 0 <= config.budget_reserve < 0.5:
+        bad("budget_reserve", config.budget_reserve, "in [0, 0.5): the fraction of "
+            "target_epsilon held back for redoing steps a late kill lost")
     if not 0 <= config.delta < 1:
         bad("delta", config.delta, "in [0, 1) (0 = 0.1/n)")
 
@@ -565,8 +568,8 @@ def private_run(sampling_part: SamplingSpec, privacy: PrivacySpec, k: Optional[i
                               tuple(releases))
     target = privacy.target_epsilon
     if target > 0 and noise_multiplier is None:
-        try:
-            plan = plan.calibrated(target)
+        try:  # the reserve is held back from the plan, not from the ledger's budget
+            plan = plan.calibrated(target * (1.0 - float(privacy.budget_reserve)))
         except ValueError as error:
             if "label_selection" not in str(error):
                 raise

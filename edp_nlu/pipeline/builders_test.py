@@ -47,3 +47,18 @@ def test_dp_config_carries_every_knob_of_the_privacy_part():
     assert (dp.privacy_unit, dp.microbatch_size, dp.expected_batch_size) == ("user", 4, 2.0)
     with pytest.raises(ValueError, match=r"^--config\.l2_norm_clip=-1\.0 is invalid"):
         _spec(mechanism="dpsgd", l2_norm_clip=-1.0)
+
+
+def test_a_budget_reserve_calibrates_the_noise_for_the_rest_of_the_target():
+    """The plan lands at (1 - reserve) x target; the ledger's budget stays the target, so a
+    resume can redo lost steps within it."""
+    plans = {}
+    for reserve in (0.0, 0.1):
+        spec = _spec(mechanism="dpsgd", target_epsilon=4.0, budget_reserve=reserve, epochs=2)
+        _, plans[reserve] = builders.private_run(spec.sampling, spec.privacy, 1, 10.0, None, 1,
+                                                 None, 0.01, 1000, 1e-4, 100)
+    assert plans[0.0].epsilon() == pytest.approx(4.0, rel=2e-3)
+    assert plans[0.1].epsilon() == pytest.approx(3.6, rel=2e-3)  # more noise for the reserve
+    assert plans[0.1].mechanism.noise_multiplier > plans[0.0].mechanism.noise_multiplier
+    with pytest.raises(ValueError, match=r"--config\.budget_reserve=0\.5 is invalid"):
+        _spec(mechanism="dpsgd", target_epsilon=4.0, budget_reserve=0.5)

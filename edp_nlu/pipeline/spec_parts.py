@@ -110,6 +110,7 @@ class SamplingSpec:
 class PrivacySpec:
     mechanism: str
     target_epsilon: float
+    budget_reserve: float
     delta: float
     microbatch_size: int
     privacy_unit: str

@@ -538,10 +538,12 @@ def _ledger(spec: run_spec.RunSpec, data: _Data, run_dir: str, sampler, n: int, 
     training data outside epsilon (`warm`) leaves the weights uncovered, so the run not private."""
     target = spec.privacy.target_epsilon
     budget = target if target > 0 else None
-    ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget) if sampler else
+    reserve = float(spec.privacy.budget_reserve) if budget else 0.0
+    ledger = (PrivacyLedger.for_sampler(run_dir, sampler, delta, budget, budget_reserve=reserve)
+              if sampler else
               PrivacyLedger(run_dir, dataset_size=n, delta=delta,
                             sampling=spec.sampling.sampling, sampling_rate=q,
-                            target_epsilon=budget))
+                            target_epsilon=budget, budget_reserve=reserve))
     ledger.artifacts = run_files.artifacts(
         bool(spec.run.diagnostics), data.labels,
         bool(getattr(data.preprocessor, "vocabulary_from_training_data", False)),
