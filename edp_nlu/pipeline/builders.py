@@ -568,16 +568,18 @@ def private_run(sampling_part: SamplingSpec, privacy: PrivacySpec, k: Optional[i
                               tuple(releases))
     target = privacy.target_epsilon
     if target > 0 and noise_multiplier is None:
+        planned = target * (1.0 - float(privacy.budget_reserve))
         try:  # the reserve is held back from the plan, not from the ledger's budget
-            plan = plan.calibrated(target * (1.0 - float(privacy.budget_reserve)))
+            plan = plan.calibrated(planned)
         except ValueError as error:
             if "label_selection" not in str(error):
                 raise
             raise ValueError(f"--target_epsilon: {error} (here: --config.label_schema=<file> "
                              "gives the labels as a public schema; a higher "
                              "--config.label_selection_noise costs less)") from None
-        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g",
-                  plan.mechanism.noise_multiplier, target, delta)
+        _log.info("calibrated z0 = %.4f for epsilon %.3g at delta %.3g%s",
+                  plan.mechanism.noise_multiplier, planned, delta,
+                  f" (target {target:g}, the rest held back)" if planned < target else "")
     elif target > 0:
         plan = dataclasses.replace(plan, mechanism=dataclasses.replace(
             plan.mechanism, noise_multiplier=float(noise_multiplier)))
