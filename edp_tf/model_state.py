@@ -76,9 +76,13 @@ def adaptable_layers(model: keras.layers.Layer, public: Iterable[str] = ()) -> L
     public = set(public)
     covered = {id(inner) for layer in _layers(model) if layer is not model
                and layer.name in public for inner in _layers(layer)}
-    return [f"{layer.name!r} ({type(layer).__name__})" for layer in _layers(model)
-            if layer is not model and callable(getattr(layer, "adapt", None))
-            and id(layer) not in covered]
+    adaptable = [layer for layer in _layers(model)
+                 if layer is not model and callable(getattr(layer, "adapt", None))]
+    # a layer held by another adaptable one is adapted by it (TextVectorization's own
+    # StringLookup): the user built, and names, the outer one only
+    inner = {id(held) for layer in adaptable for held in _layers(layer) if held is not layer}
+    return [f"{layer.name!r} ({type(layer).__name__})" for layer in adaptable
+            if id(layer) not in covered and id(layer) not in inner]
 
 
 def training_signature(model: keras.layers.Layer) -> tuple:
@@ -108,5 +112,6 @@ def refuse_state_outside_the_clip(model: keras.layers.Layer, inputs,
         raise ValueError(
             f"layer(s) {', '.join(adapted)} hold state fitted to data by adapt() (a vocabulary, "
             "a mean and variance, bins), which no clipping or noise covers. Adapt them on "
-            "public data and name them in PrivateModel(..., public_layers=[...]), or move the "
-            "preprocessing out of the model")
+            "public data and name them in make_private(..., public_layers=[...]) (or "
+            "PrivateModel(..., public_layers=[...])), or move the preprocessing out of the "
+            "model")
