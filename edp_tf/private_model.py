@@ -120,6 +120,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         self.wrapped_model = model
         self._dp_config = config
         self._public_layers = tuple(str(name) for name in public_layers)
+        self._privately_adapted: tuple = ()  # layers adapted with DP (make_private), charged
         self._plan = plan
         self._training_statistics = training_statistics
         self._init_one_object()
@@ -411,8 +412,8 @@ class PrivateModel(one_object.OneObject, keras.Model):
         self._ensure_built(fx)
         signature = model_state.training_signature(self.wrapped_model)
         if signature != self._state_checked_for:
-            model_state.refuse_state_outside_the_clip(self.wrapped_model, fx,
-                                                      self._public_layers)
+            model_state.refuse_state_outside_the_clip(
+                self.wrapped_model, fx, self._public_layers + self._privately_adapted)
             self._state_checked_for = signature
         cfg, n = self._dp_config, self.num_replicas
         batch = int(tf.nest.flatten(fx)[0].shape[0])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
-from typing import Optional
+from typing import Optional, Sequence
 
 import keras
 import tensorflow as tf
@@ -27,6 +27,7 @@ from edp_tf import (
     sampling,
 )
 from edp_tf import ledger as ledger_lib
+from edp_tf import private_adapt as private_adapt_lib
 from edp_tf.config import DPConfig
 from edp_tf.ledger import PrivacyLedger
 from edp_tf.mechanism import Mechanism
@@ -66,9 +67,18 @@ class AutoPrivateModel(PrivateModel):
     before an epoch that would pass the budget.
     """
 
-    def __init__(self, model: keras.Model, config: DPConfig, budget: Budget, **kwargs):
+    def __init__(self, model: keras.Model, config: DPConfig, budget: Budget,
+                 private_adapt: Sequence = (), **kwargs):
         super().__init__(model, config, **kwargs)
         self._budget = budget
+        self._private_adapt = tuple(private_adapt)
+        for adapt in self._private_adapt:
+            if not isinstance(adapt, private_adapt_lib.PrivateNormalization):
+                raise ValueError(f"private_adapt takes edp_tf.PrivateNormalization, got "
+                                 f"{type(adapt).__name__}")
+            if not private_adapt_lib.takes_the_model_input(model, adapt.layer):
+                raise ValueError(f"private_adapt: layer {adapt.layer.name!r} must be applied to "
+                                 "the model's input (its rows are the training examples)")
         self._sampler: Optional[sampling.PoissonSampler] = None
         self._ledger: Optional[PrivacyLedger] = None
         self._epochs_done = 0
@@ -215,7 +225,8 @@ class AutoPrivateModel(PrivateModel):
                   if cfg.scaling == "private" else ())
         plan = PrivacyPlan(Mechanism.from_config(cfg, replicas, sampler.max_batch_size), n,
                            sampler.sampling_rate, delta, self._budget.epochs,
-                           sampler.steps_per_epoch, extras)
+                           sampler.steps_per_epoch, extras,
+                           releases=self._adapt_privately(x, source))
         records, events = self._earlier_run()
         self._epochs_done = max((r.epoch for r in records), default=-1) + 1
         try:
@@ -236,6 +247,24 @@ class AutoPrivateModel(PrivateModel):
         self._sampler = sampler
         self._ledger = PrivacyLedger.for_sampler(self._ledger_dir(), sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
+
+    def _adapt_privately(self, x, source) -> tuple:
+        """The private_adapt layers fitted to `x` with DP, before the first step; their
+        releases, which the plan calibrates for and the ledger charges."""
+        if not self._private_adapt:
+            return ()
+        if source.kind != "arrays":
+            raise ValueError("private_adapt needs the training examples: fit(x, y) with arrays "
+                             "(or a pipeline), not a sampler's dataset")
+        events = []
+        for adapt in self._private_adapt:
+            rows = x
+            if isinstance(x, dict):  # the entry of the model input the layer takes
+                name = next(i.name for i in keras.tree.flatten(adapt.layer.input))
+                rows = x[name.split(":")[0]]
+            events.append(adapt.adapt(rows))
+            self._privately_adapted += (adapt.layer.name,)
+        return tuple(events)
 
     def _worker_index(self) -> int:
         return multi_worker.worker_index(self.distribute_strategy)
@@ -305,7 +334,7 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
                  microbatch_size: Optional[int] = 1, run_dir: Optional[str] = None,
                  resume: bool = False,
                  strategy: Optional[tf.distribute.Strategy] = None,
-                 public_layers=(), training_statistics: bool = False,
+                 public_layers=(), training_statistics: bool = False, private_adapt=(),
                  **dp_options) -> AutoPrivateModel:
     """`model`, trained by `fit` with DP-SGD at (target_epsilon, delta) after `epochs` epochs.
 
@@ -335,6 +364,11 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
         continues it: its epochs count, the noise is calibrated for the epochs left to land at
         target_epsilon, and the next epoch follows the last one charged (restore the model's
         weights yourself, e.g. from your ModelCheckpoint).
+      public_layers: preprocessing layers adapted on public data (epsilon assumes it).
+      private_adapt: `edp_tf.PrivateNormalization(layer, low, high)` for a Normalization on
+        the model's input left unadapted: the first fit adapts it to the training data with
+        DP (a Gaussian query on the clipped sums, charged to the ledger, the noise calibrated
+        for the rest of the budget).
       dp_options: further `edp_tf.DPConfig` fields (noise_mode, decay, clipping, ...).
     """
     strategy = strategy or tf.distribute.get_strategy()
@@ -354,7 +388,8 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
     config = DPConfig(l2_norm_clip=l2_norm_clip, microbatch_size=microbatch_size,
                       noise_multiplier=1.0, **dp_options)
     with strategy.scope():
-        return AutoPrivateModel(model, config, budget, public_layers=public_layers,
+        return AutoPrivateModel(model, config, budget, private_adapt=private_adapt,
+                                public_layers=public_layers,
                                 training_statistics=training_statistics)
 
 
