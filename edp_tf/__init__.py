@@ -15,7 +15,7 @@ from edp_tf.ledger import BudgetExhaustedError, PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.multi_worker import make_multi_worker_strategy
 from edp_tf.plan import PrivacyPlan
-from edp_tf.private_adapt import PrivateNormalization
+from edp_tf.private_adapt import PrivateNormalization, PrivateVocabulary
 from edp_tf.private_model import PrivateModel
 from edp_tf.private_training import AutoPrivateModel, make_private
 from edp_tf.sampling import (
@@ -37,7 +37,7 @@ __all__ = [
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "LowPassFilter",
     "KalmanFilter", "make_strategy", "make_multi_worker_strategy", "PoissonSampler",
     "UserPoissonSampler", "AugmentedPoissonSampler", "BandMFSampler", "StreamingPoissonSampler",
-    "PrivacyLedger", "PrivateNormalization",
+    "PrivacyLedger", "PrivateNormalization", "PrivateVocabulary",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",
 ]

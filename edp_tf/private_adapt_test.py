@@ -26,7 +26,7 @@ def test_the_released_statistics_carry_exactly_the_stated_noise():
     rng = np.random.default_rng(1)
     means = []
     for _ in range(400):
-        adapt.adapt(x, rng)
+        adapt.adapt(x, rng=rng)
         means.append(float(norm.adapt_mean.numpy()[0]))
     want = 0.1 * adapt.sensitivity(1) / 10
     assert np.std(means) == pytest.approx(want, rel=0.15)
@@ -76,6 +76,28 @@ def test_a_layer_not_on_the_models_input_is_refused_in_one_line():
                             private_adapt=[edp_tf.PrivateNormalization(norm, -1, 1)])
     with pytest.raises(ValueError, match="low < high"):
         edp_tf.PrivateNormalization(norm, 1, -1)
+
+
+def test_a_vocabulary_selected_with_dp_keeps_the_common_words_and_not_a_secret_one():
+    """500 utterances of common words and one with a secret: with sigma 5 and the threshold
+    of delta/10, a word in 100 utterances is kept with probability ~1, the secret (in 1) with
+    probability below the threshold's delta. The release is charged with the delta it spends."""
+    rng = np.random.default_rng(4)
+    words = ["call", "my", "mother", "play", "some", "music"]
+    texts = [" ".join(rng.choice(words, 3)) for _ in range(499)] + ["refill zyprexa now"]
+    labels = np.array([t.startswith("call") for t in texts], "int32")
+    text = keras.layers.TextVectorization(max_tokens=50, output_sequence_length=4, name="tv")
+    inputs = keras.Input((), dtype="string")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 4)(text(inputs)))
+    model = keras.Model(inputs, keras.layers.Dense(2)(pooled))
+    private = edp_tf.make_private(model, target_epsilon=TARGET, epochs=1, batch_size=50,
+                                  private_adapt=[edp_tf.PrivateVocabulary(text)])
+    _fit(private, np.array(texts), labels)
+    vocabulary = text.get_vocabulary()
+    assert set(words) <= set(vocabulary) and "zyprexa" not in vocabulary
+    (event,) = private.privacy_statement()["extra_events"]
+    assert event["name"] == "vocabulary_selection:tv" and event["delta"] > 0
+    assert private.privacy_statement()["private"] is True and private.epsilon <= TARGET
 
 
 def _fit(private, x, y, epochs=None):

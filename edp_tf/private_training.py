@@ -73,9 +73,10 @@ class AutoPrivateModel(PrivateModel):
         self._budget = budget
         self._private_adapt = tuple(private_adapt)
         for adapt in self._private_adapt:
-            if not isinstance(adapt, private_adapt_lib.PrivateNormalization):
-                raise ValueError(f"private_adapt takes edp_tf.PrivateNormalization, got "
-                                 f"{type(adapt).__name__}")
+            if not isinstance(adapt, (private_adapt_lib.PrivateNormalization,
+                                      private_adapt_lib.PrivateVocabulary)):
+                raise ValueError(f"private_adapt takes edp_tf.PrivateNormalization or "
+                                 f"PrivateVocabulary, got {type(adapt).__name__}")
             if not private_adapt_lib.takes_the_model_input(model, adapt.layer):
                 raise ValueError(f"private_adapt: layer {adapt.layer.name!r} must be applied to "
                                  "the model's input (its rows are the training examples)")
@@ -226,7 +227,7 @@ class AutoPrivateModel(PrivateModel):
         plan = PrivacyPlan(Mechanism.from_config(cfg, replicas, sampler.max_batch_size), n,
                            sampler.sampling_rate, delta, self._budget.epochs,
                            sampler.steps_per_epoch, extras,
-                           releases=self._adapt_privately(x, source))
+                           releases=self._adapt_privately(x, source, delta))
         records, events = self._earlier_run()
         self._epochs_done = max((r.epoch for r in records), default=-1) + 1
         try:
@@ -248,7 +249,7 @@ class AutoPrivateModel(PrivateModel):
         self._ledger = PrivacyLedger.for_sampler(self._ledger_dir(), sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
 
-    def _adapt_privately(self, x, source) -> tuple:
+    def _adapt_privately(self, x, source, delta: float) -> tuple:
         """The private_adapt layers fitted to `x` with DP, before the first step; their
         releases, which the plan calibrates for and the ledger charges."""
         if not self._private_adapt:
@@ -262,7 +263,7 @@ class AutoPrivateModel(PrivateModel):
             if isinstance(x, dict):  # the entry of the model input the layer takes
                 name = next(i.name for i in keras.tree.flatten(adapt.layer.input))
                 rows = x[name.split(":")[0]]
-            events.append(adapt.adapt(rows))
+            events.append(adapt.adapt(rows, delta))
             self._privately_adapted += (adapt.layer.name,)
         return tuple(events)
 
@@ -365,10 +366,11 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
         target_epsilon, and the next epoch follows the last one charged (restore the model's
         weights yourself, e.g. from your ModelCheckpoint).
       public_layers: preprocessing layers adapted on public data (epsilon assumes it).
-      private_adapt: `edp_tf.PrivateNormalization(layer, low, high)` for a Normalization on
-        the model's input left unadapted: the first fit adapts it to the training data with
-        DP (a Gaussian query on the clipped sums, charged to the ledger, the noise calibrated
-        for the rest of the budget).
+      private_adapt: `edp_tf.PrivateNormalization(layer, low, high)` for a Normalization, or
+        `edp_tf.PrivateVocabulary(layer)` for a TextVectorization, on the model's input and
+        left unadapted: the first fit adapts it to the training data with DP (a Gaussian
+        query on the clipped sums; the vocabulary by Gaussian partition selection), charged
+        to the ledger, the steps' noise calibrated for the rest of the budget.
       dp_options: further `edp_tf.DPConfig` fields (noise_mode, decay, clipping, ...).
     """
     strategy = strategy or tf.distribute.get_strategy()
