@@ -22,6 +22,21 @@ def _privacy(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def _privacy_in_process(monkeypatch, *args: str) -> int:
+    """The exit code of edp-privacy's flag parsing in this process, on flags of its own (absl's
+    app.run stood in for, so that the process-wide flags are untouched; absl's app defines the
+    help flag); main must not run."""
+    values = flags.FlagValues()
+    privacy.define_flags(values)
+    flags.DEFINE_flag(cli.app.HelpFlag(), flag_values=values)
+    monkeypatch.setattr(flags, "FLAGS", values)
+    monkeypatch.setattr(cli.app, "run", lambda main, flags_parser: main(flags_parser(
+        ["edp-privacy", *args])))
+    with pytest.raises(SystemExit) as exited:
+        cli.run(lambda argv: pytest.fail(f"main ran with {argv}"))
+    return exited.value.code
+
+
 def test_a_bad_flag_value_is_one_line_naming_it_and_exit_2():
     proc = _privacy("--batch_size=-4", *PLANNED)
     assert proc.returncode == 2
@@ -34,14 +49,7 @@ def test_a_misspelled_flag_is_one_error_line_with_the_suggestion_and_exit_2(monk
     edp-privacy's flags: the parser is cli.run's own (absl's app.run stood in for, so that the
     process-wide flags are untouched); a command's process ending in exit 2 with its one
     line and nothing else is test_a_bad_flag_value_is_one_line_naming_it_and_exit_2's."""
-    values = flags.FlagValues()
-    privacy.define_flags(values)
-    monkeypatch.setattr(flags, "FLAGS", values)
-    monkeypatch.setattr(cli.app, "run", lambda main, flags_parser: main(flags_parser(
-        ["edp-privacy", "--dataset_sise=3000"])))
-    with pytest.raises(SystemExit) as exited:
-        cli.run(lambda argv: pytest.fail(f"main ran with {argv}"))
-    assert exited.value.code == 2
+    assert _privacy_in_process(monkeypatch, "--dataset_sise=3000") == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: Unknown command line flag 'dataset_sise'")
     assert "Did you mean: dataset_size" in line
@@ -127,15 +135,7 @@ def test_a_config_is_a_path_or_a_packaged_configs_name(tmp_path):
 
 def test_help_is_no_error(monkeypatch, capsys):
     """absl's --help exits 1; asking for help exits 0 (in this process, as the test above)."""
-    values = flags.FlagValues()
-    privacy.define_flags(values)
-    flags.DEFINE_flag(cli.app.HelpFlag(), flag_values=values)  # absl's app defines it
-    monkeypatch.setattr(flags, "FLAGS", values)
-    monkeypatch.setattr(cli.app, "run", lambda main, flags_parser: main(flags_parser(
-        ["edp-privacy", "--help"])))
-    with pytest.raises(SystemExit) as exited:
-        cli.run(lambda argv: pytest.fail(f"main ran with {argv}"))
-    assert exited.value.code == 0
+    assert _privacy_in_process(monkeypatch, "--help") == 0
     assert "--helpfull" in capsys.readouterr().out  # absl printed its help
 
 
