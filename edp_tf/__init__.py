@@ -4,8 +4,6 @@ One call: `edp_tf.make_private(model, target_epsilon=..., epochs=..., batch_size
 `compile` and `fit` as usual. The lower layer (`PoissonSampler`, `DPConfig`, `PrivateModel`,
 `PrivacyLedger`, `calibrate_noise`) stays for what the one call does not cover.
 """
-from importlib import metadata as _metadata
-
 from edp_tf import accounting, batch_source, ledger, multi_worker, plan, report, sampling
 from edp_tf.accounting import calibrate_noise, compute_epsilon, compute_epsilons
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
@@ -26,11 +24,9 @@ from edp_tf.sampling import (
 )
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
+from edp_tf.version import VERSION
 
-try:
-    __version__ = _metadata.version("edp-tf")
-except _metadata.PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
+__version__ = VERSION
 
 __all__ = [
     "make_private", "AutoPrivateModel", "__version__", "batch_source", "report",

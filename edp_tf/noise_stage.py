@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-from edp_tf import clipping, noise, selection
+from edp_tf import clipping, noise, selection, step_inputs
 from edp_tf.mechanism import Mechanism
 from edp_tf.untracked import Untracked
 
@@ -91,10 +91,10 @@ class ExpectedDenominator:
     def __init__(self, mechanism: Mechanism):
         self.expected = mechanism.expected_microbatches
 
-    def noise_std(self, std, present):
-        """(the per-replica noise std, the denominator) of this step; `present`: this
-        replica's micro-batches holding a real row."""
-        del present
+    def noise_std(self, std, w, microbatch_size):
+        """(the per-replica noise std, the denominator) of this step; `w`: the rows' mask, cut
+        into micro-batches of `microbatch_size` rows as the step cuts them."""
+        del w, microbatch_size
         return std, self.expected
 
     def updates(self, noisy: list, scales, denominator) -> list:
@@ -106,7 +106,8 @@ class ClippedDenominator(ExpectedDenominator):
     the whole step), the noise scaled by D_t / D, so that the average carries noise of std
     z S C / D whatever D_t is (S = 2: McMahan et al. 2018)."""
 
-    def noise_std(self, std, present):
+    def noise_std(self, std, w, microbatch_size):
+        present = step_inputs.real_microbatches(w, microbatch_size)  # one user per micro-batch
         users = tf.distribute.get_replica_context().all_reduce(
             tf.distribute.ReduceOp.SUM, tf.reduce_sum(tf.cast(present, tf.float32)))
         denominator = tf.maximum(float(self.expected), users)

@@ -516,8 +516,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         #    so the replicas' sum carries exactly the mechanism's std z_t S C
         z_t = self.dp_noise_multiplier
         std, denominator = self._normaliser.noise_std(
-            self._mechanism.per_replica_noise_std(z_t),
-            step_inputs.real_microbatches(w, plan.microbatch_size))
+            self._mechanism.per_replica_noise_std(z_t), w, plan.microbatch_size)
         noisy, selected = self.noise_stage.add(clip, std)
         # 4. back to gradient space, normalised by the expected number of micro-batches D (or,
         #    for the clipped-denominator estimator, by max(D, users drawn))

@@ -11,12 +11,12 @@ from __future__ import annotations
 import base64
 import datetime
 import html
-import importlib.metadata
 import math
 from typing import Optional, Sequence
 
 from edp_tf import accounting
 from edp_tf.ledger import charged, headline
+from edp_tf.version import VERSION
 
 FORMATS = ("html", "md")
 # the audit that measures a lower bound on this kind of mechanism (tools/audit.py of a checkout;
@@ -156,13 +156,6 @@ def sections(ledger: dict) -> list:
     ]
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("edp-tf")
-    except importlib.metadata.PackageNotFoundError:  # a checkout that was not installed
-        return "0+unknown"
-
-
 def _clip_unit(microbatch_size) -> str:
     if microbatch_size == 1:
         return "each example clipped on its own"
@@ -221,7 +214,7 @@ def render(ledger: dict, fmt: str = "html", title: Optional[str] = None) -> str:
     content = sections(ledger)
     plot = svg_plot(epsilon_curve(ledger), target=ledger.get("target_epsilon"))
     content.insert(0, ("About this report", [
-        f"Written by edp-tf {_version()} on {datetime.date.today().isoformat()} from the run's "
+        f"Written by edp-tf {VERSION} on {datetime.date.today().isoformat()} from the run's "
         "privacy.json; every number is recomputed from its records, and the guarantee states "
         "exactly its headline (edp_tf.ledger.headline)."]))
     if fmt == "md":
