@@ -269,6 +269,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         self._last_steps = 1  # steps that call could run
         self._step_seconds: Optional[float] = None  # a step's time, for the flush interval
         self._epoch_count: Optional[int] = None  # the step's own count when the epoch opened
+        self._inner_iterations_seen: Optional[int] = None  # the wrapped model's optimizer
 
     @classmethod
     def for_sampler(cls, run_dir: str, sampler, delta: float,
@@ -566,7 +567,7 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self._list_saved_files():
             self._write()
         if count is not None:
-            self._declare_outside(count.take_unaccounted())
+            self._declare_outside(count.take_unaccounted() + self._updates_not_by_the_step())
 
     def statement(self) -> dict:
         """The ledger as a reviewer reads it, reconciled with the step's count first, with the
@@ -609,6 +610,18 @@ class PrivacyLedger(keras.callbacks.Callback):
                 "epsilon would not cover them. Wrap a freshly built model; if that training "
                 "used public data only, copy its weights into a fresh model "
                 "(fresh.set_weights(model.get_weights())) and wrap that")
+
+    def _updates_not_by_the_step(self) -> int:
+        """Updates the wrapped model's own optimizer applied since the last call (a plain
+        `model.fit` on the model the wrapper trains): the private step never uses it. (The
+        wrapper's optimizer is not compared with the step's count: Keras counts its iterations
+        per replica.)"""
+        model = self.model
+        own = getattr(model, "optimizer", None)
+        inner = getattr(getattr(model, "wrapped_model", None), "optimizer", None)
+        now = _iterations(inner) if inner is not None and inner is not own else 0
+        seen, self._inner_iterations_seen = self._inner_iterations_seen, now
+        return 0 if seen is None else max(0, now - seen)
 
     def _settle_epoch_count(self, charged_steps: int) -> None:
         """At an epoch's close: updates the step applied beyond the steps charged (a

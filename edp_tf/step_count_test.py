@@ -102,6 +102,20 @@ def test_a_callback_stepping_inside_an_epoch_is_outside_the_charge():
     assert statement["steps_outside_fit"] == 1 and statement["private"] is False
 
 
+def test_plain_training_of_the_wrapped_model_after_its_private_fit_voids_the_run():
+    """Keras' own fit on the model the wrapper trains (its own optimizer) moves the weights
+    without the private step; the optimizers' counts give it away."""
+    x, y = _data()
+    model = _model()
+    private = _wrap(model)
+    private.fit(x, y, epochs=1, verbose=0)
+    assert private.privacy_statement()["private"] is True
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # 4 plain updates
+    statement = private.privacy_statement()
+    assert statement["private"] is False and statement["steps_outside_fit"] == 4
+
+
 def test_a_model_is_trained_by_one_wrapper_only():
     x, y = _data()
     model = _model()
