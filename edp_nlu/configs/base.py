@@ -40,6 +40,11 @@ Field meanings (all overridable with `--config.FIELD=value`):
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (edp_nlu/pipeline/recipes.py)
+  label_head_dim   0: plain heads (a weight column per label). > 0: label-aware heads, each
+                   label's weights start from its public name ("B-depart_date" -> depart date)
+                   read by GloVe (CLC: needs clc.word_vectors) or the BERT checkpoint, in this
+                   many dimensions, with a shared B/I/O span score (edp_nlu/models/
+                   label_aware_head.py; the schema is public, so free in epsilon)
   head_dropout     dropout on the encoder's outputs before the intent and slot heads, on top of
                    clc.dropout / bert.dropout (which act inside the encoder)
   private_head_dropout
@@ -144,6 +149,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> None:
     # dropout before the heads (both models; the encoders' own is clc.dropout / bert.dropout)
     c.head_dropout = 0.1
     c.private_head_dropout = -1.0  # private runs: >= 0 replaces head_dropout
+    c.label_head_dim = 0  # > 0: heads from the labels' names (edp_nlu/models/label_aware_head.py)
     c.clc = ml_collections.ConfigDict(dict(
         word_vectors="glove-6b-50d",  # "", a .vec file path, or glove-6b-50d (public vocabulary)
         vocabulary_size=20000,

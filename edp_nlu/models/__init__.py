@@ -7,6 +7,8 @@ _EXPORTS = {
     "CRF": "edp_nlu.models.crf",
     "JointTagger": "edp_nlu.models.joint_task",
     "joint_per_example_loss": "edp_nlu.models.joint_loss",
+    "LabelAwareHead": "edp_nlu.models.label_aware_head",
+    "name_heads": "edp_nlu.models.label_aware_head",
     "LabelVocabulary": "edp_nlu.models.labels",
     "EncodingReport": "edp_nlu.models.labels",
     "CLCBackbone": "edp_nlu.models.clc.clc_backbone",

@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from edp_nlu.models.crf import CRF
 from edp_nlu.models.joint_loss import TAG_REDUCTIONS, joint_per_example_loss
+from edp_nlu.models.label_aware_head import LabelAwareHead
+from edp_nlu.models.label_names import span_of
 from edp_nlu.models.labels import bio_transitions
 
 
@@ -37,11 +39,14 @@ class JointTagger(keras.Model):
         tag_reduction: str = "sum",
         tag_labels=None,
         decoding: str | None = None,
+        label_embedding_dim: int = 0,
         **kwargs,
     ):
         """`tag_labels` (the tag vocabulary's labels, BIO) lets the CRF decode only well-formed
         BIO; `decoding` is what `predict_labels` and the export use: "bio" (the default when
-        `tag_labels` is given) or "viterbi" (the unconstrained best path)."""
+        `tag_labels` is given) or "viterbi" (the unconstrained best path).
+        `label_embedding_dim` > 0 makes both heads label-aware (edp_nlu/models/label_aware_head.py:
+        weights from the labels' names, which `set_label_embeddings` gives; needs tag_labels)."""
         super().__init__(**kwargs)
         if num_intents < 1 or num_tags < 1:
             raise ValueError(
@@ -60,19 +65,39 @@ class JointTagger(keras.Model):
                 f"tag_reduction must be one of {TAG_REDUCTIONS}, got {tag_reduction!r}"
             )
         self.tag_reduction = tag_reduction
-        self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
-        self.intent_head = keras.layers.Dense(num_intents, name="intent_logits")
-        self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
-        self.tag_head = keras.layers.Dense(num_tags, name="tag_potentials")
         self.tag_labels = None if tag_labels is None else tuple(str(t) for t in tag_labels)
         if self.tag_labels is not None and len(self.tag_labels) != num_tags:
             raise ValueError(f"tag_labels has {len(self.tag_labels)} labels for {num_tags} tags")
+        self.label_embedding_dim = int(label_embedding_dim)
+        self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
+        self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
+        self.intent_head, self.tag_head = self._heads()
         self.decoding = decoding or ("viterbi" if tag_labels is None else "bio")
         _check_decoding(self.decoding, self.tag_labels)
         allowed = bio_transitions(self.tag_labels) if self.tag_labels else (None, None)
         self.crf = CRF(num_tags, *allowed, name="crf")
         # Build the heads now (one dummy example), so weights exist before the first fit / load.
         self(_dummy_inputs(encoder), training=False)
+
+    def _heads(self) -> tuple:
+        if not self.label_embedding_dim:
+            return (keras.layers.Dense(self.num_intents, name="intent_logits"),
+                    keras.layers.Dense(self.num_tags, name="tag_potentials"))
+        if self.tag_labels is None:
+            raise ValueError("label-aware heads (label_embedding_dim > 0) need tag_labels")
+        return (LabelAwareHead(self.num_intents, self.label_embedding_dim, name="intent_logits"),
+                LabelAwareHead(self.num_tags, self.label_embedding_dim,
+                               spans=[span_of(t) for t in self.tag_labels],
+                               name="tag_potentials"))
+
+    def set_label_embeddings(self, intent_matrix, tag_matrix) -> None:
+        """Gives label-aware heads their labels' name vectors ([num_intents | num_tags,
+        label_embedding_dim]; edp_nlu/models/label_names.py)."""
+        if not self.label_embedding_dim:
+            raise ValueError("set_label_embeddings: this model's heads are plain "
+                             "(label_embedding_dim 0)")
+        self.intent_head.set_label_embeddings(intent_matrix)
+        self.tag_head.set_label_embeddings(tag_matrix)
 
     def call(self, inputs, training=None):
         # The encoder's own input order (nested dicts get key-sorted on the way, which Keras
@@ -154,7 +179,7 @@ class JointTagger(keras.Model):
                 "dropout": self.dropout_rate, "intent_weight": self.intent_weight,
                 "tag_weight": self.tag_weight, "tag_reduction": self.tag_reduction,
                 "tag_labels": None if self.tag_labels is None else list(self.tag_labels),
-                "decoding": self.decoding}
+                "decoding": self.decoding, "label_embedding_dim": self.label_embedding_dim}
 
 
 DECODINGS = ("bio", "viterbi")

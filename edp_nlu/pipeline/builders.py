@@ -26,6 +26,7 @@ import edp_tf
 from edp_nlu.configs.base import ZERO_IS_NONE
 from edp_nlu.data import augment, loading, schema
 from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.label_aware_head import name_heads
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 from edp_nlu.models.bert.choices import POOLING
 from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS, set_finetuning
@@ -162,6 +163,12 @@ def _check_run_shape(config, bad) -> None:
         bad("resume_noise_limit", config.resume_noise_limit, "0 (no limit) or >= 1")
     if int(config.max_words) < 0:
         bad("max_words", config.max_words, "an integer >= 1, or 0 for the automatic default")
+    label_dim = config.label_head_dim
+    if not isinstance(label_dim, int) or label_dim < 0:
+        bad("label_head_dim", label_dim, "0 (plain heads), or an integer >= 1")
+    elif label_dim and config.model == "clc" and not config.clc.word_vectors:
+        bad("label_head_dim", label_dim, "0 when clc.word_vectors is empty (CLC reads the "
+            "label names with its public word vectors)")
     # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
     probe = config.probe_epochs
     if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"):
@@ -334,15 +341,17 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
     scope)."""
     task = dict(intent_weight=float(spec.intent_loss_weight),
                 tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
-                head_dropout=float(spec.head_dropout), decoding=spec.decoding)
+                head_dropout=float(spec.head_dropout), decoding=spec.decoding,
+                label_embedding_dim=int(spec.label_head_dim))
     if spec.model == "clc":
         c = spec.clc
-        return CLCJoint.from_preprocessor(
+        model = CLCJoint.from_preprocessor(
             preprocessor, word_vectors=vectors, lstm_units=c.lstm_units,
             num_lstm_layers=c.num_lstm_layers, char_embedding_dim=c.char_embedding_dim,
             char_filters=c.char_filters, dropout=c.dropout,
             word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
+        return _named_heads(model, preprocessor, vectors)
 
     c = spec.bert
     checkpoint = bert_checkpoint(c)
@@ -354,6 +363,18 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.lora_layout, lora_targets=c.lora_targets,
                    lora_freeze_a=c.lora_freeze_a)
+    return _named_heads(model, preprocessor, None)
+
+
+def _named_heads(model, preprocessor, vectors):
+    """Label-aware heads get their labels' names (public schema): from the CLC word vectors,
+    else from the BERT encoder as loaded (before any training)."""
+    if model.label_embedding_dim:
+        unknown = name_heads(model, preprocessor, vectors)
+        if unknown:
+            _log.warning("label-aware heads: no known word in the names of %d labels (%s); they "
+                         "keep their bias and span score only", len(unknown),
+                         ", ".join(unknown[:8]))
     return model
 
 

@@ -49,6 +49,12 @@ def test_fields_are_named_when_unknown_missing_or_bad():
         RunSpec.parse(flat)
     with pytest.raises(ValueError, match=r"--config\.decoding='greedy' is invalid"):
         RunSpec.parse(base_config().to_dict() | {"decoding": "greedy"})
+    with pytest.raises(ValueError, match=r"--config\.label_head_dim=-1 is invalid"):
+        RunSpec.parse(base_config().to_dict() | {"label_head_dim": -1})
+    no_vectors = base_config().to_dict() | {"label_head_dim": 8}
+    no_vectors["clc"]["word_vectors"] = ""
+    with pytest.raises(ValueError, match=r"label_head_dim.*clc\.word_vectors"):
+        RunSpec.parse(no_vectors)
 
 
 def test_resolved_fills_the_automatic_fields_once_and_leaves_the_spec_unchanged():

@@ -74,6 +74,7 @@ class ModelSpec:
     init_from: str
     head_dropout: float
     private_head_dropout: float
+    label_head_dim: int
     slot_loss: str
     decoding: str
     intent_loss_weight: float

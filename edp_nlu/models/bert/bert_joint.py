@@ -32,6 +32,7 @@ class BertJoint(JointTagger):
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
         decoding: str = "bio",
+        label_embedding_dim: int = 0,
         pooling: str = "cls",
         **size,
     ) -> "BertJoint":
@@ -59,6 +60,7 @@ class BertJoint(JointTagger):
             tag_reduction=tag_reduction,
             tag_labels=preprocessor.tag_vocabulary.labels,
             decoding=decoding,
+            label_embedding_dim=label_embedding_dim,
         )
 
     def get_config(self):

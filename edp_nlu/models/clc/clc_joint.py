@@ -30,6 +30,7 @@ class CLCJoint(JointTagger):
         tag_weight: float = 1.0,
         tag_reduction: str = "sum",
         decoding: str = "bio",
+        label_embedding_dim: int = 0,
         **backbone_kwargs,
     ) -> "CLCJoint":
         """Sizes the model for `preprocessor`; `word_vectors` initialises the word embeddings.
@@ -56,6 +57,7 @@ class CLCJoint(JointTagger):
             tag_reduction=tag_reduction,
             tag_labels=preprocessor.tag_vocabulary.labels,
             decoding=decoding,
+            label_embedding_dim=label_embedding_dim,
         )
 
     def get_config(self):

@@ -1,0 +1,109 @@
+import keras
+import numpy as np
+import tensorflow as tf
+
+from edp_nlu.models import testing
+from edp_nlu.models.bert.bert_joint import BertJoint
+from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors
+from edp_nlu.models.label_aware_head import LabelAwareHead, name_heads
+from edp_tf.testing import assert_fast_norms_exact
+
+
+def _head(spans=None, seed=0):
+    keras.utils.set_random_seed(seed)
+    head = LabelAwareHead(4, 3, spans=spans)
+    head.build((None, 5))
+    head.set_label_embeddings(np.array([[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 0, 0]], "float32"))
+    return head
+
+
+def test_logits_are_names_through_one_projection_plus_span_and_bias():
+    head = _head(spans=[0, 1, 2, 1])
+    head.label_bias.assign([0.1, 0.2, 0.3, 0.4])
+    x = np.random.default_rng(1).normal(size=(2, 7, 5)).astype("float32")
+    names = head.label_embeddings.numpy()
+    np.testing.assert_allclose(np.linalg.norm(names[:3], axis=1), 1.0)  # unit rows, 0 stays 0
+    projected = x @ head.projection.kernel.numpy()
+    span = x @ head.span_head.kernel.numpy() + head.span_head.bias.numpy()
+    want = projected @ names.T + span[..., [0, 1, 2, 1]] + [0.1, 0.2, 0.3, 0.4]
+    np.testing.assert_allclose(head(x).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def _moved_by_steps_on_label_0(layer, x) -> np.ndarray:
+    before = layer(x).numpy().mean(axis=0)
+    optimizer = keras.optimizers.SGD(0.1)
+    for _ in range(5):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(
+                np.zeros(len(x)), layer(x), from_logits=True))
+        grads = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply_gradients(zip(grads, layer.trainable_variables))
+    return layer(x).numpy().mean(axis=0) - before
+
+
+def test_what_one_label_learns_moves_the_labels_named_like_it():
+    """The point of the head: steps on examples of label 0 raise the logit of label 1 (the same
+    name direction) and lower that of label 2 (an orthogonal name); a plain Dense lowers every
+    column but label 0's. Fails if the names are not used."""
+    x = 1.0 + np.random.default_rng(2).normal(size=(64, 5)).astype("float32")
+    moved = _moved_by_steps_on_label_0(_head(), x)
+    assert moved[1] > 0.5 and moved[2] < 0.0, moved
+    keras.utils.set_random_seed(0)
+    plain = keras.layers.Dense(4)
+    plain.build((None, 5))
+    assert _moved_by_steps_on_label_0(plain, x)[1] < 0.0
+
+
+def test_ghost_norms_cover_the_head_exactly():
+    """The per-example step clips this head with ghost norms for its projection and span kernels
+    (the names are not trained), equal to the loop's per-example norms."""
+    keras.utils.set_random_seed(3)
+    inp = keras.Input((6,), dtype="int32")
+    h = keras.layers.Embedding(10, 4)(inp)
+    head = LabelAwareHead(2, 3, spans=[1, 2])
+    logits = head(h)
+    head.set_label_embeddings(np.array([[1.0, 2.0, 0.0], [0.0, 1.0, 1.0]], "float32"))
+    model = keras.Model(inp, keras.layers.GlobalAveragePooling1D()(logits))
+    assert_fast_norms_exact(model, ["embedding/embeddings", "label_aware_head/projection/kernel",
+                                    "label_aware_head/span_logits/kernel"], k=1)
+
+
+def test_a_joint_model_with_named_heads_saves_and_loads_its_names(tmp_path):
+    pre = CLCPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS,
+                                             max_words=5, max_word_length=5)
+    vectors = WordVectors(("call", "contact", "music", "phone", "genre", "medication"),
+                          np.eye(6, 4, dtype="float32") + 0.1)
+    model = CLCJoint.from_preprocessor(pre, **{**testing.TINY_CLC, "num_lstm_layers": 1},
+                                       label_embedding_dim=4)
+    unknown = name_heads(model, pre, vectors)
+    assert "B-message" in unknown and "B-contact" not in unknown
+    names = model.tag_head.label_embeddings.numpy()
+    assert np.abs(names).sum() > 0
+    x, _, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
+    want = model(x)["tag_potentials"].numpy()
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    np.testing.assert_allclose(loaded.tag_head.label_embeddings.numpy(), names)
+    np.testing.assert_allclose(loaded(x)["tag_potentials"].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bert_model_reads_the_names_with_its_own_encoder():
+    pre = BertPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS,
+                                              sequence_length=12, max_words=5)
+    keras.utils.set_random_seed(4)
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT, label_embedding_dim=4)
+    assert name_heads(model, pre) == []
+    names = model.tag_head.label_embeddings.numpy()
+    labels = pre.tag_vocabulary.labels
+    outside = labels.index("O")
+    assert not names[outside].any()  # "O" has no name: its span score alone
+    named = [i for i in range(len(labels)) if i != outside]
+    np.testing.assert_allclose(np.linalg.norm(names[named], axis=1), 1.0, rtol=1e-5)
+    # B-contact and I-contact share a name; B-contact and B-phone do not
+    b, i, phone = (labels.index(t) for t in ("B-contact", "I-contact", "B-phone"))
+    np.testing.assert_allclose(names[b], names[i], rtol=1e-5)
+    assert not np.allclose(names[b], names[phone], atol=1e-3)

@@ -1,0 +1,42 @@
+import numpy as np
+import pytest
+
+from edp_nlu.models import label_names
+
+
+@pytest.mark.parametrize("label, words", [
+    ("B-fromloc.city_name", ["from", "location", "city", "name"]),
+    ("I-playlist_owner", ["playlist", "owner"]),
+    ("B-timeRange", ["time", "range"]),
+    ("AddToPlaylist", ["add", "to", "playlist"]),
+    ("atis_flight#atis_airfare", ["flight", "airfare"]),
+    ("O", []),
+    ("[UNK]", []),
+])
+def test_label_words_read_the_schemas_names(label, words):
+    assert label_names.label_words(label) == words
+
+
+def test_spans_of_bio_tags():
+    assert [label_names.span_of(t) for t in ("O", "B-x", "I-x")] == [
+        label_names.OUTSIDE, label_names.BEGIN, label_names.INSIDE]
+
+
+def test_word_vector_matrix_is_the_mean_of_the_known_words():
+    words = ("city", "name", "from")
+    vectors = np.array([[1.0, 0.0], [0.0, 2.0], [4.0, 4.0]], np.float32)
+    matrix, unknown = label_names.word_vector_matrix(
+        ["O", "B-city_name", "B-zzz_qqq", "B-fromloc"], words, vectors)
+    np.testing.assert_allclose(matrix, [[0, 0], [0.5, 1.0], [0, 0], [4, 4]])
+    assert unknown == ["B-zzz_qqq"]  # "O" has no name to miss
+
+
+def test_reduced_keeps_the_names_geometry_in_fewer_dimensions():
+    rng = np.random.default_rng(0)
+    low_rank = rng.normal(size=(9, 2)) @ rng.normal(size=(2, 40))  # rank 2 in 40 dimensions
+    reduced = label_names.reduced(low_rank, 4)
+    assert reduced.shape == (9, 4)
+    # inner products between labels are what the head scores with: kept exactly at rank 2
+    np.testing.assert_allclose(reduced @ reduced.T, low_rank @ low_rank.T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(reduced[:, 2:], 0.0, atol=1e-4)
+    assert label_names.reduced(np.ones((3, 2)), 5).shape == (3, 5)  # padded
