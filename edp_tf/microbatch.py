@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping, ghost, local_training
+from edp_tf import clipping, ghost, local_training, onednn_guard
 from edp_tf import selection as row_selection
 from edp_tf.config import PER_EXAMPLE_METHODS
 
@@ -380,8 +380,18 @@ def stacked_microbatch_gradients(
         )
         return _dense(grads), loss, _with_masks(y_pred)
 
-    grads, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
+    grads, losses, y_pred = _vectorized_map(one, (xs, ys, ws))
     return grads, losses, _masks_attached(tf.nest.map_structure(_merge, y_pred))
+
+
+def _vectorized_map(fn, elems):
+    """`tf.vectorized_map`, refused when its graph holds a matmul oneDNN miscomputes
+    (edp_tf/onednn_guard.py)."""
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    result = tf.vectorized_map(fn, elems)
+    onednn_guard.refuse_corrupting_matmuls(graph.get_operations()[first:])
+    return result
 
 
 class GhostPass(NamedTuple):
@@ -413,7 +423,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
         rows, fallback = ghost.differentiate(tape, loss, plan, variables)
         return rows, fallback, loss, _with_masks(y_pred)
 
-    rows, fallback, losses, y_pred = tf.vectorized_map(one, (xs, ys, ws))
+    rows, fallback, losses, y_pred = _vectorized_map(one, (xs, ys, ws))
     plan = traced["plan"]
     _log.info("ghost norms for %d of %d variables; exact per-example gradients for the others%s",
               len(plan.ghost), len(variables), "".join(
