@@ -22,6 +22,7 @@ from edp_tf.sampling import (
     PoissonSampler,
     UserPoissonSampler,
 )
+from edp_tf.sampling_unit import SamplingUnit
 from edp_tf.strategy import make_strategy
 from edp_tf.streaming import StreamingPoissonSampler
 from edp_tf.version import VERSION
@@ -33,6 +34,7 @@ __all__ = [
     "DPConfig", "Mechanism", "PrivacyPlan", "PrivateModel", "BiasCorrectedAdam", "LowPassFilter",
     "KalmanFilter", "make_strategy", "make_multi_worker_strategy", "PoissonSampler",
     "UserPoissonSampler", "AugmentedPoissonSampler", "BandMFSampler", "StreamingPoissonSampler",
+    "SamplingUnit",
     "PrivacyLedger", "PrivateNormalization", "PrivateVocabulary",
     "BudgetExhaustedError", "calibrate_noise", "compute_epsilon", "compute_epsilons",
     "accounting", "ledger", "multi_worker", "plan", "sampling",

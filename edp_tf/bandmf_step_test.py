@@ -159,8 +159,8 @@ def test_a_bandmf_step_refuses_a_plain_poisson_ledger(tmp_path):
         private = PrivateModel(_tiny(), config)
         private.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss)
     led = PrivacyLedger.for_sampler(tmp_path, plain, 1e-3)
-    with pytest.raises(ValueError, match="bandmf_bands=2 but the ledger's sampler is a "
-                                         "PoissonSampler"):
+    with pytest.raises(ValueError, match="PoissonSampler's batches are not the step's unit: "
+                                         "bands 1 in the sampler vs 2 in the step"):
         private.fit(plain.dataset(x, y), epochs=1, verbose=0, callbacks=[led])
     with pytest.raises(ValueError, match="steps_per_epoch=3 must be a multiple"):
         private.fit(plain.dataset(x, y, repeat=True), steps_per_epoch=3, verbose=0)

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
 from edp_tf import checks
+from edp_tf.sampling_unit import SamplingUnit
 from edp_tf.mechanism import (
     DECAYS,
     NOISE_MODES,
@@ -369,6 +370,13 @@ class DPConfig:
         replica's, `Mechanism.rows_per_microbatch`)."""
         k = self.microbatch_size
         return None if k is None else k * self.augment_copies
+
+    @property
+    def sampling_unit(self) -> SamplingUnit:
+        """The unit one micro-batch clips: what the batches' sampler must draw
+        (`edp_tf.sampling.for_unit` makes that sampler)."""
+        return SamplingUnit.of_step(self.privacy_unit, self.microbatch_size,
+                                    self.augment_copies, self.bandmf_bands)
 
 
 def _flat_property(name: str, group: str) -> property:

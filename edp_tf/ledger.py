@@ -29,7 +29,7 @@ from absl import logging
 
 from edp_tf import accounting, checks, step_count
 from edp_tf.accounting import EpochRecord
-from edp_tf.sampling import PoissonSampler, UserPoissonSampler
+from edp_tf.sampling import PoissonSampler
 
 FILENAME = "privacy.json"
 SAMPLINGS = ("poisson", "shuffle")
@@ -745,36 +745,12 @@ class PrivacyLedger(keras.callbacks.Callback):
                 + " (make the plan and the ledger from the same sampler and delta)")
 
     def _check_unit(self, mechanism) -> None:
-        """The sampler's unit and micro-batch must be the step's: a user-level step fed
-        example-level batches (or micro-batches holding two users) would claim S = C for a
-        change that can be larger."""
-        if self.sampler is None:
-            return
-
-        by_user = isinstance(self.sampler, UserPoissonSampler)
-        if by_user != (mechanism.privacy_unit == "user"):
-            raise ValueError(
-                f"DPConfig.privacy_unit={mechanism.privacy_unit!r} but the ledger's sampler is a "
-                f"{type(self.sampler).__name__}: user-level privacy needs a UserPoissonSampler "
-                "and DPConfig(privacy_unit='user'), example-level neither")
-        if by_user and mechanism.microbatch_size != self.sampler.microbatch_size:
-            raise ValueError(
-                f"DPConfig.microbatch_size={mechanism.microbatch_size} but the sampler gives "
-                f"each user {self.sampler.microbatch_size} rows: they must be equal, so that a "
-                "micro-batch is exactly one user")
-        bands = getattr(self.sampler, "bands", 1)  # a BandMFSampler's b
-        if bands != mechanism.bands:
-            raise ValueError(
-                f"DPConfig.bandmf_bands={mechanism.bands} but the ledger's sampler is a "
-                f"{type(self.sampler).__name__} of {bands} group(s): BandMF's accounting holds "
-                "only for batches of an edp_tf.sampling.BandMFSampler with the same bands, and "
-                "a BandMFSampler's batches only for a BandMF step")
-        copies = getattr(self.sampler, "copies", 1)  # an AugmentedPoissonSampler's K
-        if copies != mechanism.augment_copies:
-            raise ValueError(
-                f"DPConfig.augment_copies={mechanism.augment_copies} but the sampler gives each "
-                f"example {copies} row(s): they must be equal, so that a micro-batch is exactly "
-                "one example's copies (edp_tf.sampling.AugmentedPoissonSampler)")
+        """The sampler's unit must be the step's (edp_tf/sampling_unit.py): a user-level step
+        fed example-level batches (or micro-batches holding two users, or BandMF batches to an
+        independent step) would claim S = C for a change that can be larger."""
+        if self.sampler is not None:
+            mechanism.sampling_unit.refuse_other(self.sampler.unit,
+                                                 type(self.sampler).__name__)
 
     def _mechanism(self, facts: dict) -> dict:
         self._check_unit(self.model.mechanism)

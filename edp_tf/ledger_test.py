@@ -279,5 +279,5 @@ def test_augmented_copies_keep_the_ledger_and_epsilon_of_one_copy(strategy, data
         model = make_model(strategy, microbatch_size=1, augment_copies=2,
                            expected_batch_size=sampler.expected_batch_size)
         led = ledger.PrivacyLedger.for_sampler(tmp_path / "mismatch", sampler, DELTA)
-        with pytest.raises(ValueError, match="augment_copies=2 but the sampler"):
+        with pytest.raises(ValueError, match=r"copies \d in the sampler vs 2 in the step"):
             model.fit(sampler.dataset(*arrays), epochs=1, verbose=0, callbacks=[led])

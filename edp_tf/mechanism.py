@@ -45,6 +45,7 @@ import math
 from typing import Optional
 
 from edp_tf import bandmf, checks
+from edp_tf.sampling_unit import SamplingUnit
 
 NOISE_MODES = ("calibrated", "paper")
 DECAYS = ("none", "linear", "exponential")
@@ -213,6 +214,12 @@ class Mechanism:
     def examples_per_microbatch(self) -> int:
         """k: the configured micro-batch size, or the replica's rows (at least 1)."""
         return self.microbatch_size or max(1, self.per_replica_batch)
+
+    @property
+    def sampling_unit(self) -> SamplingUnit:
+        """The unit this step's micro-batch clips, which the batches' sampler must draw."""
+        return SamplingUnit.of_step(self.privacy_unit, self.microbatch_size,
+                                    self.augment_copies, self.bands)
 
     @property
     def rows_per_microbatch(self) -> int:

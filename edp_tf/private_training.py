@@ -205,11 +205,8 @@ class AutoPrivateModel(PrivateModel):
                                  f"the {n} training examples")
             key = (multi_worker.shared_key(self.distribute_strategy)
                    if multi_worker.is_multi_worker(self.distribute_strategy) else None)
-            kind, more = ((sampling.BandMFSampler, {"bands": cfg.bandmf_bands})
-                          if cfg.bandmf_bands > 1 else (sampling.PoissonSampler, {}))
-            sampler = kind(
-                dataset_size=n, sampling_rate=self._budget.batch_size / n, replicas=replicas,
-                microbatch_size=cfg.microbatch_size, key=key, **more)
+            sampler = sampling.for_unit(cfg.sampling_unit, n, self._budget.batch_size / n,
+                                        replicas, cfg.microbatch_size, key=key)
         else:  # pipelines were made arrays in fit
             raise ValueError(
                 f"make_private's fit takes arrays, a dict of arrays, a finite tf.data.Dataset, "

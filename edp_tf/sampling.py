@@ -35,6 +35,7 @@ from scipy import stats
 
 from edp_tf import batch_source, iterators
 from edp_tf.accounting import check_sampling_rate, group_sampling_rate
+from edp_tf.sampling_unit import SamplingUnit
 
 DEFAULT_OVERFLOW_PROBABILITY = 1e-9
 
@@ -114,6 +115,11 @@ class PoissonSampler:
             raise ValueError(
                 f"max_batch_size={self.max_batch_size} must be a multiple of replicas x "
                 f"microbatch_size = {multiple}")
+
+    @property
+    def unit(self) -> SamplingUnit:
+        """What one sampled unit is (edp_tf/sampling_unit.py): here one example's row."""
+        return SamplingUnit()
 
     @property
     def expected_batch_size(self) -> float:
@@ -276,6 +282,11 @@ class UserPoissonSampler(PoissonSampler):
         return total * self.sampling_rate
 
     @property
+    def unit(self) -> SamplingUnit:
+        """One user's rows (at most microbatch_size) per sampled unit."""
+        return SamplingUnit("user", self.microbatch_size)
+
+    @property
     def slots(self) -> int:
         """Users per batch at most (the binomial quantile over users)."""
         return self.max_batch_size // self.microbatch_size
@@ -336,6 +347,11 @@ class AugmentedPoissonSampler(PoissonSampler):
         super().__post_init__()
 
     @property
+    def unit(self) -> SamplingUnit:
+        """One example's `copies` rows per sampled unit."""
+        return SamplingUnit(copies=self.copies)
+
+    @property
     def slots(self) -> int:
         """Examples per batch at most (the binomial quantile over examples)."""
         return self.max_batch_size // self.copies
@@ -391,6 +407,11 @@ class BandMFSampler(PoissonSampler):
         group_sampling_rate(self.sampling_rate, self.bands)  # b q <= 1
 
     @property
+    def unit(self) -> SamplingUnit:
+        """One example's row, drawn in a cycle of `bands` groups."""
+        return SamplingUnit(bands=self.bands)
+
+    @property
     def group_sampling_rate(self) -> float:
         """b q: the rate at which a step samples the examples of its group."""
         return group_sampling_rate(self.sampling_rate, self.bands)
@@ -443,3 +464,25 @@ def _rows_by_user(user_of_row, users: int, n: int, k: int) -> tf.Tensor:
         by_user[user].append(row)
     width = max(k, max(len(r) for r in by_user))
     return tf.constant([r + [n] * (width - len(r)) for r in by_user], tf.int32)
+
+
+def for_unit(unit: SamplingUnit, dataset_size: int, sampling_rate: float, replicas: int = 1,
+             microbatch_size: Optional[int] = None, *, users=None,
+             weight_cap: Optional[float] = None, variants: int = 0, seed: Optional[int] = None,
+             key: Optional[int] = None) -> PoissonSampler:
+    """The sampler whose batches are `unit` (a step's `Mechanism.sampling_unit` or
+    `DPConfig.sampling_unit`): the one place a sampler class is chosen, so the library never
+    pairs a step with batches of another unit. `users` (the user of each training row) and
+    `weight_cap` are for user level, `variants` (rows per example in the arrays) for copies."""
+    if unit.privacy_unit == "user":
+        if users is None:
+            raise ValueError("user-level sampling needs the user of each training row (users=)")
+        return UserPoissonSampler.for_users(users, sampling_rate, unit.user_rows, replicas, seed,
+                                            weight_cap=weight_cap, key=key)
+    common = dict(dataset_size=dataset_size, sampling_rate=sampling_rate, replicas=replicas,
+                  seed=seed, key=key)
+    if unit.copies > 1:
+        return AugmentedPoissonSampler(copies=unit.copies, variants=variants, **common)
+    if unit.bands > 1:
+        return BandMFSampler(microbatch_size=microbatch_size, bands=unit.bands, **common)
+    return PoissonSampler(microbatch_size=microbatch_size, **common)

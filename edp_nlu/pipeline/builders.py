@@ -459,20 +459,12 @@ def poisson_sampler(data: DataSpec, privacy: PrivacySpec, n: int, q: float, k, r
     """The run's Poisson sampler: over users (`users`, the user of each row) or examples (with
     their augmented copies, augment_variants consecutive rows each, when the run asks). The
     data part only says how many variants each example was encoded with."""
-    if augment_copies(privacy) > 1:
-        return sampling.AugmentedPoissonSampler(
-            dataset_size=n, sampling_rate=q, replicas=replicas, seed=fixed_seed, key=key,
-            copies=augment_copies(privacy), variants=augment_variants(data, privacy))
-    if users is not None:
-        cap = float(privacy.user_weight_cap) or None
-        return sampling.UserPoissonSampler.for_users(users, q, k, replicas, fixed_seed,
-                                                     weight_cap=cap, key=key)
     bands = int(privacy.knob("bandmf_bands"))
-    if bands > 1:  # BandMF: step t samples group t mod b at b q (DPConfig checks the rest)
-        return sampling.BandMFSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
-                                      microbatch_size=k, seed=fixed_seed, key=key, bands=bands)
-    return sampling.PoissonSampler(dataset_size=n, sampling_rate=q, replicas=replicas,
-                                   microbatch_size=k, seed=fixed_seed, key=key)
+    unit = edp_tf.SamplingUnit.of_step("user" if users is not None else "example", k,
+                                       augment_copies(privacy), bands)
+    return sampling.for_unit(unit, n, q, replicas, k, users=users,
+                             weight_cap=float(privacy.user_weight_cap) or None,
+                             variants=augment_variants(data, privacy), seed=fixed_seed, key=key)
 
 
 def datasets(data: DataSpec, sampling_part: SamplingSpec, privacy: PrivacySpec, x, y, n: int,
