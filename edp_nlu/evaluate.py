@@ -31,6 +31,7 @@ from typing import Optional
 
 from absl import app, flags
 
+from edp_nlu.data import encoding
 from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
 from edp_nlu.scoring import metrics as metrics_lib
 from edp_nlu.scoring import per_class, predictions
@@ -348,7 +349,7 @@ def scores_by_decoding(run_dir: str, split: str = "test") -> dict:
     utterances = getattr(builders.load_splits(spec.data), split)
     if not utterances:
         raise ValueError(f"the {split} split of {run_dir}'s data is empty")
-    x = builders.encode(preprocessor, utterances, split).x
+    x = encoding.encode(preprocessor, utterances, split).x
     return predictions.scores_by_decoding(model, preprocessor, utterances, x)
 
 

@@ -17,7 +17,6 @@ import dataclasses
 from typing import Any, Mapping, Optional, Tuple
 
 from edp_tf import checks
-from edp_tf.sampling_unit import SamplingUnit
 from edp_tf.mechanism import (
     DECAYS,
     NOISE_MODES,
@@ -25,6 +24,7 @@ from edp_tf.mechanism import (
     USER_ESTIMATORS,
     noise_multiplier_at,
 )
+from edp_tf.sampling_unit import SamplingUnit
 
 SCALINGS = ("uniform", "public", "private", "first_batch")
 PER_EXAMPLE_METHODS = ("ghost", "vectorized", "loop")

@@ -21,6 +21,7 @@ import numpy as np
 from absl import app, flags
 
 from edp_nlu import evaluate
+from edp_nlu.data import encoding
 from edp_nlu.pipeline import builders
 from experiments import posthoc
 
@@ -60,7 +61,7 @@ def prior_rows(run_dir: str, taus: Sequence[float] = TAUS) -> list:
     count_vector = np.array([counts.get(name, 0) for name in names], np.float64)
     logits = {}
     for split in ("dev", "test"):
-        x = builders.encode(preprocessor, getattr(splits, split), split).x
+        x = encoding.encode(preprocessor, getattr(splits, split), split).x
         logits[split] = np.concatenate([out["intent_logits"].numpy()[:real]
                                         for real, out in posthoc.forward(model, x)])
     rows = []

@@ -21,6 +21,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from edp_nlu import evaluate
+from edp_nlu.data import encoding
 from edp_nlu.pipeline import builders
 from edp_nlu.scoring import per_class, predictions
 from experiments import posthoc
@@ -71,7 +72,7 @@ def penalty_rows(run_dir: str, penalties: Sequence[float] = PENALTIES) -> list:
     splits = builders.load_splits(spec.data)
     counts = per_class.training_counts([u.intent for u in splits.train],
                                        [u.tags for u in splits.train])
-    by_split = {name: posthoc.forward(model, builders.encode(preprocessor, getattr(splits, name),
+    by_split = {name: posthoc.forward(model, encoding.encode(preprocessor, getattr(splits, name),
                                                      name).x) for name in ("dev", "test")}
     decode = tf.function(lambda p, m: model.crf.decode(p, m, constrained=True)[0],
                          reduce_retracing=True)

@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from edp_nlu.pipeline import builders, training
+from edp_nlu.pipeline import builders, training, validation
 from edp_nlu.pipeline.run_spec import RunSpec
 from tests.tiny_runs import corpus, read, strategy, tiny_config
 
@@ -25,11 +25,11 @@ def test_where_copies_cannot_apply_the_field_is_named_in_one_line(overrides, rea
     config = tiny_config(replicas=1, augment_copies=4, **overrides)
     field = "augment_variants" if reason is None else "augment_copies"
     with pytest.raises(ValueError, match=rf"^--config\.{field}=[^\n]*{reason or ''}[^\n]*$"):
-        builders.check_config(config)
+        validation.check_config(config)
     for field, value in (("augment", "mask,crop"), ("augment_word_rate", 1.5)):
         bad = tiny_config("clc", "dpsgd", replicas=1, **{field: value})
         with pytest.raises(ValueError, match=rf"^--config\.{field}="):
-            builders.check_config(bad)
+            validation.check_config(bad)
 
 
 def test_a_tiny_run_with_two_copies_is_charged_as_one_copy(tmp_path):

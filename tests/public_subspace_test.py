@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_nlu.pipeline import builders, training
+from edp_nlu.pipeline import training, validation
 from tests import tiny_runs
 
 
@@ -83,4 +83,4 @@ def test_the_public_examples_do_not_depend_on_the_training_split(monkeypatch, tm
 ])
 def test_bad_settings_name_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
-        builders.check_config(_config(**overrides))
+        validation.check_config(_config(**overrides))

@@ -8,7 +8,7 @@ import pytest
 from edp_nlu.configs.base import base_config
 from edp_nlu.configs.snips_bert import get_config
 from edp_nlu.data import synthetic
-from edp_nlu.pipeline import builders, optimizers, recipes
+from edp_nlu.pipeline import builders, optimizers, recipes, validation
 from edp_nlu.pipeline.run_spec import RunSpec
 from edp_tf.bias_corrected_adam import BiasCorrectedAdam
 from edp_tf.filtering import KalmanFilter, LowPassFilter
@@ -194,7 +194,7 @@ def test_dataset_configs_pass_the_trainers_checks(name):
     config = importlib.import_module(f"edp_nlu.configs.{name}").get_config()
     for mechanism in ("sgd", config.mechanism):
         resolved = recipes.resolve(dict_update(config, mechanism=mechanism), n=5_000)
-        builders.check_config(resolved)
+        validation.check_config(resolved)
 
 
 @pytest.mark.parametrize("name", optimizers.OPTIMIZERS)

@@ -22,6 +22,7 @@ import pytest
 import tensorflow as tf
 
 from edp_nlu.configs.base import base_config
+from edp_nlu.data import encoding
 from edp_nlu.pipeline import builders, recipes, run_files, training
 from edp_nlu.pipeline.callbacks import PublicProgress
 from edp_nlu.pipeline.run_spec import RunSpec
@@ -691,7 +692,7 @@ def test_ema_fraction_leaves_the_averaged_weights_in_the_model(tmp_path, mechani
 
     def hook(model, preprocessor):
         seen["final"] = [v.numpy() for v in model.trainable_variables]
-        enc = builders.encode(preprocessor, half.train[:7], "hook")
+        enc = encoding.encode(preprocessor, half.train[:7], "hook")
         seen["losses"] = predictions.per_example_losses(model, enc.x, enc.y)
         return "hooked"
 

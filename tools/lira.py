@@ -29,6 +29,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from edp_nlu.configs import config_file
+from edp_nlu.data import encoding
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.pipeline import builders, training
 from edp_nlu.pipeline.run_spec import RunSpec
@@ -106,7 +107,7 @@ def _train_one(j: int, config, splits, pool, masks, strategy) -> dict:
         source=f"{splits.source}, LiRA pool subset (model {j})")
 
     def pool_losses(model, preprocessor):
-        enc = builders.encode(preprocessor, pool, "lira pool")
+        enc = encoding.encode(preprocessor, pool, "lira pool")
         return predictions.per_example_losses(model, enc.x, enc.y)
 
     run_dir = os.path.join(flags.FLAGS.work_dir, flags.FLAGS.mechanism, f"model_{j:02d}")

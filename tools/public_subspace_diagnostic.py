@@ -22,8 +22,8 @@ import tensorflow as tf
 
 sys.path.insert(0, os.getcwd())
 from edp_nlu.configs import snips_clc
-from edp_nlu.data import loading
-from edp_nlu.pipeline import builders, training
+from edp_nlu.data import encoding, loading
+from edp_nlu.pipeline import training
 
 run_dir = sys.argv[1]
 epochs_to_measure = {1, 3, 6, 11, 16, 21}
@@ -134,7 +134,7 @@ orig_load = training._load_data
 def load(spec, splits, resume, *rest):
     data = orig_load(spec, splits, resume, *rest)
     TRAIN[0] = data.train
-    dev = builders.encode(data.preprocessor, data.splits.dev, "dev")
+    dev = encoding.encode(data.preprocessor, data.splits.dev, "dev")
     DEV[0] = (dev.x, dev.y)
     ATIS_X[0] = data.preprocessor.encode([u.tokens for u in atis.train[:512]])[0]
     return data

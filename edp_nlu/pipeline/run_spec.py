@@ -22,7 +22,7 @@ from typing import Any, Mapping
 import ml_collections
 
 from edp_nlu.configs.base import base_config, dp_knob_defaults
-from edp_nlu.pipeline import builders, recipes
+from edp_nlu.pipeline import recipes, validation
 from edp_nlu.pipeline.spec_parts import (  # noqa: F401 (the parts, named by run_spec's readers)
     NESTED,
     PARTS,
@@ -54,7 +54,7 @@ class RunSpec:
         once: a ValueError names the first bad one as --config.<field>."""
         config = _as_config(config)
         _refuse_unknown_or_missing(config.to_dict())
-        builders.check_config(config)
+        validation.check_config(config)
         return cls.of_checked(config)
 
     @classmethod

@@ -19,7 +19,7 @@ import keras
 import tensorflow as tf
 
 import edp_tf
-from edp_nlu.data import loading
+from edp_nlu.data import encoding, loading
 from edp_nlu.data import schema as schema_lib
 from edp_nlu.models.export import export_serving_model
 from edp_nlu.pipeline import (
@@ -63,7 +63,7 @@ class _Data:
     unseen: dict
     preprocessor: object
     vectors: object
-    train: builders.Encoded
+    train: encoding.Encoded
     dev_x: Optional[dict]
     test_x: Optional[dict]
 
@@ -395,7 +395,7 @@ def _load_data(spec: run_spec.RunSpec, splits, resume: bool, run_dir: str, strat
         return preprocessor.encode([u.tokens for u in part])[0] if part else None
 
     return _Data(spec, splits, units, users, delta, labels, unseen, preprocessor, vectors,
-                 builders.encode(preprocessor, splits.train, "train", log_counts,
+                 encoding.encode(preprocessor, splits.train, "train", log_counts,
                                  builders.training_copies(spec.data, spec.privacy, spec.run)),
                  encode(splits.dev), encode(splits.test))
 

@@ -7,8 +7,8 @@ import functools
 import numpy as np
 import tensorflow as tf
 
+from edp_nlu.data import encoding
 from edp_nlu.models.labels import is_well_formed_bio
-from edp_nlu.pipeline import builders
 from edp_nlu.scoring import metrics as metrics_lib
 from edp_tf import attacks
 
@@ -17,7 +17,7 @@ def padded_batches(batch_size: int, *arrays: dict):
     """Yields (real rows, [batch dict per input]) with the last batch padded (by wrapping) to
     `batch_size`: one trace of an evaluation function serves every batch (tracing the unrolled
     CLC costs tens of seconds). Callers keep the first `real rows` outputs."""
-    rows = builders.rows(arrays[0])
+    rows = encoding.rows(arrays[0])
     for start in range(0, rows, batch_size):
         index = np.arange(start, start + batch_size) % rows
         yield (min(batch_size, rows - start),
@@ -84,14 +84,14 @@ def loss_step(model):
 def membership_attack(model, preprocessor, train_enc, nonmembers, name: str = "test") -> dict:
     """Loss-threshold membership inference: as many training utterances as held-out ones (the
     `name` split's `nonmembers`)."""
-    test_enc = builders.encode(preprocessor, nonmembers, name)
-    n = min(builders.rows(train_enc.x), builders.rows(test_enc.x))
-    index = np.random.default_rng(0).permutation(builders.rows(train_enc.x))[:n]
+    test_enc = encoding.encode(preprocessor, nonmembers, name)
+    n = min(encoding.rows(train_enc.x), encoding.rows(test_enc.x))
+    index = np.random.default_rng(0).permutation(encoding.rows(train_enc.x))[:n]
     step = loss_step(model)
-    members = per_example_losses(model, builders.subset(train_enc.x, index),
-                                 builders.subset(train_enc.y, index), step=step)
-    others = per_example_losses(model, builders.subset(test_enc.x, np.arange(n)),
-                                builders.subset(test_enc.y, np.arange(n)), step=step)
+    members = per_example_losses(model, encoding.subset(train_enc.x, index),
+                                 encoding.subset(train_enc.y, index), step=step)
+    others = per_example_losses(model, encoding.subset(test_enc.x, np.arange(n)),
+                                encoding.subset(test_enc.y, np.arange(n)), step=step)
     summary = attacks.loss_threshold_attack(members, others)
     summary["roc"] = attacks.roc_points(-members, -others)
     return summary
