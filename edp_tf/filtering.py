@@ -80,8 +80,6 @@ class FilteredOptimizer(keras.optimizers.Optimizer):
                                  "the privacy step; clipping belongs to DPConfig.l2_norm_clip")
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
-        # the update reaching the inner optimizer has been summed over the replicas already
-        inner_optimizer._all_reduce_sum_gradients = replica_sum.already_summed
 
     # ---------------------------------------------------------------- the filter's two halves
     def _build_state(self, variables: list) -> None:
@@ -131,13 +129,15 @@ class FilteredOptimizer(keras.optimizers.Optimizer):
             raise ValueError(f"{type(self).__name__} needs dense updates; sparse_embeddings=True "
                              "releases only selected rows, which a filter over steps would mix "
                              "with rows that got no update")
-        # the mechanism's release: the replicas' SUM (PrivateModel may have summed already and
-        # replaced this method by the identity)
-        pairs = list(self._all_reduce_sum_gradients(pairs))
-        updates, variables = [g for g, _ in pairs], [v for _, v in pairs]
+        # the mechanism's release: the replicas' SUM of their updates (or of the release's
+        # shares, when PrivateModel summed already: edp_tf/replica_sum.py)
+        variables = [v for _, v in pairs]
+        updates = replica_sum.sum_over_replicas([g for g, _ in pairs])
         filtered, writes = self._filter(updates, variables)
         _assign_all(writes)
-        self.inner_optimizer.apply(filtered, variables)
+        # the inner optimizer SUMs over the replicas in turn: give it the filtered release's
+        # shares, so its sum is the filtered release
+        self.inner_optimizer.apply(replica_sum.as_shares(filtered), variables)
         self._after_inner_step(variables)
 
     def apply_gradients(self, grads_and_vars):

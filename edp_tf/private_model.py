@@ -5,7 +5,8 @@ The step is named stages (docs/design.md, mechanism), each in its own module, on
     2. scale and clip          MicrobatchGradients.clip         c_j = clip_C(g_j / alpha)
     3. noise                   noise_stage (Gaussian, BandMF, sparse rows: each owns its state)
     4. normalise               clipping.to_update               u_r = alpha * (sum_j c_j + eta) / D
-    5. post-process            replica_sum, projection          (the release, summed first)
+    5. post-process            replica_sum, projection          (the release, summed first,
+                                                                then handed back as shares)
     6. apply                   the optimizer (its all-reduce SUMs u_r over the replicas)
 with the constants (k, k_e, D, S, the noise std) in one frozen `Mechanism`, decided before
 tracing, and the variables trained now chosen by `freezing.Freeze`. The wrapped model stays an
@@ -472,10 +473,10 @@ class PrivateModel(one_object.OneObject, keras.Model):
         return self._layer_scales
 
     def _prepare_post_processing(self, replicas: int) -> list:
-        """Stage 5, functions of the release in order. Several replicas with sparse tables:
-        the step all-reduces the updates itself (the selected rows as a small dense block), so
-        Keras must not again. So does a projection: it must act on the replicas' sum, the
-        mechanism's release (edp_tf/replica_sum.py), which it then projects."""
+        """Stage 5, functions of the release in order. Several replicas with sparse tables or a
+        projection: the step takes the replicas' sum itself (the selected rows as a small dense
+        block; a projection acts on the mechanism's release, never on one replica's share) and
+        gives each replica its share back, for the optimizer's own sum (edp_tf/replica_sum.py)."""
         sums = (self._clip_plan.selection is not None
                 or self._subspace is not None) and replicas > 1
         stages = [replica_sum.sum_over_replicas] if sums else []
@@ -487,12 +488,15 @@ class PrivateModel(one_object.OneObject, keras.Model):
                                  self._trained_variables(), self._dp_config.l2_norm_clip,
                                  strategy, device)
             stages.append(self._subspace.project)
-        if sums:
+        if sums and self._clip_plan.selection is not None:
+            # the selected rows cannot be handed back as shares (edp_tf/replica_sum.py)
             if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):  # else: summed twice
                 raise NotImplementedError(
-                    "sparse_embeddings or a projection on several replicas needs Keras' "
-                    "TensorFlow optimizer (its _all_reduce_sum_gradients); this Keras has none")
+                    "sparse_embeddings on several replicas needs Keras' TensorFlow optimizer "
+                    "(its _all_reduce_sum_gradients); this Keras has none")
             self.optimizer._all_reduce_sum_gradients = replica_sum.already_summed
+        elif sums:
+            stages.append(replica_sum.as_shares)
         return stages
 
     def _require_loss(self):
@@ -525,7 +529,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         #    the projection onto public directions
         for stage in self._post_processing:
             updates = stage(updates)
-        # 6. apply (the optimizer SUMs the replicas' updates unless the step did)
+        # 6. apply (the optimizer SUMs the replicas' updates, or the shares of the release)
         self.optimizer.apply_gradients(zip(updates, variables))
         self.step_count.increment()  # the ledger's truth: no update without it
         self._track(z_t, selected, grads, clip, y, w)
