@@ -40,13 +40,15 @@ class JointTagger(keras.Model):
         tag_labels=None,
         decoding: str | None = None,
         label_embedding_dim: int = 0,
+        label_correction: bool = False,
         **kwargs,
     ):
         """`tag_labels` (the tag vocabulary's labels, BIO) lets the CRF decode only well-formed
         BIO; `decoding` is what `predict_labels` and the export use: "bio" (the default when
         `tag_labels` is given) or "viterbi" (the unconstrained best path).
         `label_embedding_dim` > 0 makes both heads label-aware (edp_nlu/models/label_aware_head.py:
-        weights from the labels' names, which `set_label_embeddings` gives; needs tag_labels)."""
+        weights from the labels' names, which `set_label_embeddings` gives; needs tag_labels);
+        `label_correction` adds each label a zero-started column of its own."""
         super().__init__(**kwargs)
         if num_intents < 1 or num_tags < 1:
             raise ValueError(
@@ -69,6 +71,7 @@ class JointTagger(keras.Model):
         if self.tag_labels is not None and len(self.tag_labels) != num_tags:
             raise ValueError(f"tag_labels has {len(self.tag_labels)} labels for {num_tags} tags")
         self.label_embedding_dim = int(label_embedding_dim)
+        self.label_correction = bool(label_correction)
         self.intent_dropout = keras.layers.Dropout(dropout, name="intent_dropout")
         self.tag_dropout = keras.layers.Dropout(dropout, name="tag_dropout")
         self.intent_head, self.tag_head = self._heads()
@@ -85,10 +88,11 @@ class JointTagger(keras.Model):
                     keras.layers.Dense(self.num_tags, name="tag_potentials"))
         if self.tag_labels is None:
             raise ValueError("label-aware heads (label_embedding_dim > 0) need tag_labels")
-        return (LabelAwareHead(self.num_intents, self.label_embedding_dim, name="intent_logits"),
+        return (LabelAwareHead(self.num_intents, self.label_embedding_dim,
+                               correction=self.label_correction, name="intent_logits"),
                 LabelAwareHead(self.num_tags, self.label_embedding_dim,
                                spans=[span_of(t) for t in self.tag_labels],
-                               name="tag_potentials"))
+                               correction=self.label_correction, name="tag_potentials"))
 
     def set_label_embeddings(self, intent_matrix, tag_matrix) -> None:
         """Gives label-aware heads their labels' name vectors ([num_intents | num_tags,
@@ -179,7 +183,8 @@ class JointTagger(keras.Model):
                 "dropout": self.dropout_rate, "intent_weight": self.intent_weight,
                 "tag_weight": self.tag_weight, "tag_reduction": self.tag_reduction,
                 "tag_labels": None if self.tag_labels is None else list(self.tag_labels),
-                "decoding": self.decoding, "label_embedding_dim": self.label_embedding_dim}
+                "decoding": self.decoding, "label_embedding_dim": self.label_embedding_dim,
+                "label_correction": self.label_correction}
 
 
 DECODINGS = ("bio", "viterbi")

@@ -8,7 +8,9 @@ logit of label j is
 
 with e_j the unit-normed vector of label j's name (fixed, public: edp_nlu/models/label_names.py),
 P one learned projection shared by all labels, s a 3-way B/I/O span score shared by every slot
-type (tags only) and b_j a per-label bias. What the head learns from frequent types (P, s) moves
+type (tags only) and b_j a per-label bias; with `correction`, plus <w_j, h>, a column per label
+that starts at zero (what the names cannot tell apart, "playlist" from "playlist owner", is
+learnt there, as a plain head would). What the head learns from frequent types (P, s) moves
 the rare ones whose names are near them; and the trained weights (P: hidden x dim, s: hidden x 3)
 do not grow with the number of labels, so neither does the noise.
 """
@@ -32,7 +34,7 @@ class LabelAwareHead(keras.layers.Layer):
     are a non-trainable weight: `set_label_embeddings` fills them, saving keeps them."""
 
     def __init__(self, num_labels: int, embedding_dim: int, spans: Sequence[int] | None = None,
-                 **kwargs):
+                 correction: bool = False, **kwargs):
         super().__init__(**kwargs)
         if num_labels < 1 or embedding_dim < 1:
             raise ValueError(f"LabelAwareHead needs num_labels and embedding_dim >= 1, got "
@@ -46,11 +48,15 @@ class LabelAwareHead(keras.layers.Layer):
         self.projection = keras.layers.Dense(embedding_dim, use_bias=False, name="projection")
         self.span_head = (None if self.spans is None
                           else keras.layers.Dense(SPANS, name="span_logits"))
+        self.correction = (keras.layers.Dense(num_labels, use_bias=False,
+                                              kernel_initializer="zeros", name="correction")
+                           if correction else None)
 
     def build(self, input_shape):
         self.projection.build(input_shape)
-        if self.span_head is not None:
-            self.span_head.build(input_shape)
+        for layer in (self.span_head, self.correction):
+            if layer is not None:
+                layer.build(input_shape)
         self.label_embeddings = self.add_weight(
             name="label_embeddings", shape=(self.num_labels, self.embedding_dim),
             initializer="zeros", trainable=False)
@@ -62,6 +68,8 @@ class LabelAwareHead(keras.layers.Layer):
         if self.span_head is not None:
             span_of_label = tf.one_hot(self.spans, SPANS, dtype=logits.dtype)  # [labels, 3]
             logits += _matmul_last_axis(self.span_head(inputs), span_of_label)
+        if self.correction is not None:
+            logits += self.correction(inputs)
         return logits + self.label_bias
 
     def set_label_embeddings(self, matrix: np.ndarray) -> None:
@@ -79,7 +87,8 @@ class LabelAwareHead(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "num_labels": self.num_labels,
-                "embedding_dim": self.embedding_dim, "spans": self.spans}
+                "embedding_dim": self.embedding_dim, "spans": self.spans,
+                "correction": self.correction is not None}
 
 
 def _matmul_last_axis(x: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:

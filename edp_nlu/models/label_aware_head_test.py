@@ -12,23 +12,27 @@ from edp_nlu.models.label_aware_head import LabelAwareHead, name_heads
 from edp_tf.testing import assert_fast_norms_exact
 
 
-def _head(spans=None, seed=0):
+def _head(spans=None, seed=0, correction=False):
     keras.utils.set_random_seed(seed)
-    head = LabelAwareHead(4, 3, spans=spans)
+    head = LabelAwareHead(4, 3, spans=spans, correction=correction)
     head.build((None, 5))
     head.set_label_embeddings(np.array([[1, 0, 0], [2, 0, 0], [0, 0, 1], [0, 0, 0]], "float32"))
     return head
 
 
 def test_logits_are_names_through_one_projection_plus_span_and_bias():
-    head = _head(spans=[0, 1, 2, 1])
+    head = _head(spans=[0, 1, 2, 1], correction=True)
     head.label_bias.assign([0.1, 0.2, 0.3, 0.4])
     x = np.random.default_rng(1).normal(size=(2, 7, 5)).astype("float32")
+    without = head(x).numpy()
+    head.correction.kernel.assign(np.random.default_rng(5).normal(size=(5, 4)))
     names = head.label_embeddings.numpy()
     np.testing.assert_allclose(np.linalg.norm(names[:3], axis=1), 1.0)  # unit rows, 0 stays 0
     projected = x @ head.projection.kernel.numpy()
     span = x @ head.span_head.kernel.numpy() + head.span_head.bias.numpy()
     want = projected @ names.T + span[..., [0, 1, 2, 1]] + [0.1, 0.2, 0.3, 0.4]
+    np.testing.assert_allclose(without, want, rtol=1e-5, atol=1e-5)  # the correction starts at 0
+    want += x @ head.correction.kernel.numpy()
     np.testing.assert_allclose(head(x).numpy(), want, rtol=1e-5, atol=1e-5)
 
 

@@ -144,7 +144,8 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
     task = dict(intent_weight=float(spec.intent_loss_weight),
                 tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
                 head_dropout=float(spec.head_dropout), decoding=spec.decoding,
-                label_embedding_dim=int(spec.label_head_dim))
+                label_embedding_dim=int(spec.label_head_dim),
+                label_correction=bool(spec.label_head_correction))
     if spec.model == "clc":
         c = spec.clc
         model = CLCJoint.from_preprocessor(

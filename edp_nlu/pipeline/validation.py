@@ -116,6 +116,10 @@ def _check_run_shape(config, bad) -> None:
     elif label_dim and config.model == "clc" and not config.clc.word_vectors:
         bad("label_head_dim", label_dim, "0 when clc.word_vectors is empty (CLC reads the "
             "label names with its public word vectors)")
+    if config.label_head_correction not in (True, False) or (
+            config.label_head_correction and not label_dim):
+        bad("label_head_correction", config.label_head_correction,
+            "True only with label_head_dim > 0 (it corrects label-aware heads)")
     # probe_epochs < epochs is checked once epochs is resolved (training.py _probe_first)
     probe = config.probe_epochs
     if probe and (not isinstance(probe, int) or probe < 0 or config.mechanism == "sgd"):

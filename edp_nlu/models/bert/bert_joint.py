@@ -33,6 +33,7 @@ class BertJoint(JointTagger):
         tag_reduction: str = "sum",
         decoding: str = "bio",
         label_embedding_dim: int = 0,
+        label_correction: bool = False,
         pooling: str = "cls",
         **size,
     ) -> "BertJoint":
@@ -61,6 +62,7 @@ class BertJoint(JointTagger):
             tag_labels=preprocessor.tag_vocabulary.labels,
             decoding=decoding,
             label_embedding_dim=label_embedding_dim,
+            label_correction=label_correction,
         )
 
     def get_config(self):

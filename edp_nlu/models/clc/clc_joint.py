@@ -31,6 +31,7 @@ class CLCJoint(JointTagger):
         tag_reduction: str = "sum",
         decoding: str = "bio",
         label_embedding_dim: int = 0,
+        label_correction: bool = False,
         **backbone_kwargs,
     ) -> "CLCJoint":
         """Sizes the model for `preprocessor`; `word_vectors` initialises the word embeddings.
@@ -58,6 +59,7 @@ class CLCJoint(JointTagger):
             tag_labels=preprocessor.tag_vocabulary.labels,
             decoding=decoding,
             label_embedding_dim=label_embedding_dim,
+            label_correction=label_correction,
         )
 
     def get_config(self):
