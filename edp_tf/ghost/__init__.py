@@ -14,7 +14,8 @@ from segment sums over the micro-batch's distinct ids (never a vocabulary-sized 
 
 Covered (one module per layer family, each registering its rule in `registry`): `Dense` and
 `EinsumDense` kernels (dense.py), `Embedding` tables and keras' `ReversibleEmbedding` used forwards
-(embedding.py), `LSTMCell` kernel and recurrent kernel, per step of an unrolled RNN (lstm.py).
+(embedding.py), `LSTMCell` kernel and recurrent kernel, per step of an unrolled RNN (lstm.py),
+`Conv1D` / `Conv2D` kernels as matmuls of their input patches (conv.py).
 `register(layer_class, rule)` adds a family. A covered layer's `call` is replaced, for the
 duration of one trace only, by its rule: a re-implementation that records (a, z).
 Everything else keeps exact per-example gradients from the vectorised tape (the fallback):
@@ -25,7 +26,7 @@ a nested graph (a while_loop RNN) or used in two different ways.
 This package runs inside the function given to `tf.vectorized_map` (one micro-batch per iteration),
 so "per micro-batch" needs no assumption about a batch axis: it is the vectorised axis.
 """
-from edp_tf.ghost import dense, embedding, lstm  # noqa: F401  (each registers its rule)
+from edp_tf.ghost import conv, dense, embedding, lstm  # noqa: F401  (each registers its rule)
 from edp_tf.ghost.norms import (
     GhostPlan,
     differentiate,
