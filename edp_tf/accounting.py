@@ -352,15 +352,57 @@ class _Rdp:
         return float(dp_accounting.rdp.compute_epsilon(self._orders, self._rdp, delta)[0])
 
 
+@functools.lru_cache(maxsize=64)
+def _sampled_gaussian_pld(z_eff: float, sampling_rate: float, interval: float):
+    """One Poisson-sampled Gaussian step's PLD, as dp-accounting's PLDAccountant builds it.
+
+    Why cached: building it (the privacy loss grid of one step) is most of an epoch end's
+    accounting, and a run asks again at every epoch end for the same few steps (one z per
+    epoch); the ledger's close and its look-ahead at the next epoch compose the same ones."""
+    return dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=z_eff, value_discretization_interval=interval,
+        sampling_prob=sampling_rate,
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+
+
+@functools.lru_cache(maxsize=64)
+def _sampled_gaussian_pld_steps(z_eff: float, sampling_rate: float, interval: float,
+                                count: int):
+    """`count` such steps self-composed: a ledger's look-ahead at epoch e + 1 is the count its
+    close of epoch e + 1 asks for again."""
+    return _sampled_gaussian_pld(z_eff, sampling_rate, interval).self_compose(count)
+
+
 class _Pld:
+    """PLDAccountant's composition of (Poisson-sampled) Gaussian steps, step for step the same
+    operations (so the same numbers), with each step's PLD built once (`_sampled_gaussian_pld`)."""
+
     def __init__(self, interval: float):
-        self._acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=interval)
+        self._interval = interval
+        self._pld = dp_accounting.pld.privacy_loss_distribution.identity(
+            value_discretization_interval=interval)
+        self._non_private = False
 
     def add(self, z_eff: float, sampling_rate: Optional[float], count: int) -> None:
-        self._acc.compose(_gaussian(z_eff, sampling_rate), count)
+        if sampling_rate == 0:
+            return
+        if z_eff == 0:
+            self._non_private = True
+            return
+        if sampling_rate is None:  # as PLDAccountant: count steps are one Gaussian of z / sqrt
+            step = dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=z_eff / math.sqrt(count),
+                value_discretization_interval=self._interval,
+                neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+        else:
+            step = _sampled_gaussian_pld_steps(float(z_eff), float(sampling_rate),
+                                               self._interval, int(count))
+        self._pld = self._pld.compose(step)
 
     def get_epsilon(self, delta: float) -> float:
-        return float(self._acc.get_epsilon(delta))
+        if self._non_private:
+            return math.inf
+        return float(self._pld.get_epsilon_for_delta(delta))
 
 
 def _new_accountant(accountant: str, pld_discretization: float):

@@ -472,3 +472,17 @@ def test_a_resume_calibrates_only_the_steps_left_and_where_only_pld_leaves_room(
     assert [r.steps for r in left] == [4, steps]
     total = acc.compute_epsilon(charged + left, q, delta)
     assert target * 0.99 <= total <= target  # tolerance 1e-3 in z0: epsilon just below
+
+
+def test_the_cached_pld_composition_is_dp_accountings_number_for_number():
+    """edp_tf builds each step's PLD once and composes it as PLDAccountant does: the same
+    epsilon, bit for bit, over several epochs of different z, an unsampled query and z = 0."""
+    steps = [(1.3, 0.02, 40), (0.9, 0.02, 40), (1.3, 0.02, 40), (2.0, None, 3)]
+    ours = acc._Pld(1e-4)
+    theirs = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    for z, q, count in steps:
+        ours.add(z, q, count)
+        theirs.compose(acc._gaussian(z, q), count)
+    assert ours.get_epsilon(1e-5) == float(theirs.get_epsilon(1e-5))
+    ours.add(0.0, 0.02, 1)
+    assert ours.get_epsilon(1e-5) == math.inf

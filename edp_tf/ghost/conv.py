@@ -2,8 +2,9 @@
 
 z[p] = patch_p(x) @ W.reshape(kh * kw * Cin, Cout) for every output position p, so a conv kernel
 is used exactly as a Dense kernel on P = H' x W' rows of Din = kh kw Cin patch entries, and its
-per-micro-batch norm comes from the same rows (edp_tf/ghost/norms.py picks Gram matrices or the
-small [Din, Dout] gradient, whichever is cheaper: for small kernels the latter).
+per-micro-batch norm comes from those rows and dz (edp_tf/ghost/norms.py picks Gram matrices or
+the small [Din, Dout] gradient, whichever is cheaper: for small kernels the latter). The forward
+pass stays the convolution itself; the patches are built beside it for the norm only.
 
 Why a rule and not the vectorised tape: `tf.vectorized_map` has no batched form of the kernel's
 gradient (Conv2DBackpropFilter) and falls back to a while_loop over the examples, which made a
@@ -18,7 +19,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from edp_tf.ghost.recording import Capture, Use, flat_matmul
+from edp_tf.ghost.recording import Capture, Use
 from edp_tf.ghost.registry import original_call, register
 
 
@@ -62,18 +63,23 @@ def conv_call(cap: Capture, layer, inputs, training=None):
     if inputs.dtype != kernel.dtype:
         inputs = tf.cast(inputs, kernel.dtype)
     images = inputs[:, None] if one_d else inputs  # Conv1D: a 1 x L image
-    patches = _patches(images, _As2D(layer) if one_d else layer)
-    kernel2d = tf.reshape(kernel, [-1, kernel.shape[-1]])
-    rows, z = flat_matmul(cap, patches, kernel2d)
+    geometry = _As2D(layer) if one_d else layer
+    kernel4d = kernel[None] if one_d else kernel
+    # The forward pass and the gradient that flows on to the input are the convolution's own
+    # (batched by tf.vectorized_map); the patches are only the rows its kernel norm needs, and
+    # no gradient flows through them.
+    z = tf.nn.convolution(images, kernel4d, strides=list(geometry.strides),
+                          padding=layer.padding.upper(), dilations=list(geometry.dilation_rate))
     if layer.bias is not None:
         z = ops.add(z, layer.bias)
-    cap.add(w, Use("matmul", rows, z, lambda dz: dz))
+    patches = tf.stop_gradient(_patches(images, geometry))
+    rows = cap.rows(patches, int(patches.shape[-1]))
+    cout = int(kernel.shape[-1])
+    cap.add(w, Use("matmul", rows, z, lambda dz: tf.reshape(dz, [-1, cout])))
     if w is not None:
         shape = kernel.shape
         w.to_variable = lambda g: tf.reshape(g, shape)
-    out = tf.reshape(z, tf.concat([tf.shape(patches)[:-1], [kernel.shape[-1]]], 0))
-    if one_d:
-        out = out[:, 0]
+    out = z[:, 0] if one_d else z
     if layer.activation is not None:
         out = layer.activation(out)
     return out
