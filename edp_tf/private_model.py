@@ -130,7 +130,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         # model_state's refusal runs before the first step and again whenever what trains
         # changes (model_state.training_signature)
         self._state_checked_for: Optional[tuple] = None
-        self._loop_said: set = set()  # the automatic per-example loop is said once
+        self._loop_said: set = set()  # the automatic per-example loop (and eDP's warning) once
         self.dp_noise_multiplier = tf.Variable(float(config.noise_multiplier), trainable=False,
                                                name="dp_noise_multiplier")  # z_t
         # the updates the step applied, counted in the step's own graph: a ledger charges
@@ -434,6 +434,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         mechanism = Mechanism.from_config(cfg, n, batch)
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._plan.step_mechanism(mechanism) if self._plan else mechanism
+        step_method.warn_if_few_clipped_vectors(self._mechanism, self._loop_said)
         trained = self._trained_indices()
         variables = self._trained_variables()
         scales = tuple(self._decided_scales(first, changed)[i] for i in trained)

@@ -101,3 +101,26 @@ def choose(method: str, k: Optional[int], model, x, check: Callable[[str], None]
                   UNROLLED_NOTE)
         said.add("loop")
     return "loop"
+
+
+# eDP micro-batches this large clip away nearly all of a step's signal (docs/design.md: a
+# one-replica Conv2D net stayed at chance where per-example clipping learnt it).
+MANY_EXAMPLES_PER_MICROBATCH = 8
+
+
+def warn_if_few_clipped_vectors(mechanism, said: set) -> None:
+    """Says once why eDP with one micro-batch per replica may not learn: the step sums N
+    clipped vectors (N replicas) where per-example clipping sums about as many as the batch
+    holds, against noise of the same order (sigma = z S C either way)."""
+    if mechanism.microbatch_size is not None or "few clipped vectors" in said:
+        return
+    examples = mechanism.per_replica_batch
+    if examples < MANY_EXAMPLES_PER_MICROBATCH:
+        return
+    said.add("few clipped vectors")
+    _log.warning(
+        "microbatch_size=None: each replica's %d rows are clipped as one vector, so a step "
+        "sums at most %d clipped vector(s) where per-example clipping (microbatch_size=1, "
+        "make_private's default) sums about %d, against noise of the same order: expect far "
+        "less learning per step unless the replicas are many", examples, mechanism.replicas,
+        mechanism.global_batch_size)
