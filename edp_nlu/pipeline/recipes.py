@@ -13,11 +13,12 @@ epsilon.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import ml_collections
 
-from edp_nlu.pipeline.spec_parts import ModelSpec, PrivacySpec
+from edp_nlu.pipeline.spec_parts import ModelSpec, PrivacySpec, flat_fields, parts_of
 
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
 # CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
@@ -82,15 +83,16 @@ def steps_per_epoch(n: int, batch: float, private: bool, sampling: str, bands: i
     return max(1, n // int(batch))
 
 
-def data_source(config: ml_collections.ConfigDict) -> str:
+def data_source(data) -> str:
     """"data_dir" for a user's corpus, "synthetic" for the built-in one: the keys of the
-    constants above that differ between them."""
-    return "data_dir" if config.data_dir else "synthetic"
+    constants above that differ between them (`data`: a DataSpec or a config)."""
+    return "data_dir" if data.data_dir else "synthetic"
 
 
-def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigDict:
-    """A copy of `config` with batch_size, epochs, learning_rate (and max_words) fixed for n
-    training examples (privacy units).
+def resolve_parts(parts: dict, n: int) -> dict:
+    """{part: part} of a run spec (RunSpec's fields) with batch_size, epochs, learning_rate
+    (and max_words) fixed for n training examples (privacy units), each changed part a
+    `dataclasses.replace` of the given one.
 
     Explicit values win; `sampling_rate > 0` sets the batch (q n), `steps > 0` the epochs
     (ceil(steps / steps per epoch): the ledger accounts whole epochs). A dataset config can give
@@ -102,60 +104,87 @@ def resolve(config: ml_collections.ConfigDict, n: int) -> ml_collections.ConfigD
     every kernel and dropout. To change what a private run
     of such a config trains, set the private_ field; config.json records what ran.
     """
-    c = ml_collections.ConfigDict(config.to_dict())
-    private = c.mechanism != "sgd"
-    if c.sampling_rate < 0 or c.sampling_rate > 1:
-        raise ValueError(f"--config.sampling_rate={c.sampling_rate!r} is invalid: expected in "
-                         "[0, 1] (0 = use batch_size)")
-    if c.steps < 0:
-        raise ValueError(f"--config.steps={c.steps!r} is invalid: expected >= 0 (0 = use epochs)")
-    per_unit = c.mechanism == "dpsgd" or (c.privacy_unit == "user" and private)
-    multiple = int(c.replicas) * (1 if per_unit else max(1, int(c.microbatch_size)))
-    if c.batch_size > 0 and c.sampling_rate == 0:
-        batch = int(c.batch_size)  # explicit: kept as given (too large is an error later)
+    data, model, optimizer = parts["data"], parts["model"], parts["optimizer"]
+    sampling, privacy, run = parts["sampling"], parts["privacy"], parts["run"]
+    private = privacy.private
+    if sampling.sampling_rate < 0 or sampling.sampling_rate > 1:
+        raise ValueError(f"--config.sampling_rate={sampling.sampling_rate!r} is invalid: "
+                         "expected in [0, 1] (0 = use batch_size)")
+    if sampling.steps < 0:
+        raise ValueError(f"--config.steps={sampling.steps!r} is invalid: expected >= 0 (0 = use "
+                         "epochs)")
+    per_unit = privacy.mechanism == "dpsgd" or (privacy.privacy_unit == "user" and private)
+    multiple = int(run.replicas) * (1 if per_unit else max(1, int(privacy.microbatch_size)))
+    if sampling.batch_size > 0 and sampling.sampling_rate == 0:
+        batch = int(sampling.batch_size)  # explicit: kept as given (too large is an error later)
     else:  # round(q n) to a multiple of the micro-batches a step needs
-        by_user = private and c.privacy_unit == "user"
-        batch = (c.sampling_rate * n if c.sampling_rate > 0 else
+        by_user = private and privacy.privacy_unit == "user"
+        batch = (sampling.sampling_rate * n if sampling.sampling_rate > 0 else
                  USER_SAMPLING_RATE * n if by_user else
-                 (c.private_sampling_rate or PRIVATE_SAMPLING_RATE[c.model]) * n if private
-                 else SGD_BATCH[c.model])
+                 (sampling.private_sampling_rate or PRIVATE_SAMPLING_RATE[model.model]) * n
+                 if private else SGD_BATCH[model.model])
         batch = int(min(n // multiple * multiple,
                         max(multiple, round(batch / multiple) * multiple)))
-    bands = int(c.bandmf_bands)  # BandMF: epochs of whole cycles of b steps
-    if c.steps > 0:
-        epochs = math.ceil(c.steps / steps_per_epoch(n, batch, private, c.sampling, bands))
-    elif c.epochs > 0:
-        epochs = int(c.epochs)
+    bands = int(privacy.knob("bandmf_bands"))  # BandMF: epochs of whole cycles of b steps
+    per_epoch = steps_per_epoch(n, batch, private, sampling.sampling, bands)
+    if sampling.steps > 0:
+        epochs = math.ceil(sampling.steps / per_epoch)
+    elif sampling.epochs > 0:
+        epochs = int(sampling.epochs)
     elif private:
-        steps = (USER_STEPS if c.privacy_unit == "user" else
-                 c.private_steps or PRIVATE_STEPS[(c.model, data_source(c))])
-        epochs = math.ceil(steps / steps_per_epoch(n, batch, private, c.sampling, bands))
+        steps = (USER_STEPS if privacy.privacy_unit == "user" else
+                 sampling.private_steps or PRIVATE_STEPS[(model.model, data_source(data))])
+        epochs = math.ceil(steps / per_epoch)
     else:
-        epochs = max(SGD_EPOCHS[c.model], math.ceil(
-            SGD_MIN_STEPS[c.model] / steps_per_epoch(n, batch, private, c.sampling, bands)))
-    c.batch_size = batch
-    c.epochs = max(1, int(epochs))
-    if c.max_words <= 0:
-        c.max_words = MAX_WORDS[data_source(c)]
-    if c.learning_rate <= 0:
-        c.learning_rate = ((private and c.private_learning_rate) or
-                           LEARNING_RATE[(c.model, private)])
-    return with_private_fields(c, private)
+        epochs = max(SGD_EPOCHS[model.model], math.ceil(SGD_MIN_STEPS[model.model] / per_epoch))
+    learning_rate = optimizer.learning_rate
+    if learning_rate <= 0:
+        learning_rate = ((private and optimizer.private_learning_rate) or
+                         LEARNING_RATE[(model.model, private)])
+    model = dataclasses.replace(
+        model, max_words=model.max_words if model.max_words > 0 else MAX_WORDS[data_source(data)])
+    return dict(parts, model=private_model_fields(model, private),
+                sampling=dataclasses.replace(sampling, batch_size=batch,
+                                             epochs=max(1, int(epochs))),
+                optimizer=dataclasses.replace(optimizer, learning_rate=learning_rate))
 
 
-def with_private_fields(config: ml_collections.ConfigDict,
-                        private: bool) -> ml_collections.ConfigDict:
-    """A copy of `config` whose private_ fields replace the fields they stand for, if `private`
-    (what a private run trains, see `resolve`): also how a resumed run's config file is compared
-    with the config.json that recorded what ran."""
-    c = ml_collections.ConfigDict(config.to_dict())
-    if private and c.bert.private_finetune:
-        c.bert.finetune = c.bert.private_finetune
-    if private and c.bert.private_dropout >= 0:
-        c.bert.dropout = c.bert.private_dropout
-    if private and c.private_head_dropout >= 0:
-        c.head_dropout = c.private_head_dropout
-    return c
+def private_model_fields(model: ModelSpec, private: bool) -> ModelSpec:
+    """`model` with its private_ fields in the places they stand for, if `private` (what a
+    private run trains, see `resolve_parts`)."""
+    if not private:
+        return model
+    bert = model.bert
+    if bert.private_finetune:
+        bert = dataclasses.replace(bert, finetune=bert.private_finetune)
+    if bert.private_dropout >= 0:
+        bert = dataclasses.replace(bert, dropout=bert.private_dropout)
+    head_dropout = (model.private_head_dropout if model.private_head_dropout >= 0
+                    else model.head_dropout)
+    return dataclasses.replace(model, bert=bert, head_dropout=head_dropout)
+
+
+def resolve(config, n: int) -> ml_collections.ConfigDict:
+    """`resolve_parts` for an experiment config (a ConfigDict or its dict): a resolved copy."""
+    return _config_of(resolve_parts(parts_of(_flat(config)), n))
+
+
+def with_private_fields(config, private: bool) -> ml_collections.ConfigDict:
+    """A copy of `config` whose private_ fields replace the fields they stand for, if `private`:
+    how a resumed run's config file is compared with the config.json that recorded what ran."""
+    parts = parts_of(_flat(config))
+    return _config_of(dict(parts, model=private_model_fields(parts["model"], private)))
+
+
+def _flat(config) -> dict:
+    return config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+
+
+def _config_of(parts: dict) -> ml_collections.ConfigDict:
+    out = {}
+    for part in parts.values():
+        out.update(flat_fields(part))
+    return ml_collections.ConfigDict(out)
 
 
 def total_steps(config: ml_collections.ConfigDict, n: int) -> int:

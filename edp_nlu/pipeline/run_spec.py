@@ -68,17 +68,24 @@ class RunSpec:
 
     def resolved(self, n: int) -> "RunSpec":
         """The spec with the automatic fields (0) filled for n training units (privacy units),
-        and a private run's private_ fields in the places they stand for (recipes.resolve)."""
-        return RunSpec.parse(recipes.resolve(self.to_config(), n))
+        and a private run's private_ fields in the places they stand for: the parts that change
+        are `dataclasses.replace`d (recipes.resolve_parts), nothing is parsed again."""
+        return RunSpec(**recipes.resolve_parts(self.parts(), n))
 
     def with_knobs(self, **knobs: Any) -> "RunSpec":
         """A copy with these DPConfig knobs changed (what the run decides once it knows its
-        batches, e.g. the chunk size of its clipping), checked again."""
+        batches, e.g. the chunk size of its clipping), the mechanism's rules checked again."""
         unknown = set(knobs) - set(dict(self.privacy.knobs))
         if unknown:
             raise ValueError(f"not DPConfig knobs of a run: {sorted(unknown)}")
         merged = tuple((name, knobs.get(name, value)) for name, value in self.privacy.knobs)
-        return RunSpec.parse(_replaced(self, merged))
+        spec = dataclasses.replace(self, privacy=dataclasses.replace(self.privacy, knobs=merged))
+        validation.check_mechanism(spec.parts())
+        return spec
+
+    def parts(self) -> dict:
+        """{part name: part}."""
+        return {part: getattr(self, part) for part in PARTS}
 
     def to_dict(self) -> dict:
         """The experiment config's fields (what config.json holds), nested as the config is."""
@@ -90,12 +97,6 @@ class RunSpec:
     def to_config(self) -> ml_collections.ConfigDict:
         """The spec as an experiment ConfigDict (for what still reads one)."""
         return ml_collections.ConfigDict(self.to_dict())
-
-
-def _replaced(spec: RunSpec, knobs: tuple) -> ml_collections.ConfigDict:
-    values = spec.to_dict()
-    values.update(dict(knobs))
-    return ml_collections.ConfigDict(values)
 
 
 def _as_config(config) -> ml_collections.ConfigDict:

@@ -96,3 +96,25 @@ def test_an_old_config_json_gets_what_its_run_used_not_todays_defaults():
     assert upgraded["bert"]["finetune"] == saved["bert"]["finetune"]  # present fields are kept
     spec = RunSpec.of_checked(upgraded)
     assert spec.model.decoding == "viterbi"
+
+
+@pytest.mark.parametrize("path", _CONFIGS, ids=os.path.basename)
+@pytest.mark.parametrize("mechanism", ["sgd", "dpsgd"])
+def test_resolution_fills_in_only_what_the_checks_accept(path, mechanism):
+    config = _packaged(path)
+    config.mechanism = mechanism
+    resolved = RunSpec.parse(config).resolved(5000)
+    assert resolved.sampling.batch_size > 0 and resolved.sampling.epochs >= 1
+    assert RunSpec.parse(resolved.to_config()) == resolved  # valid, and parsing changes nothing
+
+
+def test_a_run_is_checked_once_not_again_at_each_resolution(monkeypatch):
+    from edp_nlu.pipeline import validation
+
+    calls = []
+    real = validation.check_config
+    monkeypatch.setattr(validation, "check_config", lambda c: calls.append(1) or real(c))
+    config = base_config()
+    config.mechanism = "dpsgd"
+    RunSpec.parse(config).resolved(1000).with_knobs(physical_batch_size=8)
+    assert len(calls) == 1

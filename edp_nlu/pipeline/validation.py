@@ -61,19 +61,28 @@ def check_config(config) -> None:
     _check_augmentation(config, bad)
 
     label_selection.check_config(config, bad)
-    if config.mechanism != "sgd":  # the DP knobs' ranges and rules: DPConfig's, named as flags
-        parts = spec_parts.parts_of(config.to_dict())
-        privacy = parts["privacy"]
-        dp = dp_config(privacy, microbatch_size(privacy),
-                       1.0 if privacy.privacy_unit == "user" else None, None)
-        named_as_flags(config.to_dict(), lambda: compatibility(
-            dp, features(privacy, parts["optimizer"], parts["sampling"])))
+    check_mechanism(spec_parts.parts_of(config.to_dict()))
     _check_run_shape(config, bad)
     _check_public_subspace(config, bad)
     _check_sizes_and_rates(config, bad)
     if config.model == "bert":
         _check_bert(config.bert, bad)
     _check_optimizer_and_heads(config, bad)
+
+
+def check_mechanism(parts: dict) -> None:
+    """The DP knobs' ranges and rules of a private run (DPConfig's, named as flags), from its
+    spec parts: all a knob changed after parsing (`RunSpec.with_knobs`) needs checked again."""
+    privacy = parts["privacy"]
+    if not privacy.private:
+        return
+    dp = dp_config(privacy, microbatch_size(privacy),
+                   1.0 if privacy.privacy_unit == "user" else None, None)
+    fields = {}
+    for part in parts.values():
+        fields.update(spec_parts.flat_fields(part))
+    named_as_flags(fields, lambda: compatibility(
+        dp, features(privacy, parts["optimizer"], parts["sampling"])))
 
 
 def _check_choices(config, bad) -> None:
