@@ -44,13 +44,41 @@ def quiet_unless_verbose(argv=None) -> bool:
     returns whether it is verbose. Must run before `import tensorflow` to affect native logs.
     Every command calls it first, so it also picks the CPU allocator (use_bfc_cpu_allocator)."""
     use_bfc_cpu_allocator()
-    verbose = _verbose(sys.argv if argv is None else argv)
+    argv = sys.argv if argv is None else argv
+    verbose = _verbose(argv)
     if not verbose:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         warnings.filterwarnings("ignore", message=r".*`shuffle=True` was passed.*")
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-        _import_tensorflow_silently()
+        if not asks_for_help(argv):  # help needs no TensorFlow (about 5 s to import)
+            _import_tensorflow_silently()
     return verbose
+
+
+class _OnFirstUse:
+    """A module imported when one of its names is first read."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attribute: str):
+        import importlib
+
+        return getattr(importlib.import_module(self._name), attribute)
+
+
+def on_first_use(name: str) -> _OnFirstUse:
+    """The module `name`, imported when first used. Why: a command's machinery imports
+    TensorFlow (about 5 s), which `--help` and a misspelt flag do not need."""
+    return _OnFirstUse(name)
+
+
+HELP_FLAGS = ("-h", "--help", "-?", "--helpfull", "--helpshort", "--helpxml")
+
+
+def asks_for_help(argv) -> bool:
+    """Whether the command line asks absl for its help (printed before anything runs)."""
+    return any(arg in HELP_FLAGS for arg in argv[1:])
 
 
 def _import_tensorflow_silently() -> None:
@@ -112,9 +140,6 @@ def run(main) -> None:
             sys.exit(2)
 
     app.run(wrapped, flags_parser=_parse_flags)
-
-
-HELP_FLAGS = ("--help", "-h", "-?", "--helpshort", "--helpfull", "--helpxml")
 
 
 def _parse_flags(argv):

@@ -153,3 +153,19 @@ def test_a_misspelt_config_field_is_one_line_with_the_suggestion_and_exit_2(monk
     train.define_flags(values, ["edp-train"])
     with pytest.raises(flags.IllegalFlagValueError, match="epochs"):
         values(["edp-train", "--epochs=0"])  # 0 would mean "automatic": not from this flag
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "privacy"])
+def test_help_answers_without_importing_tensorflow(command):
+    """--help in about a second: nothing a command's help prints needs TensorFlow (about 5 s to
+    import on the CI machine), so it must not be imported. A fresh process: this one has it."""
+    script = ("import runpy, sys\n"
+              f"sys.argv = ['edp_nlu.{command}', '--help']\n"
+              "try:\n"
+              f"    runpy.run_module('edp_nlu.{command}', run_name='__main__')\n"
+              "except SystemExit as done:\n"
+              "    code = done.code\n"
+              "print('exit', code, 'tensorflow', 'tensorflow' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert result.stdout.strip().endswith("exit 0 tensorflow False"), result.stderr[-2000:]

@@ -31,11 +31,18 @@ from typing import Optional
 
 from absl import app, flags
 
-from edp_nlu.data import encoding
-from edp_nlu.pipeline import builders, checkpoints, run_files, warm_start
-from edp_nlu.scoring import metrics as metrics_lib
-from edp_nlu.scoring import per_class, predictions
-from edp_tf import ledger as ledger_lib
+from edp_nlu import cli
+
+# The machinery imports TensorFlow; `--help` and a misspelt flag answer without it.
+encoding = cli.on_first_use("edp_nlu.data.encoding")
+builders = cli.on_first_use("edp_nlu.pipeline.builders")
+checkpoints = cli.on_first_use("edp_nlu.pipeline.checkpoints")
+run_files = cli.on_first_use("edp_nlu.pipeline.run_files")
+warm_start = cli.on_first_use("edp_nlu.pipeline.warm_start")
+metrics_lib = cli.on_first_use("edp_nlu.scoring.metrics")
+per_class = cli.on_first_use("edp_nlu.scoring.per_class")
+predictions = cli.on_first_use("edp_nlu.scoring.predictions")
+ledger_lib = cli.on_first_use("edp_tf.ledger")
 
 
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:

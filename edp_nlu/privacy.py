@@ -24,10 +24,15 @@ from typing import Optional, Sequence
 
 from absl import app, flags, logging
 
-from edp_tf import accounting, plan, report
-from edp_tf import ledger as ledger_lib
+from edp_nlu import cli
+from edp_tf import accounting
 from edp_tf.accounting import EpochRecord
 from edp_tf.mechanism import Mechanism
+
+# These import TensorFlow; `--help` and a misspelt flag answer without it.
+plan = cli.on_first_use("edp_tf.plan")
+report = cli.on_first_use("edp_tf.report")
+ledger_lib = cli.on_first_use("edp_tf.ledger")
 
 SHUFFLE_NOTE = ("Fixed-size shuffled batches: epsilon assumes Poisson sampling at q = B/n, "
                 "which shuffling does not provide (the run would not be private).")

@@ -24,9 +24,18 @@ from typing import Optional  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from edp_nlu import cli  # noqa: E402
 from edp_nlu.configs import accept_names, config_file  # noqa: E402
-from edp_nlu.pipeline import callbacks, recipes, run_files, timing, training, worker_processes
-from edp_tf import make_multi_worker_strategy, make_strategy, multi_worker
+
+# The run's machinery imports TensorFlow; `--help` and a misspelt flag answer without it.
+callbacks = cli.on_first_use("edp_nlu.pipeline.callbacks")
+recipes = cli.on_first_use("edp_nlu.pipeline.recipes")
+run_files = cli.on_first_use("edp_nlu.pipeline.run_files")
+timing = cli.on_first_use("edp_nlu.pipeline.timing")
+training = cli.on_first_use("edp_nlu.pipeline.training")
+worker_processes = cli.on_first_use("edp_nlu.pipeline.worker_processes")
+multi_worker = cli.on_first_use("edp_tf.multi_worker")
+strategies = cli.on_first_use("edp_tf.strategy")
 
 # Shortcuts for the most used config fields (a given flag overrides --config.<field>).
 SHORTCUTS = ("mechanism", "model", "data_dir", "replicas", "epochs", "target_epsilon",
@@ -91,7 +100,7 @@ def main(argv, values: flags.FlagValues = flags.FLAGS):
             return
     if _as_one_of_several_workers(config, run_dir, f):
         return
-    strategy = make_strategy(int(config.replicas))
+    strategy = strategies.make_strategy(int(config.replicas))
     try:
         summary = training.train(config, run_dir, resume=f.resume, strategy=strategy)
     except callbacks.StoppedBySignal as stopped:  # a graceful stop, not a failure to hide
@@ -205,7 +214,7 @@ def _worker(config, run_dir: str, values: flags.FlagValues, index: int,
     """One worker of a multi-worker run (--workers, or a cluster manager's TF_CONFIG): the same
     training, in its own directory (the chief's is the run's); the replica count is the
     strategy's (workers x devices per worker)."""
-    strategy = make_multi_worker_strategy(timeout_seconds)
+    strategy = multi_worker.make_multi_worker_strategy(timeout_seconds)
     own_dir = worker_processes.worker_dir(run_dir, index)
     if values.resume:  # the chief checked the command; the worker takes its own files
         config = _resumed_config(config, own_dir, values)
