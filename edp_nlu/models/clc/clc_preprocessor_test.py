@@ -58,21 +58,6 @@ def test_serving_split_matches_python_split():
     assert got == [t.split() for t in texts]
 
 
-def test_strings_and_token_lists_encode_identically(pre):
-    from_tokens, _, _ = pre.encode(testing.TOKENS)
-    from_strings = pre(tf.constant([" ".join(t) for t in testing.TOKENS]))
-    for key in from_tokens:
-        np.testing.assert_array_equal(from_tokens[key], from_strings[key].numpy())
-
-
-def test_config_round_trip(pre):
-    clone = CLCPreprocessor.from_config(pre.get_config())
-    x1, _, _ = pre.encode(testing.TOKENS)
-    x2, _, _ = clone.encode(testing.TOKENS)
-    np.testing.assert_array_equal(x1["char_ids"], x2["char_ids"])
-    assert clone.vocabulary_from_training_data
-
-
 def test_public_vocabulary_from_vectors():
     vectors = WordVectors(("The", "call", "the"), np.zeros((3, 2), np.float32))
     pre = CLCPreprocessor.from_word_vectors(vectors, testing.TAGS, testing.INTENTS)
