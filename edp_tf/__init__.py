@@ -10,6 +10,10 @@ need, does not import TensorFlow, so `edp-train --help` answers in about a secon
 """
 import importlib
 
+from edp_tf.version import VERSION
+
+__version__ = VERSION
+
 _EXPORTS = {
     "calibrate_noise": "edp_tf.accounting",
     "compute_epsilon": "edp_tf.accounting",
@@ -43,10 +47,6 @@ __all__ = sorted(["__version__", *_EXPORTS, *_SUBMODULES])
 
 
 def __getattr__(name: str):
-    if name == "__version__":
-        from edp_tf.version import VERSION
-
-        return VERSION
     if name in _SUBMODULES:  # `from edp_tf import accounting`: that module alone
         return importlib.import_module(f"edp_tf.{name}")
     if name in _EXPORTS:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch, onednn_guard
+from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch
 from edp_tf.testing import loop_clipped_sum, loop_gradients, mse
 
 
@@ -78,9 +78,6 @@ MODELS = {
     "tied_embedding": tied_embedding,
 }
 NOT_VECTORISABLE = {"gru_not_unrolled", "lstm_not_unrolled"}
-# keras' EinsumDense vectorised as it is (no ghost rule replacing it) is a rank-4 x rank-2
-# BatchMatMul, which oneDNN miscomputes: refused there (edp_tf/onednn_guard.py)
-REFUSED_UNDER_ONEDNN = {("attention", "vectorized")}
 
 
 def _data(n=8, seed=0):
@@ -120,13 +117,8 @@ def test_clipped_sum_is_exact(name, method):
     reference = _REFERENCE[name]
     C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))  # about half clipped
     want, want_norms, _ = loop_clipped_sum(reference, alpha, C)
-    step = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, mse, variables, x, y, tf.constant(w), k, float(k), alpha, C, method))
-    if (name, method) in REFUSED_UNDER_ONEDNN and onednn_guard.onednn_on_cpu():
-        with pytest.raises(ValueError, match="oneDNN CPU kernel miscomputes"):
-            step()
-        return
-    result, losses, y_pred = step()
+    result, losses, y_pred = tf.function(lambda: microbatch.clipped_gradient_sum(
+        model, mse, variables, x, y, tf.constant(w), k, float(k), alpha, C, method))()
     np.testing.assert_allclose(result.norms.numpy(), want_norms, rtol=1e-4)
     for v, got, expected in zip(variables, result.clipped_sum, want):
         np.testing.assert_allclose(got.numpy(), expected, rtol=2e-4, atol=1e-6, err_msg=v.path)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from edp_nlu.configs.base import base_config
-from edp_nlu.pipeline import recipes
+from edp_nlu.pipeline import recipes, validation
 from edp_nlu.pipeline.run_spec import OLD_DEFAULTS, RunSpec, upgrade_saved_config
 
 _CONFIGS = sorted(p for p in glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs",
@@ -109,8 +109,6 @@ def test_resolution_fills_in_only_what_the_checks_accept(path, mechanism):
 
 
 def test_a_run_is_checked_once_not_again_at_each_resolution(monkeypatch):
-    from edp_nlu.pipeline import validation
-
     calls = []
     real = validation.check_config
     monkeypatch.setattr(validation, "check_config", lambda c: calls.append(1) or real(c))
