@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from edp_tf import checks
+from edp_tf import DPConfig, checks
 
 
 @pytest.mark.parametrize("value, kwargs, want", [
@@ -51,3 +51,13 @@ def test_count_accepts_integers_at_or_above_the_minimum(value, minimum, want):
 def test_count_refuses_other_values_naming_the_parameter(value, minimum):
     with pytest.raises(ValueError, match=rf"^epochs must be an integer >= {minimum}, got"):
         checks.count("epochs", value, minimum)
+
+
+def test_a_bad_value_names_its_field_in_the_error_not_only_the_message():
+    """A command line maps the field to its flag from the error (no parsing of the text)."""
+    with pytest.raises(checks.FieldError) as error:
+        checks.count("DPConfig.augment_copies", 0, 1)
+    assert error.value.field == "augment_copies"
+    with pytest.raises(checks.FieldError) as error:
+        DPConfig(seed=1.5)
+    assert error.value.field == "seed"

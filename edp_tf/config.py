@@ -38,7 +38,7 @@ def _set(group, name: str, value) -> None:
 
 def _choice(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"DPConfig.{name} must be one of {allowed}, got {value!r}")
+        raise checks.FieldError(name, f"DPConfig.{name} must be one of {allowed}, got {value!r}")
 
 
 def _optional_count(group, name: str, minimum: int, none_means: str = "") -> None:
@@ -48,8 +48,8 @@ def _optional_count(group, name: str, minimum: int, none_means: str = "") -> Non
     try:
         _set(group, name, checks.count(f"DPConfig.{name}", value, minimum))
     except ValueError:
-        raise ValueError(f"DPConfig.{name} must be None{none_means} or an integer >= {minimum}, "
-                         f"got {value!r}") from None
+        raise checks.FieldError(name, f"DPConfig.{name} must be None{none_means} or an integer "
+                                      f">= {minimum}, got {value!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,14 +94,16 @@ class Core:
                 "DPConfig.expected_batch_size", self.expected_batch_size, low=0, low_open=True))
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int)):
-            raise ValueError(f"DPConfig.seed must be None or an integer, got {self.seed!r}")
+            raise checks.FieldError(
+                "seed", f"DPConfig.seed must be None or an integer, got {self.seed!r}")
         _choice("clipping", self.clipping, CLIPPINGS)
         if not isinstance(self.secure_noise, bool):
-            raise ValueError(f"DPConfig.secure_noise must be True or False, "
-                             f"got {self.secure_noise!r}")
+            raise checks.FieldError("secure_noise", "DPConfig.secure_noise must be True or "
+                                    f"False, got {self.secure_noise!r}")
         if self.secure_noise and self.seed is not None:
-            raise ValueError("DPConfig.secure_noise takes the noise seed from the OS's CSPRNG: "
-                             f"it cannot be combined with seed={self.seed}")
+            raise checks.FieldError(
+                "secure_noise", "DPConfig.secure_noise takes the noise seed from the OS's "
+                f"CSPRNG: it cannot be combined with seed={self.seed}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +152,8 @@ class LayerScaling:
         if self.layer_scales is not None:
             scales = tuple(self.layer_scales)
             if not scales:
-                raise ValueError("DPConfig.layer_scales must be non-empty when given")
+                raise checks.FieldError("layer_scales",
+                                        "DPConfig.layer_scales must be non-empty when given")
             _set(self, "layer_scales", tuple(
                 checks.number(f"DPConfig.layer_scales[{i}]", a, low=0, low_open=True)
                 for i, a in enumerate(scales)))
@@ -216,8 +219,8 @@ class SparseEmbeddings:
 
     def __post_init__(self) -> None:
         if not isinstance(self.sparse_embeddings, bool):
-            raise ValueError(f"DPConfig.sparse_embeddings must be True or False, "
-                             f"got {self.sparse_embeddings!r}")
+            raise checks.FieldError("sparse_embeddings", f"DPConfig.sparse_embeddings must be "
+                                    f"True or False, got {self.sparse_embeddings!r}")
         for name in ("selection_noise_multiplier", "selection_clip"):
             _set(self, name, checks.number(f"DPConfig.{name}", getattr(self, name), low=0,
                                            low_open=True))

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import secrets
 from typing import Any, Mapping, Optional
 
@@ -296,14 +295,13 @@ def features(privacy: PrivacySpec, optimizer_part: OptimizerSpec,
 
 def named_as_flags(fields: Mapping[str, Any], check):
     """`check()`, its ValueError "DPConfig.f must be ..." raised as "--config.f=v is invalid:
-    f must be ..." (the micro-batch size named with the mechanism that sets it)."""
+    f must be ..." (the micro-batch size named with the mechanism that sets it). The field comes
+    from the error (edp_tf.checks.FieldError, edp_tf.config.Incompatible), through the table of
+    features whose flag has another name; an error naming no field keeps its text."""
     try:
         return check()
     except ValueError as error:
-        field = getattr(error, "field", None)
-        if field is None:
-            found = re.search(r"DPConfig\.(\w+)", str(error))
-            field = found.group(1) if found else None
+        field = getattr(error, "field", None)  # checks.FieldError's, or Incompatible's
         field = _FEATURE_FIELDS.get(field, field)
         text = str(error)
         for name, flag in _FEATURE_NAMES.items():
