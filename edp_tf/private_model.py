@@ -5,7 +5,7 @@ The step is named stages (docs/design.md, mechanism), each in its own module, on
     2. scale and clip          MicrobatchGradients.clip         c_j = clip_C(g_j / alpha)
     3. noise                   noise_stage (Gaussian, BandMF, sparse rows: each owns its state)
     4. normalise               clipping.to_update               u_r = alpha * (sum_j c_j + eta) / D
-    5. post-process            replica_sum, projection          (the release, summed first,
+    5. post-process            post_processing.chain            (the release, summed first,
                                                                 then handed back as shares)
     6. apply                   the optimizer (its all-reduce SUMs u_r over the replicas)
 with the constants (k, k_e, D, S, the noise std) in one frozen `Mechanism`, decided before
@@ -35,9 +35,9 @@ from edp_tf import (
     noise,
     noise_stage,
     one_object,
+    post_processing,
     privacy_facts,
     projection,
-    replica_sum,
     selection,
     step_count,
     step_guard,
@@ -474,13 +474,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         return self._layer_scales
 
     def _prepare_post_processing(self, replicas: int) -> list:
-        """Stage 5, functions of the release in order. Several replicas with sparse tables or a
-        projection: the step takes the replicas' sum itself (the selected rows as a small dense
-        block; a projection acts on the mechanism's release, never on one replica's share) and
-        gives each replica its share back, for the optimizer's own sum (edp_tf/replica_sum.py)."""
-        sums = (self._clip_plan.selection is not None
-                or self._subspace is not None) and replicas > 1
-        stages = [replica_sum.sum_over_replicas] if sums else []
+        """Stage 5 (edp_tf/post_processing.py); a projection's public directions first."""
         if self._subspace is not None:
             strategy = self.distribute_strategy
             device = (strategy.extended.worker_devices[0] if hasattr(strategy, "extended")
@@ -488,17 +482,9 @@ class PrivateModel(one_object.OneObject, keras.Model):
             self._subspace.build(self.wrapped_model, self._require_loss(),
                                  self._trained_variables(), self._dp_config.l2_norm_clip,
                                  strategy, device)
-            stages.append(self._subspace.project)
-        if sums and self._clip_plan.selection is not None:
-            # the selected rows cannot be handed back as shares (edp_tf/replica_sum.py)
-            if not hasattr(self.optimizer, "_all_reduce_sum_gradients"):  # else: summed twice
-                raise NotImplementedError(
-                    "sparse_embeddings on several replicas needs Keras' TensorFlow optimizer "
-                    "(its _all_reduce_sum_gradients); this Keras has none")
-            self.optimizer._all_reduce_sum_gradients = replica_sum.already_summed
-        elif sums:
-            stages.append(replica_sum.as_shares)
-        return stages
+        return post_processing.chain(
+            replicas, self._clip_plan.selection is not None,
+            self._subspace.project if self._subspace is not None else None, self.optimizer)
 
     def _require_loss(self):
         if self._per_example_loss is None:
