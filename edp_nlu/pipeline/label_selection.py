@@ -46,20 +46,22 @@ EVENT_NAME = "label_selection"
 SOURCE = "the training split, selected with DP partition selection"
 
 
-def check_config(config, bad) -> None:
-    """The label-selection fields' ranges (`bad(field, value, allowed)` raises)."""
-    if config.label_selection not in CHOICES:
-        bad("label_selection", config.label_selection, CHOICES)
-    if config.label_selection != "private":
+def problems(data: DataSpec):
+    """(field, value, what it must be) of bad label-selection fields (edp_nlu/pipeline/
+    validation.py raises the first)."""
+    if data.label_selection not in CHOICES:
+        yield "label_selection", data.label_selection, CHOICES
         return
-    if not config.label_selection_noise > 0:
-        bad("label_selection_noise", config.label_selection_noise, "> 0 (the noise std, in "
-            "examples)")
-    m = config.label_selection_max_labels
+    if data.label_selection != "private":
+        return
+    if not data.label_selection_noise > 0:
+        yield ("label_selection_noise", data.label_selection_noise, "> 0 (the noise std, in "
+               "examples)")
+    m = data.label_selection_max_labels
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        bad("label_selection_max_labels", m, "an integer >= 1")
-    if not 0 < config.label_selection_delta_share < 1:
-        bad("label_selection_delta_share", config.label_selection_delta_share, "in (0, 1)")
+        yield "label_selection_max_labels", m, "an integer >= 1"
+    if not 0 < data.label_selection_delta_share < 1:
+        yield ("label_selection_delta_share", data.label_selection_delta_share, "in (0, 1)")
 
 
 def given_schema(data: DataSpec) -> Optional[schema_lib.LabelSchema]:

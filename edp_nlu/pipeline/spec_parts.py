@@ -2,9 +2,9 @@
 part of the experiment config (edp_nlu/configs/base.py), read by the builders that need it.
 
 Why a module of their own: the builders take these parts (`builders.poisson_sampler(data,
-privacy, ...)`), and `RunSpec.parse` calls the builders' `check_config`; the parts sit below both,
+privacy, ...)`), and `RunSpec.parse` calls `validation.check_config`; the parts sit below both,
 so neither imports the other's module. `parts_of` builds them from a config's fields without
-checking a value (`RunSpec.parse` checks; `check_config` builds the DPConfig of unchecked ones).
+checking a value (`RunSpec.parse` checks them, part by part: edp_nlu/pipeline/validation.py).
 """
 from __future__ import annotations
 
