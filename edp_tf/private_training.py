@@ -10,6 +10,7 @@ ledger, so every batch it trains on is one the accounting covers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 from typing import Optional, Sequence
@@ -20,6 +21,7 @@ import tensorflow as tf
 from edp_tf import (
     accounting,
     batch_source,
+    checkpointer,
     checks,
     input_pipelines,
     multi_worker,
@@ -33,6 +35,8 @@ from edp_tf.ledger import PrivacyLedger
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 from edp_tf.private_model import PrivateModel
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +88,7 @@ class AutoPrivateModel(PrivateModel):
         self._ledger: Optional[PrivacyLedger] = None
         self._epochs_done = 0
         self._earlier_ledger: Optional[dict] = None  # what resume=True continues
+        self._checkpointer: Optional[checkpointer.Checkpointer] = None  # with a run_dir
 
     @property
     def sampler(self) -> Optional[sampling.PoissonSampler]:
@@ -181,8 +186,9 @@ class AutoPrivateModel(PrivateModel):
                              "budget then decides")
         try:
             with self.distribute_strategy.scope():
+                own = [self._ledger] + ([self._checkpointer] if self._checkpointer else [])
                 return super().fit(dataset, epochs=initial + more,
-                                   callbacks=[self._ledger] + list(callbacks or []), **kwargs)
+                                   callbacks=own + list(callbacks or []), **kwargs)
         except BaseException:
             self._ledger.close_interrupted()  # what ran is charged before anything else
             raise
@@ -245,6 +251,24 @@ class AutoPrivateModel(PrivateModel):
         self._sampler = sampler
         self._ledger = PrivacyLedger.for_sampler(self._ledger_dir(), sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
+        self._start_checkpoints(x, records)
+
+    def _start_checkpoints(self, x, records) -> None:
+        """The run's checkpoint (edp_tf/checkpointer.py), with a run_dir on one worker: a
+        resumed run restores it before its first step, so the model continues where the ledger
+        stands. Several workers keep their own files (docs/multi_host.md)."""
+        run_dir = self._budget.run_dir
+        if run_dir is None or multi_worker.is_multi_worker(self.distribute_strategy):
+            return
+        directory = os.path.join(run_dir, checkpointer.DIRECTORY)
+        self._checkpointer = checkpointer.Checkpointer(directory, self._ledger)
+        if records:
+            first = next(iter(x.take(1)))[0] if isinstance(x, tf.data.Dataset) else x
+            self._ensure_built(first)
+            epoch = checkpointer.restore(directory, self, self._epochs_done)
+            if epoch is not None:
+                _log.info("make_private: resumed the model and optimizer of epoch %d from %s",
+                          epoch, directory)
 
     def _adapt_privately(self, x, source, delta: float) -> tuple:
         """The private_adapt layers fitted to `x` with DP, before the first step; their
@@ -300,8 +324,8 @@ class AutoPrivateModel(PrivateModel):
             raise ValueError(
                 f"make_private: run_dir {run_dir!r} already holds a run: epsilon "
                 f"{top['epsilon']:.4g} spent over {top['epochs']} epoch(s) ({path}). Continue "
-                "it with make_private(..., resume=True) (its epochs and budget carry on; "
-                "restore your model's weights first), or give a new run_dir")
+                "it with make_private(..., resume=True) (its epochs and budget carry on, from "
+                "its checkpoint), or give a new run_dir")
         return ledger_lib.charged(self._earlier_ledger)
 
     def _batches(self, x, y) -> tf.data.Dataset:
@@ -360,8 +384,10 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
       run_dir: where privacy.json is written (None: the ledger stays in memory). A run_dir
         that holds a ledger already is refused at the first fit unless `resume=True`, which
         continues it: its epochs count, the noise is calibrated for the epochs left to land at
-        target_epsilon, and the next epoch follows the last one charged (restore the model's
-        weights yourself, e.g. from your ModelCheckpoint).
+        target_epsilon, and the next epoch follows the last one charged, from the model's
+        weights and optimizer state that run_dir/checkpoint holds (written after the ledger
+        closes each epoch, restored before the first step: edp_tf/checkpointer.py; one
+        worker only, several keep their own files).
       public_layers: preprocessing layers adapted on public data (epsilon assumes it).
       private_adapt: `edp_tf.PrivateNormalization(layer, low, high)` for a Normalization, or
         `edp_tf.PrivateVocabulary(layer)` for a TextVectorization, on the model's input and

@@ -1,0 +1,76 @@
+"""make_private's own checkpoint: written after the ledger closes each epoch, restored by
+resume=True before the first step, never ahead of the ledger."""
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import edp_tf
+from edp_tf import checkpointer
+
+
+def _model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def _private(model, run_dir, resume=False):
+    private = edp_tf.make_private(model, target_epsilon=8.0, epochs=3, batch_size=16,
+                                  run_dir=run_dir, resume=resume)
+    private.compile(keras.optimizers.Adam(0.05),
+                    keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return private
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(160, 4)).astype("float32")
+    return x, (x[:, 0] > 0).astype("int32")
+
+
+class _WeightsAtStart(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = [w.copy() for w in self.model.wrapped_model.get_weights()]
+        self.iterations = int(self.model.optimizer.iterations.numpy())
+
+
+def test_resume_continues_from_the_checkpoint_of_the_last_epoch_the_ledger_charged(tmp_path):
+    x, y = _data()
+    first = _private(_model(0), str(tmp_path))
+    first.fit(x, y, epochs=2, verbose=0)
+    trained = first.wrapped_model.get_weights()
+    committed = checkpointer.latest(str(tmp_path / checkpointer.DIRECTORY))
+    assert committed["epoch"] == 1  # epochs 0 and 1 ran; the ledger charged both
+    ledger = json.loads((tmp_path / "privacy.json").read_text())
+    assert len(ledger["epochs"]) == 2
+    assert any(checkpointer.DIRECTORY in line for line in ledger["artifacts"]["covered"])
+
+    again = _private(_model(1), str(tmp_path), resume=True)  # other initial weights
+    seen = _WeightsAtStart()
+    again.fit(x, y, epochs=1, verbose=0, callbacks=[seen])
+    for got, want in zip(seen.weights, trained):
+        np.testing.assert_array_equal(got, want)
+    assert seen.iterations > 0  # the optimizer's moments and step count came back too
+    assert len(json.loads((tmp_path / "privacy.json").read_text())["epochs"]) == 3
+
+
+def test_a_checkpoint_ahead_of_the_ledger_is_refused(tmp_path):
+    x, y = _data()
+    first = _private(_model(0), str(tmp_path))
+    first.fit(x, y, epochs=1, verbose=0)
+    directory = str(tmp_path / checkpointer.DIRECTORY)
+    with open(os.path.join(directory, checkpointer.LATEST), "w") as handle:
+        json.dump({"epoch": 5, "prefix": "epoch-0"}, handle)  # mixed up by hand
+    again = _private(_model(1), str(tmp_path), resume=True)
+    with pytest.raises(ValueError, match="holds epoch 5, but the ledger has charged 1"):
+        again.fit(x, y, epochs=1, verbose=0)
+
+
+def test_without_a_run_dir_nothing_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    x, y = _data()
+    _private(_model(0), None).fit(x, y, epochs=1, verbose=0)
+    assert os.listdir(tmp_path) == []
