@@ -17,9 +17,11 @@ import time
 
 import keras
 import numpy as np
+import tensorflow as tf
 from absl import app, flags
 
 import edp_tf
+from edp_tf import microbatch
 
 _ROWS = flags.DEFINE_integer("rows", 8000, "Training examples per model.")
 _EPOCHS = flags.DEFINE_integer("epochs", 3, "Epochs per fit (the first is not timed).")
@@ -27,6 +29,9 @@ _REPEATS = flags.DEFINE_integer("repeats", 2, "Fits per model and mode (they tak
 _BATCH = flags.DEFINE_integer("batch_size", 256, "Batch size (make_private's expected one).")
 _MODELS = flags.DEFINE_list("models", ["text", "tabular", "conv2d", "tagger"], "Models.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON file for the results.")
+_GRADIENTS = flags.DEFINE_bool(
+    "gradients_only", False, "Instead: milliseconds of one batch's per-example gradients and "
+    "clip (edp_tf.microbatch, ghost norms) against plain training's batch gradient, per model.")
 
 
 def _text(rng, rows):
@@ -95,8 +100,42 @@ def _epoch_seconds(name: str, private: bool, rows: int, epochs: int, batch: int)
     return float(np.median(times.seconds[1:]))
 
 
+def _gradient_milliseconds(name: str, batch: int, repeats: int = 30) -> dict:
+    """One batch's per-example gradients and clip against the plain batch gradient (ms)."""
+    model, x, y = MODELS[name](np.random.default_rng(0), batch)
+    variables = model.trainable_variables
+    per_example = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+    plan = microbatch.ClipPlan(1, 1.0, (1.0,) * len(variables), 1.0, method="ghost")
+    weights = tf.ones([batch])
+
+    def private():
+        return microbatch.gradients(model, per_example, variables, x, y, weights,
+                                    plan).clip(1.0).clipped_sum
+
+    def plain():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example(y, model(x, training=True)))
+        return tape.gradient(loss, variables)
+
+    result = {}
+    for mode, step in (("private_ms", tf.function(private)), ("plain_ms", tf.function(plain))):
+        step()  # the trace
+        started = time.perf_counter()
+        for _ in range(repeats):
+            step()
+        result[mode] = (time.perf_counter() - started) / repeats * 1000
+    result["ratio"] = result["private_ms"] / result["plain_ms"]
+    return result
+
+
 def main(argv) -> None:
     del argv
+    if _GRADIENTS.value:
+        for name in _MODELS.value:
+            r = _gradient_milliseconds(name, _BATCH.value)
+            print(f"{name}: per-example gradients and clip {r['private_ms']:.2f} ms, plain "
+                  f"gradient {r['plain_ms']:.2f} ms, {r['ratio']:.2f}x", flush=True)
+        return
     rows, epochs, batch = _ROWS.value, _EPOCHS.value, _BATCH.value
     result = {}
     for name in _MODELS.value:

@@ -18,7 +18,7 @@ def examples_on_path():
     sys.path.remove(EXAMPLES)
 
 
-@pytest.mark.parametrize("name", ["text_classifier", "token_tagger", "two_outputs", "keras_habits"])
+@pytest.mark.parametrize("name", ["text_classifier", "token_tagger", "two_outputs"])
 def test_example_trains_privately_and_prints_its_epsilon(name, capsys, tmp_path):
     module = importlib.import_module(name)
     private = module.main(examples=320, epochs=1, target_epsilon=4.0,
@@ -29,12 +29,16 @@ def test_example_trains_privately_and_prints_its_epsilon(name, capsys, tmp_path)
     assert f"epsilon {statement['epsilon']:.2f}" in capsys.readouterr().out
 
 
-def test_the_habits_example_saves_files_keras_loads_and_the_ledger_lists(tmp_path):
+def test_the_habits_example_saves_files_keras_loads_and_the_ledger_lists(tmp_path, capsys):
     """keras_habits: a tf.data pipeline, ModelCheckpoint (full and weights-only) and CSVLogger
-    under make_private: the checkpoint loads without edp_tf's machinery, the History and the
-    CSV carry epsilon, and privacy.json lists each saved file."""
+    under make_private: it trains privately within its budget, the checkpoint loads without
+    edp_tf's machinery, the History and the CSV carry epsilon, and privacy.json lists each
+    saved file."""
     module = importlib.import_module("keras_habits")
-    module.main(examples=320, epochs=2, target_epsilon=4.0, run_dir=str(tmp_path))
+    private = module.main(examples=320, epochs=2, target_epsilon=4.0, run_dir=str(tmp_path))[0]
+    statement = private.privacy_statement()
+    assert statement["private"] is True and 0 < statement["epsilon"] <= 4.0
+    assert f"epsilon {statement['epsilon']:.2f}" in capsys.readouterr().out
     loaded = keras.saving.load_model(tmp_path / "best.keras")
     assert not any("edp_tf" in type(layer).__module__ for layer in loaded._flatten_layers())
     with open(tmp_path / "history.csv") as handle:
