@@ -134,9 +134,9 @@ class AutoPrivateModel(PrivateModel):
         edp_tf.report."""
         return report.write(self.privacy_statement(), path)
 
-    def compile(self, *args, **kwargs):
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
         with self.distribute_strategy.scope():  # the optimizer's variables, per replica
-            super().compile(*args, **kwargs)
+            super().compile(_in_scope(optimizer, self.distribute_strategy), *args, **kwargs)
 
     def fit(self, x=None, y=None, batch_size=None, epochs=None, callbacks=None, **kwargs):
         """Trains on Poisson batches of `x, y` drawn by the library's sampler.
@@ -340,6 +340,22 @@ class AutoPrivateModel(PrivateModel):
                              f"{self._sampler.dataset_size}: n is fixed by the first fit (its "
                              "ledger and noise assume it)")
         return self._sampler.dataset(x, y)
+
+
+def _in_scope(optimizer, strategy):
+    """`optimizer`, made again from its config inside `strategy`'s scope when it was made
+    outside it (`keras.optimizers.Adam(...)` written in the compile call): Keras creates its
+    step counter at construction, a variable the replicas cannot share, and its first fit
+    fails with "Mixing different tf.distribute.Strategy objects". Not yet used, it has no
+    state to lose; one that has stepped is left as it is (Keras then says why)."""
+    if isinstance(optimizer, str) or not isinstance(optimizer, keras.optimizers.Optimizer):
+        return optimizer
+    variables = [getattr(v, "value", v) for v in optimizer.variables]
+    outside = [v for v in variables if not strategy.extended.variable_created_in_scope(v)]
+    if not outside or optimizer.built or int(optimizer.iterations.numpy()) != 0:
+        return optimizer
+    with strategy.scope():
+        return optimizer.__class__.from_config(optimizer.get_config())
 
 
 def _rows(x, y) -> int:

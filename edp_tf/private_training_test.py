@@ -249,3 +249,21 @@ def test_a_pipeline_without_end_or_with_weights_is_refused_in_one_line():
     with pytest.raises(ValueError, match="StreamingPoissonSampler"):
         input_pipelines.to_arrays(slices, max_bytes=1000)
     assert private.step_count.value == 0
+
+
+def test_an_optimizer_made_outside_the_strategy_scope_trains_on_its_replicas():
+    """`compile(keras.optimizers.Adam(...))` as Keras users write it: the optimizer's step
+    counter is created outside the strategy's scope, which plain Keras refuses at the first fit
+    ("Mixing different tf.distribute.Strategy objects"); make_private makes it again inside."""
+    x, y = _data()
+    strategy = edp_tf.make_strategy(2)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((4,), name="features"), keras.layers.Dense(2)])
+    private = edp_tf.make_private(model, target_epsilon=TARGET, epochs=EPOCHS, batch_size=BATCH,
+                                  strategy=strategy)
+    adam = keras.optimizers.Adam(0.05)  # outside the scope
+    private.compile(adam, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    before = model.get_weights()
+    private.fit(x, y, epochs=1, verbose=0)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    assert private.optimizer is not adam and private.optimizer.learning_rate == adam.learning_rate
