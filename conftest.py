@@ -15,7 +15,6 @@ NUM_TEST_REPLICAS = 4
 # xdist workers' queues. A long file left late ran alone for ~35 s while the other worker
 # had finished.
 LONGEST_FIRST = ("tests/trainer_test.py", "tests/faults_test.py", "tests/workers_test.py",
-                 "tests/cluster_manager_test.py",
                  "tests/experiment_test.py", "edp_tf/microbatch_test.py",
                  "edp_tf/selection_test.py", "edp_nlu/models/bert/finetuning_test.py",
                  "edp_nlu/models/private_models_test.py", "tests/benchmark_test.py",
