@@ -32,6 +32,7 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSON file for the results.")
 _GRADIENTS = flags.DEFINE_bool(
     "gradients_only", False, "Instead: milliseconds of one batch's per-example gradients and "
     "clip (edp_tf.microbatch, ghost norms) against plain training's batch gradient, per model.")
+_JIT = flags.DEFINE_bool("jit_compile", False, "With --gradients_only: both compiled by XLA.")
 
 
 def _text(rng, rows):
@@ -118,7 +119,8 @@ def _gradient_milliseconds(name: str, batch: int, repeats: int = 30) -> dict:
         return tape.gradient(loss, variables)
 
     result = {}
-    for mode, step in (("private_ms", tf.function(private)), ("plain_ms", tf.function(plain))):
+    for mode, step in (("private_ms", tf.function(private, jit_compile=_JIT.value)),
+                       ("plain_ms", tf.function(plain, jit_compile=_JIT.value))):
         step()  # the trace
         started = time.perf_counter()
         for _ in range(repeats):
