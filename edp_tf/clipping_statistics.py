@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping
+from edp_tf import clipping, step_inputs
 
 PUBLIC_LOGS = ("noise_multiplier",)
 
@@ -44,6 +44,25 @@ class ClippingStatistics:
         self.trackers["preclip_norm"].update_state(tf.reduce_sum(safe_norms) / count)
         finite = tf.cast(clip.finite, tf.float32)
         self.nonfinite.update_state(tf.reduce_sum(1.0 - finite))
+
+    def track(self, z_t, selected, grads, clip: clipping.ClipResult, y, w, *, shown: bool,
+              loss_tracker, compiled_metrics, microbatch_size, l2_norm_clip: float,
+              replica_share: float) -> None:
+        """One step's logs: z_t and the selected rows always (public: functions of the schedule
+        and of the noisy counts); the statistics of the private batches only when `shown`."""
+        self.trackers["noise_multiplier"].update_state(z_t)
+        if selected is not None:
+            self.trackers["selected_rows"].update_state(selected)
+        if shown:
+            self.record(loss_tracker, grads.losses, clip,
+                        step_inputs.real_microbatches(w, microbatch_size), l2_norm_clip,
+                        replica_share)
+            if compiled_metrics is not None:
+                compiled_metrics.update_state(
+                    y, grads.y_pred, step_inputs.metric_weights(grads.y_pred, w))
+        elif compiled_metrics is not None and not compiled_metrics.built:
+            # built, never updated: Keras reads every metric's result at the end of an epoch
+            compiled_metrics.build(y, grads.y_pred)
 
     def logs(self, logs: dict, shown: bool, replicas: int) -> dict:
         """The step's logs: the public ones, or all with `shown`."""

@@ -59,6 +59,13 @@ class Freeze:
             return True
         return False
 
+    def build_optimizer(self, optimizer, trainable: Sequence, strategy) -> None:
+        """One optimizer throughout: built with every variable before the first step when some
+        join later (an optimizer builds its slots once)."""
+        if self.planned and not optimizer.built:
+            with strategy.scope():
+                optimizer.build(trainable)
+
     def trained_indices(self, trainable: Sequence) -> list:
         """Indices into `trainable` of the variables the step trains now."""
         if not self.active:

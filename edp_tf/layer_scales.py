@@ -64,6 +64,27 @@ def decide(config, model, loss_fn, strategy, first, earlier, rng) -> tuple:
                           rng)
 
 
+def for_fit(config, model, loss_fn, strategy, first, decided: tuple, rng,
+            batch_changed: bool) -> tuple:
+    """(alpha per trainable variable, their extra events) for a fit whose first batch is
+    `first` (x, y, mask), given those `decided` earlier ((None, []) before any): decided once,
+    and again for another batch size or, when the scales are uniform, for another set of
+    trainable variables. Non-uniform scales were decided (and maybe charged) for one set."""
+    scales, events = decided
+    count = len(model.trainable_variables)
+    changed = batch_changed
+    if scales is not None and len(scales) != count:
+        if config.scaling != "uniform":
+            raise ValueError(
+                f"the model's trainable variables changed since DPConfig.scaling="
+                f"{config.scaling!r} decided {len(scales)} scales (now {count}): set "
+                "layer.trainable before the first fit, or wrap the model anew")
+        changed = True
+    if scales is None or changed:
+        return decide(config, model, loss_fn, strategy, first, scales, rng)
+    return scales, events
+
+
 def public(model, loss_fn, strategy, x, y, sample_weight=None) -> tuple:
     """alpha measured on a batch of public (or synthetic) data."""
     return scaling.normalize(scaling.per_variable_norms(

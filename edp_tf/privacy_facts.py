@@ -6,7 +6,7 @@ feature that releases something epsilon does not count adds its sentence here.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 TRAINING_STATISTICS_SENTENCE = (
     "fit showed the training loss, compiled metrics and clipping statistics (clipped_fraction, "
@@ -15,7 +15,7 @@ TRAINING_STATISTICS_SENTENCE = (
     "epsilon (progress bar, History, TensorBoard, callbacks).")
 
 
-def not_covered(plan, public_layers: Sequence[str], config, subspace: Optional[object],
+def not_covered(plan, public_layers: Sequence[str], config, subspace,
                 training_statistics: bool) -> list:
     """The sentences, in the order a reviewer reads them."""
     out = list(plan.not_covered) if plan is not None else []
@@ -25,12 +25,7 @@ def not_covered(plan, public_layers: Sequence[str], config, subspace: Optional[o
     if config.scaling == "first_batch":
         out.append("Per-layer scales were measured on the first private batch (the paper's "
                    "choice): that information is not covered by epsilon.")
-    if subspace is not None:
-        source = subspace.source
-        out.append(f"Each update was projected onto {subspace.rank} directions of the gradients "
-                   f"of {subspace.examples} examples declared public (post-processing)"
-                   + (f", from {source}" if source else "")
-                   + ": epsilon treats those examples as public.")
+    out += subspace.not_covered()
     if training_statistics:
         out.append(TRAINING_STATISTICS_SENTENCE)
     if config.seed_fixed:

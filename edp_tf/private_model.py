@@ -26,6 +26,7 @@ from edp_tf import (
     bias_corrected_adam,
     clipping_statistics,
     freezing,
+    guarded_steps,
     iterators,
     layer_scales,
     local_training,
@@ -40,7 +41,6 @@ from edp_tf import (
     projection,
     selection,
     step_count,
-    step_guard,
     step_inputs,
     step_method,
 )
@@ -65,7 +65,7 @@ class _EpochSchedule(keras.callbacks.Callback):
         model._unfreeze_if_due(epoch)
 
 
-class PrivateModel(one_object.OneObject, keras.Model):
+class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model):
     """Wraps `model`; `fit` runs the private step of `config`.
 
     Create it (and compile it) inside `strategy.scope()`: the noise generator must be created
@@ -125,6 +125,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         self._plan = plan
         self._training_statistics = training_statistics
         self._init_one_object()
+        self._init_guarded_steps()
         self._batch_source: Optional[batch_source.BatchSource] = None  # set by each fit
         self._validation = False  # the last fit evaluated validation_data
         # model_state's refusal runs before the first step and again whenever what trains
@@ -151,10 +152,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         self._per_example_loss = None
         self._freeze = freezing.Freeze.nothing()
         self._first_batch_seen = None  # fit's first batch: _prepare again when frozen ones join
-        # called before each step call with the steps it may run (edp_tf/step_guard.py): the
-        # ledger makes them durable there, after tracing and before any data is read
-        self._before_steps = Untracked([])
-        self._subspace: Optional[projection.PublicSubspace] = None
+        self._subspace = projection.NoProjection()  # stage 5's projection, when one is asked
         self._statistics = clipping_statistics.ClippingStatistics(config.sparse_embeddings)
 
     # ----------------------------------------------------------------- public surface
@@ -198,13 +196,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
         self._per_example_loss = microbatch.as_per_example_loss(
             loss, loss_weights, lambda: getattr(self.wrapped_model, "output_names", None))
         optimizer = keras.optimizers.get(optimizer)
-        for name in ("clipnorm", "global_clipnorm", "clipvalue"):
-            if getattr(optimizer, name, None):
-                raise ValueError(
-                    f"optimizer.{name} would clip the noisy update after the privacy step; "
-                    "clipping belongs to DPConfig.l2_norm_clip"
-                )
-        step_method.refuse_loss_scaling(self.wrapped_model, optimizer)
+        step_method.check_optimizer(self.wrapped_model, optimizer)
         # The loss is not handed to Keras: its reduction divides by the replica count.
         super().compile(optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
         step_method.refuse_loss_scaling(self.wrapped_model, self.optimizer)  # Keras' wrapping
@@ -227,7 +219,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
             # freeze_until: until this epoch some variables got no signal and no noise
             "frozen_until_epoch": self._freeze.epoch,
-            "public_subspace": self._subspace.facts() if self._subspace is not None else None,
+            "public_subspace": self._subspace.facts(),
             "scaling": cfg.scaling,
             "layer_scales": list(self._layer_scales),
             "seed_fixed": cfg.seed_fixed,
@@ -297,7 +289,7 @@ class PrivateModel(one_object.OneObject, keras.Model):
     def _features(self, **changes) -> Features:
         """What this wrapper combines with its DPConfig (edp_tf.config.compatibility)."""
         return dataclasses.replace(Features(
-            freeze=self._freeze.planned, projection=self._subspace is not None,
+            freeze=self._freeze.planned, projection=self._subspace.planned,
             bias_corrected_adam=isinstance(getattr(self, "optimizer", None),
                                            bias_corrected_adam.BiasCorrectedAdam),
             multi_worker=multi_worker.is_multi_worker(self.distribute_strategy)), **changes)
@@ -343,15 +335,13 @@ class PrivateModel(one_object.OneObject, keras.Model):
         step_inputs.check_fit_arguments(self._dp_config, kwargs, first)
         self._first_batch_seen = first
         self._freeze.start(kwargs.get("initial_epoch") or 0)
-        if self._freeze.planned and not self.optimizer.built:  # the frozen ones join later
-            self._ensure_built(first[0])
-            with self.distribute_strategy.scope():
-                self.optimizer.build(self.wrapped_model.trainable_variables)
+        self._ensure_built(first[0])
+        self._freeze.build_optimizer(self.optimizer, self.wrapped_model.trainable_variables,
+                                     self.distribute_strategy)
         self._prepare(first)
         step_count.claim(self.wrapped_model, self.step_count)  # the model is the unit
-        callbacks = [_EpochSchedule(self)] + callbacks
-        if self._subspace is not None:
-            callbacks.insert(1, projection.RefreshCallback(self._subspace, self.optimizer))
+        callbacks = ([_EpochSchedule(self)] + self._subspace.callbacks(self.optimizer)
+                     + callbacks)
         if isinstance(x, tf.data.Dataset):
             # Keras ignores `shuffle` for a dataset (a sampler's batches are drawn already), but
             # warns on every fit that its default True is ignored
@@ -359,53 +349,6 @@ class PrivateModel(one_object.OneObject, keras.Model):
         return super().fit(
             x=x, y=y, batch_size=batch_size, epochs=epochs, callbacks=callbacks, **kwargs
         )
-
-    def add_before_steps(self, hook) -> None:
-        """Calls `hook(steps)` before each call of the train function (once traced), with the
-        number of steps the call may run; once per hook, until `remove_before_steps`."""
-        if hook not in self._before_steps.value:
-            self._before_steps.value.append(hook)
-
-    def remove_before_steps(self, hook) -> None:
-        if hook in self._before_steps.value:
-            self._before_steps.value.remove(hook)
-
-    def make_train_function(self, force=False):
-        """Keras' train function, traced before its first step reads data, with the
-        `add_before_steps` hooks before every call (edp_tf/step_guard.py)."""
-        made = self.train_function is None or force
-        super().make_train_function(force)
-        if made and not getattr(self.train_function, "traced_first", False):
-            self.train_function = step_guard.traced_first(
-                self.train_function, lambda: tuple(self._before_steps.value),
-                lambda: self.steps_per_execution)
-        return self.train_function
-
-    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        """Keras' own, given one replica's share of the first batch, read from the data
-        adapter's dataset rather than from a distributed epoch iterator. Why: Keras reads that
-        batch only for its shapes and dtypes (every share has the same). Its replicas' MEAN of
-        the batch is an AddN TensorFlow refuses over strings (text for an in-model
-        TextVectorization). And the distributed iterator it opens for that one element is
-        dropped at once by the epoch iterator's `reset()` while the replicas' prefetch may
-        still run: that destruction crashed the process now and then (SIGSEGV in
-        `epoch_iterator.reset`). `take(1)` of the dataset leaves nothing running."""
-        if iterator is not None and self._distribute_strategy is not None:
-            element = next(iter(iterator.data_adapter.get_tf_dataset().take(1)))
-            rows = int(tf.nest.flatten(element)[0].shape[0])
-            share = max(rows // self.distribute_strategy.num_replicas_in_sync, 1)
-            data_batch = tf.nest.map_structure(
-                lambda t: t[:share] if isinstance(t, (tf.Tensor, tf.RaggedTensor)) else t,
-                element)
-            iterator = None
-        return super()._maybe_symbolic_build(iterator=iterator, data_batch=data_batch)
-
-    def _ensure_built(self, x):
-        if not self.wrapped_model.built or not self.wrapped_model.trainable_variables:
-            self.wrapped_model(step_inputs.take(x, 1), training=False)
-        # The wrapper has no weights of its own: built with its model. Otherwise Keras' fit
-        # traces the whole model symbolically to build it (about half a second for CLC).
-        self.built = True
 
     def _prepare(self, first) -> None:
         """Decides the step's constants (the mechanism, alpha, the stages) before tracing it."""
@@ -417,15 +360,8 @@ class PrivateModel(one_object.OneObject, keras.Model):
                 self.wrapped_model, fx, self._public_layers + self._privately_adapted)
             self._state_checked_for = signature
         cfg, n = self._dp_config, self.num_replicas
-        batch = int(tf.nest.flatten(fx)[0].shape[0])
-        k = cfg.microbatch_rows  # an example's augmented copies are one micro-batch of K rows
-        if batch % n or (k is not None and batch % (n * k)):
-            copies = f" x augment_copies {cfg.augment_copies}" if cfg.augment_copies > 1 else ""
-            raise ValueError(
-                f"The global batch of {batch} examples must be divisible by replicas x "
-                f"microbatch_size{copies} = {n} x {k if k else 'one micro-batch'}"
-                f" = {n * (k or 1)}: choose batch_size accordingly"
-            )
+        batch, k = int(tf.nest.flatten(fx)[0].shape[0]), cfg.microbatch_rows
+        step_inputs.check_global_batch(cfg, n, batch)
         method = step_method.choose(
             cfg.per_example_method, k, self.wrapped_model, fx,
             lambda why: self._check_compatibility(why, per_example_method="loop"),
@@ -435,9 +371,12 @@ class PrivateModel(one_object.OneObject, keras.Model):
         changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
         self._mechanism = self._plan.step_mechanism(mechanism) if self._plan else mechanism
         step_method.warn_if_few_clipped_vectors(self._mechanism, self._loop_said)
-        trained = self._trained_indices()
+        self._layer_scales, self._extra_events = layer_scales.for_fit(
+            cfg, self.wrapped_model, self._require_loss(), self.distribute_strategy,
+            (fx, fy, step_inputs.mask(fx, fw)), (self._layer_scales, self._extra_events),
+            self._rng, changed)
         variables = self._trained_variables()
-        scales = tuple(self._decided_scales(first, changed)[i] for i in trained)
+        scales = tuple(self._layer_scales[i] for i in self._trained_indices())
         rows = selection.for_config(cfg, self.wrapped_model, variables,
                                     self._mechanism.sensitivity, n)
         # a fresh stage each fit: BandMF's history restarts with the groups' cycle
@@ -448,43 +387,13 @@ class PrivateModel(one_object.OneObject, keras.Model):
             cfg.l2_norm_clip, method, cfg.physical_batch_size,
             local_training.for_config(cfg, k), rows, cfg.clipping == "per_layer")
         self._normaliser = noise_stage.normaliser(self._mechanism)
-        self._post_processing = self._prepare_post_processing(n)
+        self._subspace.build(self.wrapped_model, self._require_loss(), variables,
+                             cfg.l2_norm_clip, self.distribute_strategy)
+        self._post_processing = post_processing.chain(
+            n, rows is not None, self._subspace.stage, self.optimizer)
         bias_corrected_adam.attach_mechanism_noise(self.optimizer, self._mechanism, variables,
                                                    scales, self.dp_noise_multiplier)
         self.train_function = None  # constants changed: retrace
-
-    def _decided_scales(self, first, changed: bool) -> tuple:
-        """alpha for every trainable variable: decided once (or again for another batch size,
-        or for another set of trainable variables when the scales are uniform)."""
-        count = len(self.wrapped_model.trainable_variables)
-        if self._layer_scales is not None and len(self._layer_scales) != count:
-            if self._dp_config.scaling != "uniform":  # decided (and maybe charged) for another
-                raise ValueError(
-                    f"the model's trainable variables changed since DPConfig.scaling="
-                    f"{self._dp_config.scaling!r} decided {len(self._layer_scales)} scales (now "
-                    f"{count}): set layer.trainable before the first fit, or wrap the model "
-                    "anew")
-            changed = True
-        if self._layer_scales is None or changed:
-            fx, fy, fw = first
-            self._layer_scales, self._extra_events = layer_scales.decide(
-                self._dp_config, self.wrapped_model, self._require_loss(),
-                self.distribute_strategy, (fx, fy, step_inputs.mask(fx, fw)),
-                self._layer_scales, self._rng)
-        return self._layer_scales
-
-    def _prepare_post_processing(self, replicas: int) -> list:
-        """Stage 5 (edp_tf/post_processing.py); a projection's public directions first."""
-        if self._subspace is not None:
-            strategy = self.distribute_strategy
-            device = (strategy.extended.worker_devices[0] if hasattr(strategy, "extended")
-                      else None)
-            self._subspace.build(self.wrapped_model, self._require_loss(),
-                                 self._trained_variables(), self._dp_config.l2_norm_clip,
-                                 strategy, device)
-        return post_processing.chain(
-            replicas, self._clip_plan.selection is not None,
-            self._subspace.project if self._subspace is not None else None, self.optimizer)
 
     def _require_loss(self):
         if self._per_example_loss is None:
@@ -519,29 +428,13 @@ class PrivateModel(one_object.OneObject, keras.Model):
         # 6. apply (the optimizer SUMs the replicas' updates, or the shares of the release)
         self.optimizer.apply_gradients(zip(updates, variables))
         self.step_count.increment()  # the ledger's truth: no update without it
-        self._track(z_t, selected, grads, clip, y, w)
+        self._statistics.track(
+            z_t, selected, grads, clip, y, w, shown=self._training_statistics,
+            loss_tracker=self._loss_tracker, compiled_metrics=self._compile_metrics,
+            microbatch_size=plan.microbatch_size, l2_norm_clip=plan.l2_norm_clip,
+            replica_share=self._mechanism.expected_microbatches / self.num_replicas)
         return self._statistics.logs(self.get_metrics_result(), self._training_statistics,
                                      self.num_replicas)
-
-    def _track(self, z_t, selected, grads, clip, y, w) -> None:
-        """The step's logs: z_t and the selected rows always (public: functions of the schedule
-        and of the noisy counts); the statistics of the private batches only when shown."""
-        trackers = self._statistics.trackers
-        trackers["noise_multiplier"].update_state(z_t)
-        if selected is not None:
-            trackers["selected_rows"].update_state(selected)
-        if self._training_statistics:  # else nothing of the private batches is kept, anywhere
-            self._statistics.record(
-                self._loss_tracker, grads.losses, clip,
-                step_inputs.real_microbatches(w, self._clip_plan.microbatch_size),
-                self._dp_config.l2_norm_clip,
-                self._mechanism.expected_microbatches / self.num_replicas)
-            if self._compile_metrics is not None:
-                self._compile_metrics.update_state(
-                    y, grads.y_pred, step_inputs.metric_weights(grads.y_pred, w))
-        elif self._compile_metrics is not None and not self._compile_metrics.built:
-            # built, never updated: Keras reads every metric's result at the end of an epoch
-            self._compile_metrics.build(y, grads.y_pred)
 
     def test_step(self, data):
         x, y, w = keras.utils.unpack_x_y_sample_weight(data)

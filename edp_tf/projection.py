@@ -95,10 +95,13 @@ class PublicSubspace:
         self._device = None
         self._refreshed_at: Optional[int] = None
 
-    def build(self, model, loss_fn, variables: Sequence, l2_norm_clip: float, strategy,
-              device) -> None:
+    planned = True
+
+    def build(self, model, loss_fn, variables: Sequence, l2_norm_clip: float, strategy) -> None:
         """The basis variable (zeros: nothing passes until the first refresh) and the traced
         public-gradient function, for the variables the step trains."""
+        device = (strategy.extended.worker_devices[0] if hasattr(strategy, "extended")
+                  else None)
         d = sum(int(np.prod(v.shape)) for v in variables)
         if self.basis is None or tuple(self.basis.shape) != (d, self.rank):
             with strategy.scope():
@@ -141,9 +144,43 @@ class PublicSubspace:
     def project(self, updates: Sequence[tf.Tensor]) -> list:
         return project(updates, self.basis)
 
+    @property
+    def stage(self):
+        """Stage 5's projection (edp_tf/post_processing.py)."""
+        return self.project
+
+    def callbacks(self, optimizer) -> list:
+        return [RefreshCallback(self, optimizer)]
+
     def facts(self) -> dict:
         return {"rank": self.rank, "every_steps": self.every_steps,
                 "public_examples": self.examples, "source": self.source}
+
+    def not_covered(self) -> list:
+        """The statement's sentence: the examples are treated as public."""
+        return [f"Each update was projected onto {self.rank} directions of the gradients of "
+                f"{self.examples} examples declared public (post-processing)"
+                + (f", from {self.source}" if self.source else "")
+                + ": epsilon treats those examples as public."]
+
+
+class NoProjection:
+    """The default: stage 5 keeps the release as it is, and nothing is declared public."""
+
+    planned = False
+    stage = None
+
+    def build(self, model, loss_fn, variables, l2_norm_clip, strategy) -> None:
+        pass
+
+    def callbacks(self, optimizer) -> list:
+        return []
+
+    def facts(self) -> None:
+        return None
+
+    def not_covered(self) -> list:
+        return []
 
 
 class RefreshCallback(keras.callbacks.Callback):

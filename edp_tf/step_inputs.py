@@ -45,6 +45,18 @@ def check_fit_arguments(config, kwargs: dict, first) -> None:
             raise ValueError(microbatch.USER_WEIGHT_RANGE)
 
 
+def check_global_batch(config, replicas: int, batch: int) -> None:
+    """The step splits the global batch evenly over the replicas, and each replica's share
+    into whole micro-batches (an example's augmented copies are one micro-batch of K rows)."""
+    k = config.microbatch_rows
+    if batch % replicas or (k is not None and batch % (replicas * k)):
+        copies = f" x augment_copies {config.augment_copies}" if config.augment_copies > 1 else ""
+        raise ValueError(
+            f"The global batch of {batch} examples must be divisible by replicas x "
+            f"microbatch_size{copies} = {replicas} x {k if k else 'one micro-batch'}"
+            f" = {replicas * (k or 1)}: choose batch_size accordingly")
+
+
 def mask(x, w) -> tf.Tensor:
     rows = tf.shape(tf.nest.flatten(x)[0])[0]
     if w is None:

@@ -27,6 +27,17 @@ MIXED_FLOAT16_REFUSED = (
     "float32, and build the model again")
 
 
+def check_optimizer(model, optimizer) -> None:
+    """What the private step cannot honour in an optimizer, refused at compile: a clip of the
+    noisy update (after the privacy step; clipping is DPConfig.l2_norm_clip's) and loss
+    scaling."""
+    for name in ("clipnorm", "global_clipnorm", "clipvalue"):
+        if getattr(optimizer, name, None):
+            raise ValueError(f"optimizer.{name} would clip the noisy update after the privacy "
+                             "step; clipping belongs to DPConfig.l2_norm_clip")
+    refuse_loss_scaling(model, optimizer)
+
+
 def refuse_loss_scaling(model, optimizer) -> None:
     """mixed_float16 is refused before any step: its loss scaling lives in Keras' own train
     step (scale the loss, unscale the gradients), and the private step has none."""
