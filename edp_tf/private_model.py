@@ -29,20 +29,18 @@ from edp_tf import (
     guarded_steps,
     iterators,
     layer_scales,
-    local_training,
     microbatch,
     model_state,
     multi_worker,
     noise,
     noise_stage,
     one_object,
-    post_processing,
     privacy_facts,
     projection,
-    selection,
     step_count,
     step_inputs,
     step_method,
+    step_stages,
 )
 from edp_tf.config import DPConfig, Features, Incompatible, compatibility
 from edp_tf.mechanism import Mechanism
@@ -141,13 +139,9 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # would predict the next draws and recompute past ones, and the stage's BandMF history
         # would give the past clipped sums away (docs/privacy.md)
         self._noise = Untracked(noise.make_generator(config.seed, config.secure_noise))
-        self._noise_stage = Untracked(None)
+        self._stages = Untracked(None)  # step_stages.StepStages, made before each trace
         self._rng = np.random.default_rng(config.seed)  # the private-scaling query (host side)
         self._layer_scales: Optional[tuple] = None
-        self._mechanism: Optional[Mechanism] = None
-        self._clip_plan: Optional[microbatch.ClipPlan] = None
-        self._normaliser: Optional[noise_stage.ExpectedDenominator] = None
-        self._post_processing: list = []  # stage 5: functions of the release, in order
         self._extra_events: list = []
         self._per_example_loss = None
         self._freeze = freezing.Freeze.nothing()
@@ -167,14 +161,14 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
     @property
     def mechanism(self) -> Mechanism:
         """The step's mechanism (known once `fit` has seen the first batch)."""
-        if self._mechanism is None:
+        if self._stages.value is None:
             raise RuntimeError("the mechanism is known once fit() has seen the first batch")
-        return self._mechanism
+        return self._stages.value.mechanism
 
     @property
     def noise_stage(self) -> Optional[noise_stage.GaussianNoise]:
         """The step's noise mechanism (known once `fit` has seen the first batch)."""
-        return self._noise_stage.value
+        return None if self._stages.value is None else self._stages.value.noise
 
     @property
     def batch_source(self) -> Optional[batch_source.BatchSource]:
@@ -207,13 +201,13 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
 
     def privacy_facts(self) -> dict:
         """What the accountant needs to know about the mechanism (after the first `fit` starts)."""
-        cfg, plan = self._dp_config, self._clip_plan
-        variables = self._trained_variables()
-        sparse = None if plan is None or plan.selection is None else {
+        cfg, mechanism = self._dp_config, self.mechanism  # known once fit has begun
+        plan, variables = self._stages.value.clip, self._trained_variables()
+        sparse = None if plan.selection is None else {
             "selection_clip": cfg.selection_clip, "selection_threshold": cfg.selection_threshold,
             "tables": [getattr(variables[i], "path", variables[i].name)
                        for i in plan.selection.indices]}
-        return self.mechanism.to_dict() | {
+        return mechanism.to_dict() | {
             "sparse_embeddings": sparse,  # informational: epsilon depends on z_c only
             "clipping": cfg.clipping,  # informational: flat or per layer, S is the same
             "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
@@ -360,38 +354,29 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
                 self.wrapped_model, fx, self._public_layers + self._privately_adapted)
             self._state_checked_for = signature
         cfg, n = self._dp_config, self.num_replicas
-        batch, k = int(tf.nest.flatten(fx)[0].shape[0]), cfg.microbatch_rows
+        batch = int(tf.nest.flatten(fx)[0].shape[0])
         step_inputs.check_global_batch(cfg, n, batch)
         method = step_method.choose(
-            cfg.per_example_method, k, self.wrapped_model, fx,
+            cfg.per_example_method, cfg.microbatch_rows, self.wrapped_model, fx,
             lambda why: self._check_compatibility(why, per_example_method="loop"),
             self._loop_said)
         self._check_compatibility(per_example_method=method)
         mechanism = Mechanism.from_config(cfg, n, batch)
-        changed = self._mechanism is not None and self._mechanism.global_batch_size != batch
-        self._mechanism = self._plan.step_mechanism(mechanism) if self._plan else mechanism
-        step_method.warn_if_few_clipped_vectors(self._mechanism, self._loop_said)
+        mechanism = self._plan.step_mechanism(mechanism) if self._plan else mechanism
+        step_method.warn_if_few_clipped_vectors(mechanism, self._loop_said)
+        earlier = self._stages.value
         self._layer_scales, self._extra_events = layer_scales.for_fit(
             cfg, self.wrapped_model, self._require_loss(), self.distribute_strategy,
             (fx, fy, step_inputs.mask(fx, fw)), (self._layer_scales, self._extra_events),
-            self._rng, changed)
+            self._rng, earlier is not None and earlier.mechanism.global_batch_size != batch)
         variables = self._trained_variables()
         scales = tuple(self._layer_scales[i] for i in self._trained_indices())
-        rows = selection.for_config(cfg, self.wrapped_model, variables,
-                                    self._mechanism.sensitivity, n)
-        # a fresh stage each fit: BandMF's history restarts with the groups' cycle
-        self._noise_stage.value = noise_stage.for_mechanism(
-            self._mechanism, self._noise.value, variables, n, self.distribute_strategy, rows)
-        self._clip_plan = microbatch.ClipPlan(
-            k, self._mechanism.expected_examples_per_microbatch, scales,
-            cfg.l2_norm_clip, method, cfg.physical_batch_size,
-            local_training.for_config(cfg, k), rows, cfg.clipping == "per_layer")
-        self._normaliser = noise_stage.normaliser(self._mechanism)
         self._subspace.build(self.wrapped_model, self._require_loss(), variables,
                              cfg.l2_norm_clip, self.distribute_strategy)
-        self._post_processing = post_processing.chain(
-            n, rows is not None, self._subspace.stage, self.optimizer)
-        bias_corrected_adam.attach_mechanism_noise(self.optimizer, self._mechanism, variables,
+        self._stages.value = step_stages.make(
+            cfg, mechanism, self.wrapped_model, variables, scales, method, self._noise.value,
+            self.distribute_strategy, self.optimizer, self._subspace.stage)
+        bias_corrected_adam.attach_mechanism_noise(self.optimizer, mechanism, variables,
                                                    scales, self.dp_noise_multiplier)
         self.train_function = None  # constants changed: retrace
 
@@ -404,7 +389,8 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
     def train_step(self, data):
         x, y, w = keras.utils.unpack_x_y_sample_weight(data)
         w = step_inputs.mask(x, w)
-        plan = self._clip_plan
+        stages = self._stages.value
+        plan, mechanism = stages.clip, stages.mechanism
         variables = self._trained_variables()  # all trainable ones unless some are frozen
         # 1. this replica's micro-batch gradients (single / stacked / ghost / loop; chunked when
         #    the replica's rows exceed physical_batch_size)
@@ -415,15 +401,15 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # 3. noise: each variable's draw on one owner replica, std sqrt(N) x the per-replica std,
         #    so the replicas' sum carries exactly the mechanism's std z_t S C
         z_t = self.dp_noise_multiplier
-        std, denominator = self._normaliser.noise_std(
-            self._mechanism.per_replica_noise_std(z_t), w, plan.microbatch_size)
-        noisy, selected = self.noise_stage.add(clip, std)
+        std, denominator = stages.normaliser.noise_std(
+            mechanism.per_replica_noise_std(z_t), w, plan.microbatch_size)
+        noisy, selected = stages.noise.add(clip, std)
         # 4. back to gradient space, normalised by the expected number of micro-batches D (or,
         #    for the clipped-denominator estimator, by max(D, users drawn))
-        updates = self._normaliser.updates(noisy, plan.scales, denominator)
+        updates = stages.normaliser.updates(noisy, plan.scales, denominator)
         # 5. post-processing of the release: the replicas' sum where the step takes it, then
         #    the projection onto public directions
-        for stage in self._post_processing:
+        for stage in stages.post_processing:
             updates = stage(updates)
         # 6. apply (the optimizer SUMs the replicas' updates, or the shares of the release)
         self.optimizer.apply_gradients(zip(updates, variables))
@@ -432,7 +418,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             z_t, selected, grads, clip, y, w, shown=self._training_statistics,
             loss_tracker=self._loss_tracker, compiled_metrics=self._compile_metrics,
             microbatch_size=plan.microbatch_size, l2_norm_clip=plan.l2_norm_clip,
-            replica_share=self._mechanism.expected_microbatches / self.num_replicas)
+            replica_share=mechanism.expected_microbatches / self.num_replicas)
         return self._statistics.logs(self.get_metrics_result(), self._training_statistics,
                                      self.num_replicas)
 

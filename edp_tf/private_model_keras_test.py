@@ -257,7 +257,7 @@ def test_text_vectorization_declared_public_trains(replicas, length, method):
     labels = np.array([0, 1, 2, 0, 2, 1, 0, 2], "int32")
     data = tf.data.Dataset.from_tensor_slices((PRIVATE_TEXT, labels)).batch(8, drop_remainder=True)
     private.fit(data, epochs=1, verbose=0)
-    assert private._clip_plan.method == method
+    assert private._stages.value.clip.method == method
     # without noise, only the clipped gradients move them
     assert all(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))
 
