@@ -109,3 +109,12 @@ def describe(x) -> BatchSource:
     if hasattr(x, "__next__") or (hasattr(x, "__getitem__") and hasattr(x, "on_epoch_end")):
         return BatchSource("generator")  # a generator or a keras.utils.PyDataset
     return BatchSource("arrays")
+
+
+def offer(callbacks, source: BatchSource) -> None:
+    """Tells each callback that checks batch sources (a ledger, for its sampler) where a fit's
+    batches come from, before the first step: it refuses those its epsilon does not cover."""
+    for callback in callbacks:
+        check = getattr(callback, "check_batch_source", None)
+        if check is not None:
+            check(source)

@@ -48,3 +48,10 @@ def count(name: str, value, minimum: int = 0) -> int:
     if v < minimum:
         raise FieldError(_field(name), f"{name} must be an integer >= {minimum}, got {value!r}")
     return v
+
+
+def instance(what: str, value, kind, wanted: str):
+    """`value` when it is a `kind`, else ValueError: "{what} must be {wanted}, got <type>"."""
+    if not isinstance(value, kind):
+        raise ValueError(f"{what} must be {wanted}, got {type(value).__name__}")
+    return value

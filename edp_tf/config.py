@@ -427,13 +427,14 @@ class Incompatible(ValueError):
         self.field = field
 
 
-def compatibility(config: DPConfig, features: Features = Features()) -> None:
+def compatibility(config: DPConfig, features: Features = Features(), why: str = "") -> None:
     """Every rule on which fields and features combine: an `Incompatible` naming the first
     field at fault, else None. Called by DPConfig on construction (no features), by
-    PrivateModel with what it sees, and by applications before they build anything."""
+    PrivateModel with what it sees, and by applications before they build anything. `why`:
+    the reason a feature was chosen for the user, added to the refusal."""
     for field, broken, message in _rules(config, features):
         if broken:
-            raise Incompatible(field, message)
+            raise Incompatible(field, f"{message} ({why})" if why else message)
 
 
 def _rules(c: DPConfig, f: Features):

@@ -24,6 +24,7 @@ import tensorflow as tf
 from edp_tf import (
     batch_source,
     bias_corrected_adam,
+    checks,
     clipping_statistics,
     freezing,
     guarded_steps,
@@ -42,7 +43,7 @@ from edp_tf import (
     step_method,
     step_stages,
 )
-from edp_tf.config import DPConfig, Features, Incompatible, compatibility
+from edp_tf.config import DPConfig, Features, compatibility
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
 from edp_tf.privacy_facts import TRAINING_STATISTICS_SENTENCE  # noqa: F401 (its old home)
@@ -79,24 +80,18 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
     True shows them, and the ledger then lists them as not covered by epsilon.
 
     Keras habits, kept so that an ordinary model trains on the objective its user expects
-    (docs/design.md, section 2):
+    (docs/design.md, section 2, says why each meets per-example clipping as it does):
 
-    * Masks: an output with a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
-      position's loss by it, as Keras does, so padding adds no gradient. Each example's loss is
-      sum_t m_t l_t / T over the padded length T: Keras divides by the batch's count of valid
-      positions instead, a data-dependent normaliser clipping cannot use, so the update has
-      Keras' direction scaled by valid / (B T) (with several outputs, a masked output's weight
-      relative to the others shifts by that factor). Compiled metrics read the mask too.
-    * Dropout: eDP (`microbatch_size=None`) and `per_example_method="loop"` draw a mask per row
-      as Keras does; the vectorised methods (`"ghost"`, the default, and `"vectorized"`) draw
-      once per replica and step for all micro-batches (row r of each micro-batch shares its
-      mask; with microbatch_size=1 every example on a replica does). Replicas draw the same
-      masks, as in plain Keras under a MirroredStrategy. Epsilon is the same either way: the
-      masks depend on no example, so each clipped micro-batch still depends on its own only.
-    * Preprocessing inside the model (a `TextVectorization` taking strings): a leading chain of
-      row-wise preprocessing layers runs once per batch and the per-example machinery runs on
-      the rest; other string models are clipped with the loop. Naming a layer in
-      `public_layers` declares the layers it holds (TextVectorization's own StringLookup).
+    * Masks: an output's Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
+      position's loss, so padding adds no gradient. Each example's loss is sum_t m_t l_t / T
+      over the padded length T (Keras' divisor, the batch's count of valid positions, is data
+      dependent): Keras' direction scaled by valid / (B T).
+    * Dropout: eDP and `per_example_method="loop"` draw a mask per row; the vectorised methods
+      draw once per replica and step for all micro-batches. The masks depend on no example, so
+      epsilon is the same either way.
+    * Preprocessing inside the model (a `TextVectorization` taking strings) runs once per batch
+      before the per-example machinery; naming a layer in `public_layers` declares the layers
+      it holds (TextVectorization's own StringLookup).
     """
 
     # what the step logs when training statistics are hidden: public, a function of the schedule
@@ -106,16 +101,11 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
                  plan: Optional[PrivacyPlan] = None, training_statistics: bool = False,
                  **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(config, DPConfig):
-            raise ValueError(f"PrivateModel needs an edp_tf.DPConfig, got {type(config).__name__}")
-        if not isinstance(model, keras.layers.Layer):
-            raise ValueError(f"PrivateModel wraps a keras.Model, got {type(model).__name__}")
-        if plan is not None and not isinstance(plan, PrivacyPlan):
-            raise ValueError(f"PrivateModel's plan must be an edp_tf.PrivacyPlan, "
-                             f"got {type(plan).__name__}")
-        if not isinstance(training_statistics, bool):
-            raise ValueError(f"training_statistics must be True or False, "
-                             f"got {training_statistics!r}")
+        checks.instance("PrivateModel's config", config, DPConfig, "an edp_tf.DPConfig")
+        checks.instance("PrivateModel's model", model, keras.layers.Layer, "a keras.Model")
+        checks.instance("PrivateModel's plan", plan, (PrivacyPlan, type(None)),
+                        "an edp_tf.PrivacyPlan")
+        checks.instance("training_statistics", training_statistics, bool, "True or False")
         self.wrapped_model = model
         self._dp_config = config
         self._public_layers = tuple(str(name) for name in public_layers)
@@ -201,38 +191,12 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
 
     def privacy_facts(self) -> dict:
         """What the accountant needs to know about the mechanism (after the first `fit` starts)."""
-        cfg, mechanism = self._dp_config, self.mechanism  # known once fit has begun
-        plan, variables = self._stages.value.clip, self._trained_variables()
-        sparse = None if plan.selection is None else {
-            "selection_clip": cfg.selection_clip, "selection_threshold": cfg.selection_threshold,
-            "tables": [getattr(variables[i], "path", variables[i].name)
-                       for i in plan.selection.indices]}
-        return mechanism.to_dict() | {
-            "sparse_embeddings": sparse,  # informational: epsilon depends on z_c only
-            "clipping": cfg.clipping,  # informational: flat or per layer, S is the same
-            "local_epochs": cfg.local_epochs,  # DP-FedAvg's local epochs (0: DP-FedSGD)
-            # freeze_until: until this epoch some variables got no signal and no noise
-            "frozen_until_epoch": self._freeze.epoch,
-            "public_subspace": self._subspace.facts(),
-            "scaling": cfg.scaling,
-            "layer_scales": list(self._layer_scales),
-            "seed_fixed": cfg.seed_fixed,
-            "secure_noise": cfg.secure_noise,  # informational: the same distribution
-            "not_covered": privacy_facts.not_covered(self._plan, self._public_layers, cfg,
-                                                     self._subspace, self._training_statistics),
-            # the model's own queries, then the plan's releases made before the first step
-            "extra_events": [dict(e) for e in self._extra_events] + [
-                e.to_dict() for e in (self._plan.releases if self._plan is not None else ())],
-            # where the last fit's batches came from: the ledger checks it against its sampler
-            "batch_source": (self._batch_source.to_dict() if self._batch_source is not None
-                             else None),
-            "validation_data": self._validation,
-            "training_statistics": self._training_statistics,
-            # what the plan's epsilon (and a target's calibration) assumed: the ledger checks it
-            "plan": None if self._plan is None else {
-                "dataset_size": self._plan.dataset_size,
-                "sampling_rate": self._plan.sampling_rate, "delta": self._plan.delta},
-        }
+        return privacy_facts.describe(
+            self.mechanism, self._dp_config, self._stages.value.clip, self._trained_variables(),
+            frozen_until_epoch=self._freeze.epoch, subspace=self._subspace,
+            layer_scales=self._layer_scales, plan=self._plan, public_layers=self._public_layers,
+            training_statistics=self._training_statistics, extra_events=self._extra_events,
+            batch_source=self._batch_source, validation_data=self._validation)
 
     def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
         """Measures alpha on a batch of public (or synthetic) data; `scaling='public'` uses it."""
@@ -289,14 +253,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             multi_worker=multi_worker.is_multi_worker(self.distribute_strategy)), **changes)
 
     def _check_compatibility(self, why: str = "", **changes) -> None:
-        """edp_tf.config.compatibility of the config with these features (`why`: the reason a
-        feature was chosen for the user, added to the refusal)."""
-        try:
-            compatibility(self._dp_config, self._features(**changes))
-        except Incompatible as error:
-            if not why:
-                raise
-            raise Incompatible(error.field, f"{error} ({why})") from None
+        compatibility(self._dp_config, self._features(**changes), why)
 
     def restore_layer_scales(self, scales) -> None:
         """Reinstates the alpha a resumed run decided earlier (their cost is already accounted)."""
@@ -321,10 +278,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         self._batch_source = batch_source.describe(x)
         self._validation = kwargs.get("validation_data") is not None or bool(
             kwargs.get("validation_split"))
-        for callback in callbacks:  # a ledger refuses batches its epsilon does not cover
-            check = getattr(callback, "check_batch_source", None)
-            if check is not None:
-                check(self._batch_source)
+        batch_source.offer(callbacks, self._batch_source)
         first = step_inputs.first_batch(x, y, kwargs.get("sample_weight"), batch_size)
         step_inputs.check_fit_arguments(self._dp_config, kwargs, first)
         self._first_batch_seen = first
