@@ -28,9 +28,8 @@ class GracefulStop(keras.callbacks.Callback):
     """SIGTERM (a preempted machine) or SIGINT (Ctrl-C) finishes the current step, then stops.
 
     Keras still closes the epoch: the ledger charges the steps that ran (every step that ran is
-    charged, none twice), and `EpochEnd` checkpoints the weights after them, so a resume trains
-    the rest of that epoch. The handlers are the process's own only while
-    `fit` runs."""
+    charged, none twice), and `RunCheckpoints` checkpoints the weights after them, so a resume
+    trains the rest of that epoch. The handlers are the process's own only while `fit` runs."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -63,10 +62,10 @@ class GracefulStop(keras.callbacks.Callback):
         return self.signum is not None and self.steps_done < (self.params or {}).get("steps", 0)
 
 
-class EpochEnd(keras.callbacks.Callback):
-    """At an epoch's end the checkpoint, committed by state.json (after the ledger:
-    `checkpoints`), then the dev metrics into metrics.json. Inside an epoch, a checkpoint every
-    `checkpoint_seconds` (0: none) and one where a signal cut the epoch short (`GracefulStop`),
+class RunCheckpoints(keras.callbacks.Callback):
+    """The run's checkpoints, each committed by state.json after the ledger has charged its
+    steps (`in_resume_order`): at each epoch's end, and inside an epoch every
+    `checkpoint_seconds` (0: none) and where a signal cut the epoch short (`GracefulStop`),
     each at a step count that is a multiple of `step_multiple` (BandMF's b: the rest of the
     epoch is then whole cycles of the groups, charged exactly by the accountant; 0: none inside
     an epoch), so that a resume repeats at most the steps since the last one. Workers of a
@@ -74,30 +73,26 @@ class EpochEnd(keras.callbacks.Callback):
     so they take them every `every_steps` steps instead, and none where a signal stops them
     (`on_signal`), each worker at its own step."""
 
-    def __init__(self, run_dir, model, preprocessor, dev, dev_x, checkpoint, state, private,
-                 diagnostics: bool = False, graceful: "GracefulStop | None" = None,
-                 phases: "timing.Phases | None" = None, checkpoint_seconds: float = 0.0,
-                 step_multiple: int = 1, every_steps: int = 0, on_signal: bool = True):
+    def __init__(self, run_dir, checkpoint, state, private,
+                 graceful: "GracefulStop | None" = None, phases: "timing.Phases | None" = None,
+                 checkpoint_seconds: float = 0.0, step_multiple: int = 1, every_steps: int = 0,
+                 on_signal: bool = True):
         super().__init__()
         self.phases = phases or timing.Phases()
         self.graceful = graceful
-        self.diagnostics = diagnostics
-        self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
-        self.dev, self.dev_x = dev, dev_x
+        self.run_dir = run_dir
         self.checkpoint, self.state, self.private = checkpoint, state, private
         self.checkpoint_seconds = float(checkpoint_seconds)
         self.step_multiple = int(step_multiple)
         self.every_steps, self.on_signal = int(every_steps), bool(on_signal)
         self.continued: tuple = (None, 0)  # (epoch, steps done before this fit) of a resume
-        self._start = self._saved = time.time()
+        self._saved = time.time()
         self._epoch, self._offset = 0, 0
-        self.predict_step = predictions.decoding_step(model)  # the test metrics' trace too
 
     def on_train_begin(self, logs=None):
         self._saved = time.time()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = time.time()
         self._epoch = epoch
         self._offset = self.continued[1] if self.continued[0] == epoch else 0
 
@@ -112,16 +107,52 @@ class EpochEnd(keras.callbacks.Callback):
             self._save_inside(self._epoch, done)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.graceful is not None and self.graceful.epoch_cut_short():
+        if _cut_short(self.graceful):
             # its steps are charged; the resumed run trains the rest of the epoch again
             if self.on_signal:
                 self._save_inside(epoch, self._offset + self.graceful.steps_done)
             return
-        seconds = time.time() - self._start
-        # the checkpoint first: a kill during the dev evaluation loses no step (the resume
-        # evaluates what is missing: `record_dev`)
         self._commit(epoch + 1, 0)
-        self.record_dev(epoch, seconds, logs)
+
+    def _save_inside(self, epoch: int, steps_done: int) -> None:
+        """A checkpoint `steps_done` steps into `epoch` (none at a step that is not a multiple
+        of `step_multiple`, or with `step_multiple` 0: the resume then starts from the previous
+        one)."""
+        if steps_done > 0 and self.step_multiple and steps_done % self.step_multiple == 0:
+            self._commit(epoch, steps_done)
+
+    def _commit(self, epochs_done: int, steps_done: int) -> None:
+        with self.phases.phase("checkpoints"):
+            checkpoints.write(
+                self.checkpoint, self.run_dir, self.state, epochs_done,
+                list(self.private.layer_scales) if self.private is not None else None,
+                lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state),
+                steps_done)
+        self._saved = time.time()
+
+
+class DevEvaluation(keras.callbacks.Callback):
+    """At each whole epoch's end, after its checkpoint (`in_resume_order`: a kill during the
+    evaluation loses no step, and the resume evaluates what is missing, `record_dev`), the dev
+    metrics of the weights the epoch ended with, into metrics.json."""
+
+    def __init__(self, run_dir, model, preprocessor, dev, dev_x, diagnostics: bool = False,
+                 graceful: "GracefulStop | None" = None, phases: "timing.Phases | None" = None):
+        super().__init__()
+        self.phases = phases or timing.Phases()
+        self.graceful = graceful
+        self.diagnostics = diagnostics
+        self.run_dir, self.joint, self.preprocessor = run_dir, model, preprocessor
+        self.dev, self.dev_x = dev, dev_x
+        self._start = time.time()
+        self.predict_step = predictions.decoding_step(model)  # the test metrics' trace too
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.time()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not _cut_short(self.graceful):  # a cut epoch trains again on resume
+            self.record_dev(epoch, time.time() - self._start, logs)
 
     def record_dev(self, epoch: int, seconds: "float | None", logs=None) -> None:
         """Epoch `epoch`'s dev metrics (of the weights it ended with) into metrics.json."""
@@ -150,21 +181,9 @@ class EpochEnd(keras.callbacks.Callback):
                     read_json(os.path.join(self.run_dir, METRICS_FILE), {"epochs": []})["epochs"]}
         return epochs_done > 0 and epochs_done - 1 not in recorded
 
-    def _save_inside(self, epoch: int, steps_done: int) -> None:
-        """A checkpoint `steps_done` steps into `epoch` (none at a step that is not a multiple
-        of `step_multiple`, or with `step_multiple` 0: the resume then starts from the previous
-        one)."""
-        if steps_done > 0 and self.step_multiple and steps_done % self.step_multiple == 0:
-            self._commit(epoch, steps_done)
 
-    def _commit(self, epochs_done: int, steps_done: int) -> None:
-        with self.phases.phase("checkpoints"):
-            checkpoints.write(
-                self.checkpoint, self.run_dir, self.state, epochs_done,
-                list(self.private.layer_scales) if self.private is not None else None,
-                lambda state: write_json(os.path.join(self.run_dir, STATE_FILE), state),
-                steps_done)
-        self._saved = time.time()
+def _cut_short(graceful: "GracefulStop | None") -> bool:
+    return graceful is not None and graceful.epoch_cut_short()
 
 
 # --------------------------------------------------------------------------- training
@@ -195,18 +214,21 @@ class PublicProgress(keras.callbacks.ProgbarLogger):
         super().on_epoch_end(epoch, public)
 
 
-def in_resume_order(privacy_ledger, epoch_end: EpochEnd, tensorboard_dir, extra=(),
+def in_resume_order(privacy_ledger, run_checkpoints: RunCheckpoints,
+                    dev_evaluation: DevEvaluation, tensorboard_dir, extra=(),
                     diagnostics: bool = False) -> list:
-    """[privacy ledger, EpochEnd, TensorBoard, extra, progress bar]: at the end of an epoch the
-    ledger charges it *before* EpochEnd saves its checkpoint and state, so an interruption can
-    only make the ledger count an epoch whose weights were lost (an over-estimate of epsilon),
-    never the reverse. The ledger also refuses an epoch over the budget before its first step.
-    `privacy_ledger` None (plain SGD) and `tensorboard_dir` None are left out. A private run
-    without `diagnostics` gets the public progress bar, last so that it shows the epsilon of
-    the epoch that just ended."""
-    ordered = [epoch_end.graceful] if epoch_end.graceful is not None else []
+    """[graceful stop, privacy ledger, checkpoints, dev evaluation, TensorBoard, extra, progress
+    bar]: at the end of an epoch the ledger charges it *before* its checkpoint and state are
+    saved, so an interruption can only make the ledger count an epoch whose weights were lost
+    (an over-estimate of epsilon), never the reverse; the dev evaluation comes after the
+    checkpoint, so a kill during it loses no step. The ledger also refuses an epoch over the
+    budget before its first step. `privacy_ledger` None (plain SGD) and `tensorboard_dir` None
+    are left out. A private run without `diagnostics` gets the public progress bar, last so
+    that it shows the epsilon of the epoch that just ended."""
+    graceful = run_checkpoints.graceful
+    ordered = [graceful] if graceful is not None else []
     ordered += [privacy_ledger] if privacy_ledger is not None else []
-    ordered.append(epoch_end)
+    ordered += [run_checkpoints, dev_evaluation]
     if tensorboard_dir is not None:  # the training loss and clipping statistics: diagnostics
         ordered.append(keras.callbacks.TensorBoard(tensorboard_dir, write_graph=False,
                                                    profile_batch=0))

@@ -118,17 +118,21 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
-    epoch_end = callbacks_lib.EpochEnd(
-        run_dir, model, data.preprocessor, data.splits.dev, data.dev_x, checkpoint, state,
-        trainer if private else None, bool(spec.run.diagnostics), callbacks_lib.GracefulStop(),
-        phases, *_inside_epoch_checkpoints(spec, strategy, private, steps))
+    graceful = callbacks_lib.GracefulStop()
+    run_checkpoints = callbacks_lib.RunCheckpoints(
+        run_dir, checkpoint, state, trainer if private else None, graceful, phases,
+        *_inside_epoch_checkpoints(spec, strategy, private, steps))
+    evaluation = callbacks_lib.DevEvaluation(
+        run_dir, model, data.preprocessor, data.splits.dev, data.dev_x,
+        bool(spec.run.diagnostics), graceful, phases)
     initial_epoch = int(state.get("epochs_done", 0))
     budget_refused = _train_epochs(spec, run_dir, resume, state, trainer, ds, steps, ledger,
-                                   epoch_end, (timing.StepTimes(phases), *callbacks))
+                                   run_checkpoints, evaluation,
+                                   (timing.StepTimes(phases), *callbacks))
     if private:  # a resume with no epoch left starts no fit: an interrupted charge is its own
         ledger_lib.settle_interrupted(run_dir)
     record, test, attack = _evaluate_and_export(run_dir, data, model, trainer,
-                                                epoch_end.predict_step, phases, export)
+                                                evaluation.predict_step, phases, export)
     done = int(state.get("epochs_done", initial_epoch))
     stopped = _budget_stop(done, spec.sampling.epochs, budget_refused, ledger)
     state["stopped"] = stopped
@@ -191,7 +195,7 @@ def _private_step(spec: run_spec.RunSpec, data: _Data, state: dict, run_dir: str
 
 def _train_epochs(spec: run_spec.RunSpec, run_dir: str, resume: bool, state: dict, trainer,
                   ds, steps: int,
-                  ledger, epoch_end, extra_callbacks: tuple) -> bool:
+                  ledger, run_checkpoints, evaluation, extra_callbacks: tuple) -> bool:
     """Trains the epochs left (from the checkpoint restored, inside an epoch or at its end);
     returns whether the budget refused one. A signal's graceful stop raises StoppedBySignal
     with the way to continue."""
@@ -199,18 +203,19 @@ def _train_epochs(spec: run_spec.RunSpec, run_dir: str, resume: bool, state: dic
     # killed between an epoch's checkpoint and its dev metrics: the weights restored are that
     # epoch's (not so from a checkpoint inside the next epoch)
     if (resume and not state.get("steps_done")
-            and epoch_end.missing_dev_record(initial_epoch)):
-        epoch_end.record_dev(initial_epoch - 1, None)
+            and evaluation.missing_dev_record(initial_epoch)):
+        evaluation.record_dev(initial_epoch - 1, None)
     epochs, diagnostics = int(spec.sampling.epochs), bool(spec.run.diagnostics)
     if initial_epoch >= epochs:
         return False
     fit_callbacks = callbacks_lib.in_resume_order(
-        ledger, epoch_end, os.path.join(run_dir, "tensorboard") if diagnostics else None,
+        ledger, run_checkpoints, evaluation,
+        os.path.join(run_dir, "tensorboard") if diagnostics else None,
         extra_callbacks, diagnostics)
     budget_refused = _fit_remaining(trainer, ds, epochs, steps, initial_epoch,
-                                    int(state.get("steps_done", 0)), fit_callbacks, epoch_end,
-                                    ledger)
-    graceful = epoch_end.graceful
+                                    int(state.get("steps_done", 0)), fit_callbacks,
+                                    run_checkpoints, ledger)
+    graceful = run_checkpoints.graceful
     if graceful.signum is not None:
         done = int(state.get("epochs_done", initial_epoch))
         raise callbacks_lib.StoppedBySignal(graceful.signum, (
@@ -234,13 +239,13 @@ def _budget_stop(done: int, epochs: int, budget_refused: bool, ledger) -> Option
 
 
 def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps_done: int,
-                   callbacks: list, epoch_end, ledger) -> bool:
+                   callbacks: list, run_checkpoints, ledger) -> bool:
     """Trains epochs `first_epoch`..`epochs` - 1, of which `steps_done` steps of the first ran
     before a checkpoint inside it: that epoch's rest is a fit of its own, then the others.
     Returns whether the budget refused an epoch before its first step."""
     fits = [(first_epoch, epochs, steps)]
     if steps_done:
-        epoch_end.continued = (first_epoch, steps_done)
+        run_checkpoints.continued = (first_epoch, steps_done)
         fits = [(first_epoch, first_epoch + 1, steps - steps_done)]
         if first_epoch + 1 < epochs:
             fits.append((first_epoch + 1, epochs, steps))
@@ -255,7 +260,8 @@ def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps
             if ledger is not None:  # what ran is charged now, exactly (a kill: on resume)
                 ledger.close_interrupted()
             raise
-        stopped = epoch_end.graceful is not None and epoch_end.graceful.signum is not None
+        graceful = run_checkpoints.graceful
+        stopped = graceful is not None and graceful.signum is not None
         if stopped or (ledger is not None and ledger.stopped_after_epoch is not None):
             break
     return False
@@ -263,7 +269,7 @@ def _fit_remaining(trainer, ds, epochs: int, steps: int, first_epoch: int, steps
 
 def _inside_epoch_checkpoints(spec: run_spec.RunSpec, strategy, private: bool,
                               steps: int) -> tuple:
-    """EpochEnd's (checkpoint_seconds, step_multiple, every_steps, on_signal): checkpoints
+    """RunCheckpoints' (checkpoint_seconds, step_multiple, every_steps, on_signal): checkpoints
     inside an epoch at multiples of BandMF's b (1 otherwise). A multi-worker run's workers must
     write theirs at the same steps, so they take one every quarter epoch (rounded up to that
     multiple), none by time or where a signal stops them."""
