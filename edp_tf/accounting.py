@@ -32,6 +32,7 @@ from edp_tf import checks
 from edp_tf.mechanism import (  # noqa: F401  (re-exported: the accountant's vocabulary)
     DECAYS,
     NOISE_MODES,
+    StepNoise,
     effective_noise_multiplier,
     joint_noise_multiplier,
     noise_multiplier_at,
@@ -221,6 +222,42 @@ def gaussian_delta(delta: float, extras: Sequence[ExtraEvent]) -> float:
     return left
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A run's length as the accountant charges it: `epochs` epochs of `steps_per_epoch` steps
+    from the 0-based `first_epoch` on, of which `first_epoch_steps` are left of the first (a
+    run resumed from a checkpoint inside it; None: a whole epoch)."""
+
+    epochs: int
+    steps_per_epoch: int
+    first_epoch: int = 0
+    first_epoch_steps: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        checks.count("epochs", self.epochs)
+        checks.count("steps_per_epoch", self.steps_per_epoch)
+        checks.count("first_epoch", self.first_epoch)
+        if self.first_epoch_steps is not None:
+            checks.count("first_epoch_steps", self.first_epoch_steps, 1)
+
+
+def schedule_records(noise: StepNoise, schedule: Schedule) -> tuple:
+    """The EpochRecords of `schedule`'s epochs of steps with `noise` (formulas of
+    edp_tf/mechanism.py); with sparse embedding noise each step's multiplier joins the row
+    selection's z_c; bands b > 1: BandMF epochs."""
+    if noise.decay not in DECAYS:
+        raise ValueError(f"decay must be one of {DECAYS}, got {noise.decay!r}")
+    checks.number("decay_rate", noise.decay_rate, 0.0)
+    first = schedule.first_epoch
+    records = []
+    for t in range(first, first + schedule.epochs):
+        z_t, z_eff = noise.at(t)
+        steps = (schedule.first_epoch_steps if t == first and schedule.first_epoch_steps
+                 is not None else schedule.steps_per_epoch)
+        records.append(EpochRecord(t, steps, z_t, z_eff, noise.bands))
+    return tuple(records)
+
+
 def plan_schedule(
     noise_multiplier: float,
     epochs: int,
@@ -235,26 +272,12 @@ def plan_schedule(
     bands: int = 1,
     first_epoch_steps: Optional[int] = None,
 ) -> tuple:
-    """The EpochRecords of a planned run (formulas of edp_tf/mechanism.py); with sparse
-    embedding noise each step's multiplier joins the row selection's z_c; `bands` b > 1:
-    BandMF epochs. `first_epoch_steps`: the first epoch's steps when fewer than a whole epoch's
-    are left (a run resumed from a checkpoint inside that epoch)."""
-    checks.count("epochs", epochs)
-    checks.count("steps_per_epoch", steps_per_epoch)
-    first_steps = (steps_per_epoch if first_epoch_steps is None else
-                   checks.count("first_epoch_steps", first_epoch_steps, 1))
-    if decay not in DECAYS:
-        raise ValueError(f"decay must be one of {DECAYS}, got {decay!r}")
-    checks.number("decay_rate", decay_rate, 0.0)
-    records = []
-    for t in range(first_epoch, first_epoch + epochs):
-        z_t = noise_multiplier_at(t, noise_multiplier, decay, decay_rate)
-        z_eff = joint_noise_multiplier(
-            effective_noise_multiplier(z_t, noise_mode, replicas, sensitivity),
-            selection_noise_multiplier)
-        steps = first_steps if t == first_epoch else steps_per_epoch
-        records.append(EpochRecord(t, steps, z_t, z_eff, bands))
-    return tuple(records)
+    """`schedule_records` from scalars, for a caller without a `Mechanism` (a DP-SGD run
+    described by its numbers, as tensorflow-privacy's functions take them)."""
+    return schedule_records(
+        StepNoise(noise_multiplier, decay, decay_rate, noise_mode, replicas, sensitivity,
+                  selection_noise_multiplier, bands),
+        Schedule(epochs, steps_per_epoch, first_epoch, first_epoch_steps))
 
 
 # ------------------------------------------------------------------------- events and epsilon
@@ -560,6 +583,62 @@ def compute_epsilons(
 
 
 # ------------------------------------------------------------------------- calibration
+def calibrate(noise: StepNoise, schedule: Schedule, target_epsilon: float, delta: float,
+              sampling_rate: float, extra_events: Iterable = (), accountant: str = "pld",
+              charged: Sequence[EpochRecord] = (), tolerance: float = 1e-3) -> float:
+    """The smallest z0 (within relative `tolerance`) whose `schedule` of steps with `noise`
+    (its noise_multiplier is what is calibrated) has epsilon <= target.
+
+    `charged`: epochs a ledger has charged already (a resumed run, interruptions included);
+    the schedule is composed after them, so that the whole run lands at the target.
+
+    Bisection on log z0 (epsilon decreases in z0 for every decay and mode); the answer is the
+    upper end of the final bracket, so it always meets the target. For PLD, RDP's answer at
+    integer orders (cheap, and above PLD's) starts the bracket.
+    """
+    target = checks.number("target_epsilon", target_epsilon, 0.0, True)
+    delta, q = check_delta(delta), check_sampling_rate(sampling_rate)
+    _check_accountant(accountant)
+    tolerance = checks.number("tolerance", tolerance, 0.0, True, 1.0, True)
+    extras = as_extra_events(extra_events)
+    if schedule.epochs == 0 or schedule.steps_per_epoch == 0:
+        raise ValueError("calibrate_noise needs epochs >= 1 and steps_per_epoch >= 1")
+    charged = tuple(charged)
+
+    def eps(z0: float, acct: str) -> float:
+        records = schedule_records(dataclasses.replace(noise, noise_multiplier=z0), schedule)
+        return _epsilon(charged + records, q, delta, extras, acct)
+
+    def smallest(acct: str, hi: float, factor: float) -> float:
+        """The bracket from `hi` by `factor`, then `_smallest_meeting` in it."""
+        e_hi = eps(hi, acct)
+        while e_hi > target:
+            hi *= factor
+            if hi > 1e6:
+                raise ValueError(f"target_epsilon={target} needs a noise multiplier above 1e6")
+            e_hi = eps(hi, acct)
+        lo = hi / factor
+        e_lo = eps(lo, acct)
+        while e_lo <= target:
+            hi, e_hi, lo = lo, e_lo, lo / factor
+            if lo < 1e-6:
+                return hi
+            e_lo = eps(lo, acct)
+        return _smallest_meeting(lambda z: eps(z, acct), target, lo, e_lo, hi, e_hi, tolerance)
+
+    z_c, epochs, steps = noise.selection_noise_multiplier, schedule.epochs, schedule.steps_per_epoch
+    _refuse_unreachable_target(target, q, delta, extras, accountant, charged, z_c, epochs, steps)
+    if accountant == "rdp":
+        return smallest("rdp", 1.0, 2.0)
+    try:  # PLD is tighter: its answer lies a little below RDP's, which is quick to find
+        _refuse_unreachable_target(target, q, delta, extras, _RDP_BRACKET, charged, z_c, epochs,
+                                   steps)
+        hi, factor = smallest(_RDP_BRACKET, 1.0, 2.0), 1.25
+    except ValueError:  # RDP's looser bound of what is charged may spend the target alone
+        hi, factor = 1.0, 2.0
+    return smallest(accountant, hi, factor)
+
+
 def calibrate_noise(
     target_epsilon: float,
     delta: float,
@@ -580,62 +659,13 @@ def calibrate_noise(
     bands: int = 1,
     first_epoch_steps: Optional[int] = None,
 ) -> float:
-    """The smallest z0 (within relative `tolerance`) whose schedule has epsilon <= target.
-
-    `charged`: epochs a ledger has charged already (a resumed run, interruptions included);
-    the schedule is then the `epochs` epochs from the 0-based `first_epoch` on, composed after
-    them, so that the whole run lands at the target; `first_epoch_steps`: what is left of the
-    first of them (a run resumed inside it).
-
-    Bisection on log z0 (epsilon decreases in z0 for every decay and mode); the answer is the
-    upper end of the final bracket, so it always meets the target. For PLD, RDP's answer at
-    integer orders (cheap, and above PLD's) starts the bracket.
-    """
-    target = checks.number("target_epsilon", target_epsilon, 0.0, True)
-    delta, q = check_delta(delta), check_sampling_rate(sampling_rate)
-    _check_accountant(accountant)
-    tolerance = checks.number("tolerance", tolerance, 0.0, True, 1.0, True)
-    extras = as_extra_events(extra_events)
-    if checks.count("epochs", epochs) == 0 or checks.count("steps_per_epoch", steps_per_epoch) == 0:
-        raise ValueError("calibrate_noise needs epochs >= 1 and steps_per_epoch >= 1")
-
-    charged = tuple(charged)
-    first_epoch = checks.count("first_epoch", first_epoch)
-
-    def eps(z0: float, acct: str) -> float:
-        records = plan_schedule(z0, epochs, steps_per_epoch, decay, decay_rate, noise_mode,
-                                replicas, sensitivity, first_epoch, selection_noise_multiplier,
-                                bands, first_epoch_steps)
-        return _epsilon(charged + records, q, delta, extras, acct)
-
-    def smallest(acct: str, hi: float, factor: float) -> float:
-        """The bracket from `hi` by `factor`, then `_smallest_meeting` in it."""
-        e_hi = eps(hi, acct)
-        while e_hi > target:
-            hi *= factor
-            if hi > 1e6:
-                raise ValueError(f"target_epsilon={target} needs a noise multiplier above 1e6")
-            e_hi = eps(hi, acct)
-        lo = hi / factor
-        e_lo = eps(lo, acct)
-        while e_lo <= target:
-            hi, e_hi, lo = lo, e_lo, lo / factor
-            if lo < 1e-6:
-                return hi
-            e_lo = eps(lo, acct)
-        return _smallest_meeting(lambda z: eps(z, acct), target, lo, e_lo, hi, e_hi, tolerance)
-
-    _refuse_unreachable_target(target, q, delta, extras, accountant, charged,
-                               selection_noise_multiplier, epochs, steps_per_epoch)
-    if accountant == "rdp":
-        return smallest("rdp", 1.0, 2.0)
-    try:  # PLD is tighter: its answer lies a little below RDP's, which is quick to find
-        _refuse_unreachable_target(target, q, delta, extras, _RDP_BRACKET, charged,
-                                   selection_noise_multiplier, epochs, steps_per_epoch)
-        hi, factor = smallest(_RDP_BRACKET, 1.0, 2.0), 1.25
-    except ValueError:  # RDP's looser bound of what is charged may spend the target alone
-        hi, factor = 1.0, 2.0
-    return smallest(accountant, hi, factor)
+    """`calibrate` from scalars, for a caller without a `Mechanism` (a DP-SGD run described
+    by its numbers, as tensorflow-privacy's functions take them)."""
+    return calibrate(
+        StepNoise(1.0, decay, decay_rate, noise_mode, replicas, sensitivity,
+                  selection_noise_multiplier, bands),
+        Schedule(epochs, steps_per_epoch, first_epoch, first_epoch_steps), target_epsilon,
+        delta, sampling_rate, extra_events, accountant, charged, tolerance)
 
 
 def _refuse_unreachable_target(target: float, q: float, delta: float, extras: tuple,

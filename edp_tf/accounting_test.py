@@ -1,4 +1,5 @@
 """Accounting: effective multipliers, composition per epoch, tf-privacy agreement, calibration."""
+import dataclasses
 import math
 import re
 import sys
@@ -6,7 +7,7 @@ import sys
 import dp_accounting
 import pytest
 
-from edp_tf import DPConfig
+from edp_tf import DPConfig, Mechanism
 from edp_tf import accounting as acc
 
 accounting = acc
@@ -486,3 +487,21 @@ def test_the_cached_pld_composition_is_dp_accountings_number_for_number():
     assert ours.get_epsilon(1e-5) == float(theirs.get_epsilon(1e-5))
     ours.add(0.0, 0.02, 1)
     assert ours.get_epsilon(1e-5) == math.inf
+
+
+def test_typed_calibration_is_the_scalar_one_and_meets_the_target():
+    """calibrate(StepNoise, Schedule) is what calibrate_noise computes, and a Mechanism's
+    step_noise carries every field the accountant reads."""
+    noise = acc.StepNoise(decay="linear", decay_rate=0.5, replicas=2, sensitivity=2)
+    schedule = acc.Schedule(3, 40, first_epoch=1, first_epoch_steps=25)
+    z0 = acc.calibrate(noise, schedule, 4.0, 1e-5, 0.05)
+    assert z0 == acc.calibrate_noise(4.0, 1e-5, 0.05, 3, 40, "linear", 0.5, replicas=2,
+                                     sensitivity=2, first_epoch=1, first_epoch_steps=25)
+    records = acc.schedule_records(dataclasses.replace(noise, noise_multiplier=z0), schedule)
+    assert [r.steps for r in records] == [25, 40, 40] and [r.epoch for r in records] == [1, 2, 3]
+    assert acc.compute_epsilon(records, 0.05, 1e-5) <= 4.0
+    mechanism = Mechanism(2, 64, 1, decay="linear", decay_rate=0.5, noise_multiplier=z0)
+    assert mechanism.step_noise == dataclasses.replace(noise, noise_multiplier=z0,
+                                                       sensitivity=mechanism.sensitivity)
+    with pytest.raises(ValueError, match="first_epoch_steps"):
+        acc.Schedule(3, 40, first_epoch_steps=0)

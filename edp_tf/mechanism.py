@@ -101,6 +101,31 @@ def joint_noise_multiplier(effective: float, selection: Optional[float]) -> floa
 
 
 @dataclasses.dataclass(frozen=True)
+class StepNoise:
+    """A step's noise as the accountant charges it: z0 and its per-epoch decay, how the
+    replicas' draws meet the sensitivity S (`noise_mode`, `replicas`), the sparse rows' z_c and
+    BandMF's bands. `Mechanism.step_noise` is the run's; accounting takes this value, not its
+    fields one by one."""
+
+    noise_multiplier: float = 1.0
+    decay: str = "none"
+    decay_rate: float = 0.0
+    noise_mode: str = "calibrated"
+    replicas: int = 1
+    sensitivity: float = 1
+    selection_noise_multiplier: Optional[float] = None
+    bands: int = 1
+
+    def at(self, epoch: int) -> tuple:
+        """(z_t, z_eff_t) of `epoch`: the step's multiplier, and the one the accountant
+        charges (per sensitivity of the summed noise, joined with the selection's z_c)."""
+        z_t = noise_multiplier_at(epoch, self.noise_multiplier, self.decay, self.decay_rate)
+        return z_t, joint_noise_multiplier(
+            effective_noise_multiplier(z_t, self.noise_mode, self.replicas, self.sensitivity),
+            self.selection_noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
 class Mechanism:
     """What one run's private step does, completely: geometry, clipping, noise and schedule.
 
@@ -204,6 +229,13 @@ class Mechanism:
                    config.expected_batch_size, config.privacy_unit, config.user_estimator,
                    config.selection_noise_multiplier if config.sparse_embeddings else None,
                    config.augment_copies, config.bandmf_bands)
+
+    @property
+    def step_noise(self) -> StepNoise:
+        """What the accountant charges of each step."""
+        return StepNoise(self.noise_multiplier, self.decay, self.decay_rate, self.noise_mode,
+                         self.replicas, self.sensitivity, self.selection_noise_multiplier,
+                         self.bands)
 
     # --------------------------------------------------------------- geometry and sensitivity
     @property

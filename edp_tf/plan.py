@@ -20,10 +20,8 @@ def schedule(mechanism: Mechanism, epochs: int, steps_per_epoch: int,
              first_epoch: int = 0, first_epoch_steps: Optional[int] = None) -> tuple:
     """The accountant's EpochRecords of `epochs` epochs of `steps_per_epoch` steps of
     `mechanism`, from the 0-based `first_epoch` on (of which `first_epoch_steps` are left)."""
-    return accounting.plan_schedule(
-        mechanism.noise_multiplier, epochs, steps_per_epoch, mechanism.decay,
-        mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
-        first_epoch, mechanism.selection_noise_multiplier, mechanism.bands, first_epoch_steps)
+    return accounting.schedule_records(mechanism.step_noise, accounting.Schedule(
+        epochs, steps_per_epoch, first_epoch, first_epoch_steps))
 
 
 def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, sampling_rate: float,
@@ -33,12 +31,10 @@ def calibrate(mechanism: Mechanism, target_epsilon: float, delta: float, samplin
     """`mechanism` with the smallest z0 whose schedule (plus `extra_events`, after the epochs
     `charged` already; `epochs` from `first_epoch` on, `first_epoch_steps` left of the first)
     meets (target_epsilon, delta)."""
-    z0 = accounting.calibrate_noise(
-        target_epsilon, delta, sampling_rate, epochs, steps_per_epoch, mechanism.decay,
-        mechanism.decay_rate, mechanism.noise_mode, mechanism.replicas, mechanism.sensitivity,
-        accountant, extra_events, selection_noise_multiplier=mechanism.selection_noise_multiplier,
-        charged=charged, first_epoch=first_epoch, bands=mechanism.bands,
-        first_epoch_steps=first_epoch_steps)
+    z0 = accounting.calibrate(
+        mechanism.step_noise, accounting.Schedule(epochs, steps_per_epoch, first_epoch,
+                                                  first_epoch_steps),
+        target_epsilon, delta, sampling_rate, extra_events, accountant, charged)
     return dataclasses.replace(mechanism, noise_multiplier=z0)
 
 
