@@ -18,12 +18,17 @@ from scipy import stats
 
 from edp_tf.sampling import poisson_max_batch_size
 
-_N = flags.DEFINE_integer("dataset_size", 8000, "Examples n.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Expected batch q n.")
-_Z = flags.DEFINE_float("noise_multiplier", 1.0, "Noise multiplier z.")
-_STEPS = flags.DEFINE_integer("steps", 620, "Steps of the run.")
-_SIZES = flags.DEFINE_list("truncated_sizes", [], "Truncated batch sizes (default: 1 to 5 "
-                           "standard deviations of the count above its mean).")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined when run as a command only: importing `epsilon` (its test) defines none."""
+    flags.DEFINE_integer("dataset_size", 8000, "Examples n.")
+    flags.DEFINE_integer("batch_size", 256, "Expected batch q n.")
+    flags.DEFINE_float("noise_multiplier", 1.0, "Noise multiplier z.")
+    flags.DEFINE_integer("steps", 620, "Steps of the run.")
+    flags.DEFINE_list("truncated_sizes", [], "Truncated batch sizes (default: 1 to 5 standard "
+                      "deviations of the count above its mean).")
 
 
 def epsilon(n: int, q: float, z: float, steps: int, delta: float, size: int = 0) -> float:
@@ -37,12 +42,12 @@ def epsilon(n: int, q: float, z: float, steps: int, delta: float, size: int = 0)
 
 def main(argv) -> None:
     del argv
-    n, batch, z, steps = _N.value, _BATCH.value, _Z.value, _STEPS.value
+    n, batch, z, steps = FLAGS.dataset_size, FLAGS.batch_size, FLAGS.noise_multiplier, FLAGS.steps
     q, delta = batch / n, 1.0 / n
     padded = poisson_max_batch_size(n, q)
     full = epsilon(n, q, z, steps, delta)
     std = (n * q * (1 - q)) ** 0.5
-    sizes = ([int(s) for s in _SIZES.value] if _SIZES.value else
+    sizes = ([int(s) for s in FLAGS.truncated_sizes] if FLAGS.truncated_sizes else
              [int(round(batch + k * std)) for k in range(1, 6)])
     print(f"n={n}, expected batch {batch}, z={z}, {steps} steps, delta={delta:.3g}")
     print("| rows per step | rows / expected | P(count > rows) | epsilon | epsilon / padded's |")
@@ -56,4 +61,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

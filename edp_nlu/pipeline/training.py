@@ -118,13 +118,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     if ledger is not None:  # epsilon after each epoch, and the budget's prediction of the next
         phases.time_methods(ledger, ("on_train_begin", "on_epoch_begin", "on_epoch_end"),
                             "privacy accounting")
-    graceful = callbacks_lib.GracefulStop()
-    run_checkpoints = callbacks_lib.RunCheckpoints(
-        run_dir, checkpoint, state, trainer if private else None, graceful, phases,
-        *_inside_epoch_checkpoints(spec, strategy, private, steps))
-    evaluation = callbacks_lib.DevEvaluation(
-        run_dir, model, data.preprocessor, data.splits.dev, data.dev_x,
-        bool(spec.run.diagnostics), graceful, phases)
+    run_checkpoints, evaluation = _checkpoints_and_evaluation(
+        spec, run_dir, data, model, trainer if private else None, checkpoint, state, strategy,
+        steps, phases)
     initial_epoch = int(state.get("epochs_done", 0))
     budget_refused = _train_epochs(spec, run_dir, resume, state, trainer, ds, steps, ledger,
                                    run_checkpoints, evaluation,
@@ -150,6 +146,21 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
         "noise_multiplier": z0 if private else 0.0, "timing": phases.breakdown(),
         "stopped": stopped,
     }
+
+
+def _checkpoints_and_evaluation(spec: run_spec.RunSpec, run_dir: str, data: _Data, model,
+                                private_model, checkpoint, state: dict, strategy, steps: int,
+                                phases: timing.Phases) -> tuple:
+    """(RunCheckpoints, DevEvaluation), sharing one GracefulStop: an epoch a signal cut short
+    is checkpointed where it stopped and not evaluated."""
+    graceful = callbacks_lib.GracefulStop()
+    run_checkpoints = callbacks_lib.RunCheckpoints(
+        run_dir, checkpoint, state, private_model, graceful, phases,
+        *_inside_epoch_checkpoints(spec, strategy, private_model is not None, steps))
+    evaluation = callbacks_lib.DevEvaluation(
+        run_dir, model, data.preprocessor, data.splits.dev, data.dev_x,
+        bool(spec.run.diagnostics), graceful, phases)
+    return run_checkpoints, evaluation
 
 
 def _evaluate_and_export(run_dir: str, data: _Data, model, trainer, predict_step,
