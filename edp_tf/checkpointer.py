@@ -6,7 +6,11 @@ accountant, durable before every step (edp_tf/step_guard.py), and the checkpoint
 * written at each epoch's end *after* the ledger has closed that epoch (its callback comes after
   the ledger's), so a checkpoint never holds weights of an epoch the ledger has not charged;
 * committed by one small file, `latest.json`, replaced atomically after the checkpoint's own
-  files are written: a kill mid-write leaves the previous checkpoint the one named;
+  files are written: a kill mid-write leaves the previous checkpoint the one named. It names
+  the two newest, each with its files' sizes and SHA-256 (edp_tf/checkpoint_files.py), and a
+  resume takes the newest whose files still match: a truncated or damaged file falls back to
+  the checkpoint before it (an epoch the ledger charged and the resume does not train again:
+  epsilon over-counts, never under-counts);
 * restored by `make_private(..., resume=True)` before its first step (the model's weights and
   the optimizer's state, so the user restores nothing), and refused if it is ahead of the
   ledger, which this ordering rules out unless the files were mixed up by hand.
@@ -20,13 +24,17 @@ budget's `epochs` then train one fewer), never the other way round.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Optional
 
 import keras
 import tensorflow as tf
 
+from edp_tf import checkpoint_files
 from edp_tf.ledger import write_json_atomically
+
+_log = logging.getLogger(__name__)
 
 DIRECTORY = "checkpoint"
 LATEST = "latest.json"
@@ -39,34 +47,49 @@ def _state(private_model) -> tf.train.Checkpoint:
                                optimizer=private_model.optimizer)
 
 
-def latest(directory: str) -> Optional[dict]:
-    """{"epoch", "prefix"} of the committed checkpoint in `directory`, or None."""
+def _committed(directory: str) -> list:
+    """The committed checkpoints, newest first: [{"epoch", "prefix", "files"}] (a commit
+    written before fingerprints were recorded names one, without "files")."""
     path = os.path.join(directory, LATEST)
     if not os.path.exists(path):
-        return None
+        return []
     with open(path) as handle:
-        return json.load(handle)
+        commit = json.load(handle)
+    return list(commit["checkpoints"]) if "checkpoints" in commit else [commit]
+
+
+def latest(directory: str) -> Optional[dict]:
+    """{"epoch", "prefix", ...} of the newest committed checkpoint in `directory` whose files
+    still match their commit, or None; each newer one skipped is logged with why."""
+    for entry in _committed(directory):
+        why = (checkpoint_files.damage(directory, entry["prefix"], entry["files"])
+               if "files" in entry else None)
+        if why is None:
+            return entry
+        _log.warning("skipping a damaged checkpoint: %s", why)
+    return None
 
 
 def save(directory: str, private_model, epoch: int) -> str:
     """Writes the checkpoint of the state after `epoch`, then commits it; returns its prefix."""
     os.makedirs(directory, exist_ok=True)
     prefix = _state(private_model).write(os.path.join(directory, f"epoch-{epoch}"))
-    write_json_atomically(os.path.join(directory, LATEST),
-                          {"epoch": int(epoch), "prefix": os.path.basename(prefix)},
-                          durable=True)
-    _prune(directory, epoch)
+    entry = {"epoch": int(epoch), "prefix": os.path.basename(prefix),
+             "files": checkpoint_files.fingerprint(prefix)}
+    older = [e for e in _committed(directory) if int(e["epoch"]) < epoch]
+    kept = [entry] + older[:KEEP - 1]
+    write_json_atomically(os.path.join(directory, LATEST), {"checkpoints": kept}, durable=True)
+    _prune(directory, {e["prefix"] for e in kept})
     return prefix
 
 
-def _prune(directory: str, epoch: int) -> None:
-    """Removes the files of checkpoints older than the KEEP newest."""
+def _prune(directory: str, kept: set) -> None:
+    """Removes the files of checkpoints the commit no longer names (older, or cut short)."""
     for name in os.listdir(directory):
-        if not name.startswith("epoch-"):
-            continue
-        older = name[len("epoch-"):].split(".", 1)[0]
-        if older.isdigit() and int(older) <= epoch - KEEP:
-            os.remove(os.path.join(directory, name))
+        path = os.path.join(directory, name)
+        if (name.startswith("epoch-") and name.split(".", 1)[0] not in kept
+                and os.path.isfile(path)):  # TensorFlow's own temporary directories stay
+            os.remove(path)
 
 
 def restore(directory: str, private_model, epochs_charged: int) -> Optional[int]:

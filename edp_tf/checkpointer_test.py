@@ -74,3 +74,31 @@ def test_without_a_run_dir_nothing_is_written(tmp_path, monkeypatch):
     x, y = _data()
     _private(_model(0), None).fit(x, y, epochs=1, verbose=0)
     assert os.listdir(tmp_path) == []
+
+
+class _WeightsAtEpochEnd(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.weights = {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.weights[epoch] = [w.copy() for w in self.model.wrapped_model.get_weights()]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
+    x, y = _data()
+    first, seen = _private(_model(0), str(tmp_path)), _WeightsAtEpochEnd()
+    first.fit(x, y, epochs=3, verbose=0, callbacks=[seen])
+    directory = str(tmp_path / checkpointer.DIRECTORY)
+    names = sorted(os.listdir(directory))
+    assert not any(name.startswith("epoch-0.") for name in names)  # only the two newest kept
+    assert checkpointer.latest(directory)["epoch"] == 2
+    data = next(n for n in names if n.startswith("epoch-2.data"))
+    with open(os.path.join(directory, data), "r+b") as handle:  # a full disk cut it short
+        handle.truncate(os.path.getsize(os.path.join(directory, data)) // 2)
+    assert checkpointer.latest(directory)["epoch"] == 1
+
+    again = _private(_model(1), None)  # other initial weights
+    assert checkpointer.restore(directory, again, epochs_charged=3) == 1
+    for got, want in zip(again.wrapped_model.get_weights(), seen.weights[1]):
+        np.testing.assert_array_equal(got, want)

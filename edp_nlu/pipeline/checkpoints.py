@@ -5,7 +5,8 @@ checkpoint and the run's state.json would resume the weights of one epoch with t
 another, and a truncated data file would be found only when restoring fails (or, for a file cut at
 a tensor boundary, not at all). So state.json is the commit marker: a checkpoint counts once
 state.json names it, with the size and SHA-256 of each of its files, and resuming takes the newest
-named checkpoint whose files still match. Files that no commit names (a write cut short) are
+named checkpoint whose files still match (edp_tf/checkpoint_files.py, as the library's own
+checkpoint commits). Files that no commit names (a write cut short) are
 removed after the next commit. TensorFlow's own `checkpoint` index follows the commit, so
 `tf.train.latest_checkpoint` also sees only committed checkpoints.
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import logging
 import os
 from typing import Optional
@@ -26,6 +26,7 @@ from typing import Optional
 import tensorflow as tf
 
 from edp_nlu.pipeline.run_files import STATE_FILE, read_json
+from edp_tf import checkpoint_files
 
 _log = logging.getLogger(__name__)
 
@@ -48,40 +49,6 @@ def directory(run_dir: str) -> str:
     return os.path.join(run_dir, DIRECTORY)
 
 
-def _files(prefix: str) -> list:
-    return sorted(glob.glob(glob.escape(prefix) + ".*"))
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fingerprint(prefix: str) -> dict:
-    """{file name: {"bytes", "sha256"}} of a checkpoint's files."""
-    return {os.path.basename(p): {"bytes": os.path.getsize(p), "sha256": _sha256(p)}
-            for p in _files(prefix)}
-
-
-def damage(run_dir: str, entry: dict) -> Optional[str]:
-    """Why a committed checkpoint's files no longer match their commit, or None if they do."""
-    if not entry.get("files"):
-        return f"{directory(run_dir)}/{entry['name']}: no files recorded"
-    for name, expected in sorted(entry["files"].items()):
-        path = os.path.join(directory(run_dir), name)
-        if not os.path.isfile(path):
-            return f"{path} is missing"
-        size = os.path.getsize(path)
-        if size != expected["bytes"]:
-            return f"{path} has {size:,} bytes, {expected['bytes']:,} when committed"
-        if _sha256(path) != expected["sha256"]:
-            return f"{path} differs from its commit (SHA-256)"
-    return None
-
-
 def _position(entry: dict) -> tuple:
     return int(entry["epochs_done"]), int(entry.get("steps_done", 0))
 
@@ -95,7 +62,7 @@ def write(checkpoint: tf.train.Checkpoint, run_dir: str, state: dict, epochs_don
     name = f"ckpt-{epochs_done}" + (f"-{steps_done}" if steps_done else "")
     prefix = checkpoint.write(os.path.join(directory(run_dir), name))
     entry = {"name": name, "epochs_done": epochs_done, "steps_done": steps_done,
-             "files": fingerprint(prefix), "layer_scales": layer_scales}
+             "files": checkpoint_files.fingerprint(prefix), "layer_scales": layer_scales}
     older = [e for e in state.get(_KEY, []) if _position(e) < (epochs_done, steps_done)]
     state[_KEY] = [entry] + older[:KEEP - 1]
     state["epochs_done"] = epochs_done
@@ -136,7 +103,7 @@ def latest(run_dir: str, state: dict) -> tuple[Optional[Committed], list]:
         return found, []
     skipped = []
     for entry in entries:
-        why = damage(run_dir, entry)
+        why = checkpoint_files.damage(directory(run_dir), entry["name"], entry.get("files"))
         if why is None:
             return Committed(os.path.join(directory(run_dir), entry["name"]),
                              int(entry["epochs_done"]), entry.get("layer_scales"),
