@@ -78,6 +78,33 @@ def _save(out: str, result: dict) -> None:
              expected_batch=result["expected_batch"], replicas=result["replicas"])
 
 
+class _WeightsAtStart(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = [w.copy() for w in self.model.wrapped_model.get_weights()]
+
+
+def resume_job(strategy, run_dir: str) -> dict:
+    """make_private with a run_dir on both workers: one epoch, then a resumed run from other
+    initial weights; returns the weights after the first and at the start of the second."""
+    x = np.random.RandomState(1).normal(size=(N, WIDTH)).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    found = {}
+    for attempt, seed in (("first", 1), ("resumed", 2)):
+        with strategy.scope():
+            model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(
+                2, kernel_initializer=keras.initializers.GlorotUniform(seed=seed))])
+            private = edp_tf.make_private(model, target_epsilon=8.0, epochs=2,
+                                          batch_size=32, run_dir=run_dir, strategy=strategy,
+                                          resume=attempt == "resumed")
+            private.compile(keras.optimizers.SGD(0.5), keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True))
+        seen = _WeightsAtStart()
+        private.fit(x, y, epochs=1, verbose=0, callbacks=[seen])
+        found[f"{attempt}/start"] = seen.weights[0]
+        found[f"{attempt}/after"] = model.get_weights()[0]
+    return found
+
+
 def worker_main(index: int, ports: str, out_dir: str) -> None:
     os.environ["TF_CONFIG"] = multi_worker.tf_config(
         [f"127.0.0.1:{p}" for p in ports.split(",")], index)
@@ -85,6 +112,8 @@ def worker_main(index: int, ports: str, out_dir: str) -> None:
     for name, noise_multiplier, sampler_seed, zero_loss in JOBS:
         _save(os.path.join(out_dir, f"{name}{index}.npz"),
               train_job(strategy, noise_multiplier, sampler_seed, zero_loss=zero_loss))
+    np.savez(os.path.join(out_dir, f"resume{index}.npz"),
+             **resume_job(strategy, os.path.join(out_dir, "run")))
 
 
 def reference_job() -> dict:
@@ -118,7 +147,7 @@ def workers(tmp_path_factory) -> dict:
         log, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, log.decode()[-3000:]
     return {name: [dict(np.load(os.path.join(out_dir, f"{name}{i}.npz"))) for i in range(2)]
-            for name, *_ in JOBS}
+            for name in [job[0] for job in JOBS] + ["resume"]} | {"out_dir": out_dir}
 
 
 def test_two_workers_at_z0_match_one_process_with_two_replicas(workers):
@@ -151,6 +180,21 @@ def test_noise_of_two_workers_is_independent_with_the_single_process_law(workers
     # of independent 4,096-vectors has std 1/64; 0.08 is 5 of them.
     corr = np.corrcoef(noise["a/kernel"].ravel(), noise["b/kernel"].ravel())[0, 1]
     assert abs(corr) < 0.08, corr
+
+
+def test_each_worker_checkpoints_and_a_resume_restores_the_chiefs_checkpoint(workers):
+    """make_private(run_dir=...) under two workers: the chief's checkpoint in run_dir, worker
+    1's beside its ledger copy; resumed from other initial weights, both workers start where
+    the chief's first run ended (and in sync), so the resumed run continues the charged one."""
+    chief, other = workers["resume"]
+    run_dir = os.path.join(workers["out_dir"], "run")
+    for directory in (run_dir, os.path.join(run_dir, "workers", "1")):
+        assert os.path.exists(os.path.join(directory, "checkpoint", "latest.json")), directory
+    assert not np.array_equal(chief["first/start"], chief["first/after"])  # it trained
+    for worker in (chief, other):
+        np.testing.assert_array_equal(worker["resumed/start"], chief["first/after"])
+    with open(os.path.join(run_dir, "privacy.json")) as handle:
+        assert len(json.load(handle)["epochs"]) == 2  # the first run's epoch, then the resumed
 
 
 def test_shared_key_of_one_process_is_fresh_entropy():

@@ -249,26 +249,31 @@ class AutoPrivateModel(PrivateModel):
         self.dp_noise_multiplier.assign(plan.mechanism.noise_multiplier)
         self._plan = plan
         self._sampler = sampler
-        self._ledger = PrivacyLedger.for_sampler(self._ledger_dir(), sampler, delta,
+        own_dir = self._ledger_dir()
+        self._ledger = PrivacyLedger.for_sampler(own_dir, sampler, delta,
                                                  target_epsilon=self._budget.target_epsilon)
-        self._start_checkpoints(x, records)
+        self._start_checkpoints(x, records, own_dir)
 
-    def _start_checkpoints(self, x, records) -> None:
-        """The run's checkpoint (edp_tf/checkpointer.py), with a run_dir on one worker: a
-        resumed run restores it before its first step, so the model continues where the ledger
-        stands. Several workers keep their own files (docs/multi_host.md)."""
+    def _start_checkpoints(self, x, records, own_dir: Optional[str]) -> None:
+        """The run's checkpoint (edp_tf/checkpointer.py), with a run_dir: a resumed run
+        restores it before its first step, so the model continues where the ledger stands.
+        Workers of a multi-worker run each write one beside their ledger (run_dir on the
+        chief, run_dir/workers/<i> on worker i: reading a variable may be a collective, so all
+        write at the same epochs) and every worker restores the chief's, as every worker reads
+        the chief's ledger (storage every host sees, docs/multi_host.md)."""
         run_dir = self._budget.run_dir
-        if run_dir is None or multi_worker.is_multi_worker(self.distribute_strategy):
+        if run_dir is None:
             return
-        directory = os.path.join(run_dir, checkpointer.DIRECTORY)
-        self._checkpointer = checkpointer.Checkpointer(directory, self._ledger)
+        own = os.path.join(own_dir, checkpointer.DIRECTORY)
+        self._checkpointer = checkpointer.Checkpointer(own, self._ledger)
         if records:
             first = next(iter(x.take(1)))[0] if isinstance(x, tf.data.Dataset) else x
             self._ensure_built(first)
-            epoch = checkpointer.restore(directory, self, self._epochs_done)
+            chief = os.path.join(run_dir, checkpointer.DIRECTORY)
+            epoch = checkpointer.restore(chief, self, self._epochs_done)
             if epoch is not None:
                 _log.info("make_private: resumed the model and optimizer of epoch %d from %s",
-                          epoch, directory)
+                          epoch, chief)
 
     def _adapt_privately(self, x, source, delta: float) -> tuple:
         """The private_adapt layers fitted to `x` with DP, before the first step; their
@@ -402,8 +407,8 @@ def make_private(model: keras.Model, *, target_epsilon: float, epochs: int, batc
         continues it: its epochs count, the noise is calibrated for the epochs left to land at
         target_epsilon, and the next epoch follows the last one charged, from the model's
         weights and optimizer state that run_dir/checkpoint holds (written after the ledger
-        closes each epoch, restored before the first step: edp_tf/checkpointer.py; one
-        worker only, several keep their own files).
+        closes each epoch, restored before the first step: edp_tf/checkpointer.py; the
+        workers of a multi-worker run restore the chief's).
       public_layers: preprocessing layers adapted on public data (epsilon assumes it).
       private_adapt: `edp_tf.PrivateNormalization(layer, low, high)` for a Normalization, or
         `edp_tf.PrivateVocabulary(layer)` for a TextVectorization, on the model's input and
