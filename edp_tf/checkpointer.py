@@ -7,10 +7,10 @@ accountant, durable before every step (edp_tf/step_guard.py), and the checkpoint
   the ledger's), so a checkpoint never holds weights of an epoch the ledger has not charged;
 * committed by one small file, `latest.json`, replaced atomically after the checkpoint's own
   files are written: a kill mid-write leaves the previous checkpoint the one named. It names
-  the two newest, each with its files' sizes and SHA-256 (edp_tf/checkpoint_files.py), and a
-  resume takes the newest whose files still match: a truncated or damaged file falls back to
-  the checkpoint before it (an epoch the ledger charged and the resume does not train again:
-  epsilon over-counts, never under-counts);
+  the two newest, each with its files' sizes and SHA-256 (edp_tf/checkpoint_files.py, which the
+  trainers' checkpoints use too), and a resume takes the newest whose files still match: a
+  truncated or damaged file falls back to the checkpoint before it (an epoch the ledger charged
+  and the resume does not train again: epsilon over-counts, never under-counts);
 * restored by `make_private(..., resume=True)` before its first step (the model's weights and
   the optimizer's state, so the user restores nothing), and refused if it is ahead of the
   ledger, which this ordering rules out unless the files were mixed up by hand.
@@ -38,7 +38,6 @@ _log = logging.getLogger(__name__)
 
 DIRECTORY = "checkpoint"
 LATEST = "latest.json"
-KEEP = 2  # the newest, and the one before it
 
 
 def _state(private_model) -> tf.train.Checkpoint:
@@ -48,48 +47,36 @@ def _state(private_model) -> tf.train.Checkpoint:
 
 
 def _committed(directory: str) -> list:
-    """The committed checkpoints, newest first: [{"epoch", "prefix", "files"}] (a commit
-    written before fingerprints were recorded names one, without "files")."""
+    """The commit's entries, newest first (edp_tf/checkpoint_files.py). A commit written before
+    entries were recorded names one checkpoint as {"epoch", "prefix"}."""
     path = os.path.join(directory, LATEST)
     if not os.path.exists(path):
         return []
     with open(path) as handle:
         commit = json.load(handle)
-    return list(commit["checkpoints"]) if "checkpoints" in commit else [commit]
+    if "checkpoints" in commit:
+        return list(commit["checkpoints"])
+    return [{"name": commit["prefix"], "epochs_done": int(commit["epoch"]) + 1, "steps_done": 0}]
 
 
 def latest(directory: str) -> Optional[dict]:
-    """{"epoch", "prefix", ...} of the newest committed checkpoint in `directory` whose files
-    still match their commit, or None; each newer one skipped is logged with why."""
-    for entry in _committed(directory):
-        why = (checkpoint_files.damage(directory, entry["prefix"], entry["files"])
-               if "files" in entry else None)
-        if why is None:
-            return entry
+    """The entry of the newest committed checkpoint in `directory` whose files still match their
+    commit ({"name", "epochs_done", ...}), or None; each newer one skipped is logged with why."""
+    entry, skipped = checkpoint_files.newest_intact(directory, _committed(directory))
+    for why in skipped:
         _log.warning("skipping a damaged checkpoint: %s", why)
-    return None
+    return entry
 
 
 def save(directory: str, private_model, epoch: int) -> str:
-    """Writes the checkpoint of the state after `epoch`, then commits it; returns its prefix."""
+    """Writes the checkpoint of the state after `epoch`, then commits it; returns its name."""
     os.makedirs(directory, exist_ok=True)
-    prefix = _state(private_model).write(os.path.join(directory, f"epoch-{epoch}"))
-    entry = {"epoch": int(epoch), "prefix": os.path.basename(prefix),
-             "files": checkpoint_files.fingerprint(prefix)}
-    older = [e for e in _committed(directory) if int(e["epoch"]) < epoch]
-    kept = [entry] + older[:KEEP - 1]
-    write_json_atomically(os.path.join(directory, LATEST), {"checkpoints": kept}, durable=True)
-    _prune(directory, {e["prefix"] for e in kept})
-    return prefix
-
-
-def _prune(directory: str, kept: set) -> None:
-    """Removes the files of checkpoints the commit no longer names (older, or cut short)."""
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
-        if (name.startswith("epoch-") and name.split(".", 1)[0] not in kept
-                and os.path.isfile(path)):  # TensorFlow's own temporary directories stay
-            os.remove(path)
+    entry = checkpoint_files.write_entry(_state(private_model), directory, epoch + 1)
+    entries = checkpoint_files.committed_after(entry, _committed(directory))
+    write_json_atomically(os.path.join(directory, LATEST), {"checkpoints": entries},
+                          durable=True)
+    checkpoint_files.remove_uncommitted(directory, entries)
+    return entry["name"]
 
 
 def restore(directory: str, private_model, epochs_charged: int) -> Optional[int]:
@@ -99,7 +86,7 @@ def restore(directory: str, private_model, epochs_charged: int) -> Optional[int]
     committed = latest(directory)
     if committed is None:
         return None
-    epoch = int(committed["epoch"])
+    epoch = int(committed["epochs_done"]) - 1
     if epoch >= epochs_charged:
         raise ValueError(
             f"the checkpoint in {directory} holds epoch {epoch}, but the ledger has charged "
@@ -107,7 +94,7 @@ def restore(directory: str, private_model, epochs_charged: int) -> Optional[int]
             "directory it came from)")
     with private_model.distribute_strategy.scope():
         private_model.optimizer.build(private_model.wrapped_model.trainable_variables)
-        status = _state(private_model).read(os.path.join(directory, committed["prefix"]))
+        status = _state(private_model).read(os.path.join(directory, committed["name"]))
     status.assert_existing_objects_matched()
     return epoch
 

@@ -43,7 +43,7 @@ def test_resume_continues_from_the_checkpoint_of_the_last_epoch_the_ledger_charg
     first.fit(x, y, epochs=2, verbose=0)
     trained = first.wrapped_model.get_weights()
     committed = checkpointer.latest(str(tmp_path / checkpointer.DIRECTORY))
-    assert committed["epoch"] == 1  # epochs 0 and 1 ran; the ledger charged both
+    assert committed["epochs_done"] == 2  # epochs 0 and 1 ran; the ledger charged both
     ledger = json.loads((tmp_path / "privacy.json").read_text())
     assert len(ledger["epochs"]) == 2
     assert any(checkpointer.DIRECTORY in line for line in ledger["artifacts"]["covered"])
@@ -62,8 +62,12 @@ def test_a_checkpoint_ahead_of_the_ledger_is_refused(tmp_path):
     first = _private(_model(0), str(tmp_path))
     first.fit(x, y, epochs=1, verbose=0)
     directory = str(tmp_path / checkpointer.DIRECTORY)
-    with open(os.path.join(directory, checkpointer.LATEST), "w") as handle:
-        json.dump({"epoch": 5, "prefix": "epoch-0"}, handle)  # mixed up by hand
+    path = os.path.join(directory, checkpointer.LATEST)
+    with open(path) as handle:
+        commit = json.load(handle)
+    commit["checkpoints"][0]["epochs_done"] = 6  # mixed up by hand
+    with open(path, "w") as handle:
+        json.dump(commit, handle)
     again = _private(_model(1), str(tmp_path), resume=True)
     with pytest.raises(ValueError, match="holds epoch 5, but the ledger has charged 1"):
         again.fit(x, y, epochs=1, verbose=0)
@@ -91,12 +95,12 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path):
     first.fit(x, y, epochs=3, verbose=0, callbacks=[seen])
     directory = str(tmp_path / checkpointer.DIRECTORY)
     names = sorted(os.listdir(directory))
-    assert not any(name.startswith("epoch-0.") for name in names)  # only the two newest kept
-    assert checkpointer.latest(directory)["epoch"] == 2
-    data = next(n for n in names if n.startswith("epoch-2.data"))
+    assert not any(name.startswith("ckpt-1.") for name in names)  # only the two newest kept
+    assert checkpointer.latest(directory)["epochs_done"] == 3
+    data = next(n for n in names if n.startswith("ckpt-3.data"))
     with open(os.path.join(directory, data), "r+b") as handle:  # a full disk cut it short
         handle.truncate(os.path.getsize(os.path.join(directory, data)) // 2)
-    assert checkpointer.latest(directory)["epoch"] == 1
+    assert checkpointer.latest(directory)["epochs_done"] == 2
 
     again = _private(_model(1), None)  # other initial weights
     assert checkpointer.restore(directory, again, epochs_charged=3) == 1
