@@ -8,8 +8,8 @@ state.json names it, with the size and SHA-256 of each of its files, and resumin
 named checkpoint whose files still match. Files that no commit names (a write cut short) are
 removed after the next commit. All of this is the library's (edp_tf/checkpoint_files.py, which
 make_private's checkpoint commits with latest.json); what is the application's is the commit
-file, state.json, and the checkpoints inside an epoch. TensorFlow's own `checkpoint` index follows the commit, so
-`tf.train.latest_checkpoint` also sees only committed checkpoints.
+file, state.json, and the checkpoints inside an epoch. TensorFlow's own `checkpoint` index
+follows the commit, so `tf.train.latest_checkpoint` also sees only committed checkpoints.
 
 A checkpoint is taken at each epoch's end and, every `checkpoint_seconds`, inside an epoch
 (`steps_done` of epoch `epochs_done`): a kill then loses at most that much training, which the
