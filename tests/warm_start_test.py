@@ -66,7 +66,8 @@ class _StartingWeights(keras.callbacks.Callback):
     """The model's weights when fit begins: (backbone, heads), each in the model's order."""
 
     def on_train_begin(self, logs=None):
-        self.backbone, self.heads = _split(getattr(self.model, "wrapped_model", self.model))
+        self.model_seen = getattr(self.model, "wrapped_model", self.model)
+        self.backbone, self.heads = _split(self.model_seen)
 
 
 def _split(model):
@@ -273,3 +274,37 @@ def test_init_from_a_directory_that_is_not_a_run(tmp_path):
     config = tiny_config("clc", "dpsgd", replicas=1, init_from=str(tmp_path))
     with pytest.raises(ValueError, match=r"init_from=.*no config.json"):
         training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
+
+
+def test_label_aware_heads_keep_the_sources_projection_and_their_own_labels(setup, tmp_path):
+    """With label-aware CLC heads on both runs (names in the public word vectors' space, as
+    wide as the heads'), the target starts with the source's projections and B/I/O score;
+    every per-label weight (names, bias, correction) is its own."""
+    heads = dict(label_head_dim=8, label_head_correction=True)
+    source = str(tmp_path / "source")
+    training.train(config_with(setup["vectors"], mechanism="sgd", replicas=1, **heads), source,
+                   strategy=strategy(1), export=False)
+    start = _StartingWeights()
+    training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1, epochs=1,
+                               init_from=source, data_dir=setup["other"], **heads),
+                   str(tmp_path / "target"), strategy=strategy(1), callbacks=[start],
+                   export=False)
+    spec, checkpoint = warm_start._read_run(source)
+    theirs = warm_start.trained_model(spec.model, warm_start.run_preprocessor(source, spec.model),
+                                      checkpoint, 8)
+    shared = {"projection", "span_logits"}
+    theirs_heads = _model_heads(theirs)
+    assert len(theirs_heads) == len(start.heads)  # in order, as load_backbone compares
+    copied = 0
+    for variable, ours in zip(theirs_heads, start.heads):
+        if set(variable.path.split("/")) & shared:
+            np.testing.assert_array_equal(ours, variable.numpy())
+            copied += 1
+        elif variable.trainable and variable.numpy().any():  # trained there, fresh here
+            assert not np.array_equal(ours, variable.numpy()), variable.path
+    assert copied == 4  # both projections, and the tag head's B/I/O kernel and bias
+
+
+def _model_heads(model) -> list:
+    backbone = {id(v) for v in model.backbone.weights}
+    return [v for v in model.weights if id(v) not in backbone]

@@ -4,8 +4,10 @@ Why: CLC's character CNN and BiLSTM start from random weights, and a private run
 steps to train them (SNIPS, noise off: clipping and 150 large steps alone take CLC's test SER from
 SGD's 0.118 to 0.179). A backbone first trained on a *public* corpus (another benchmark, the
 built-in synthetic corpus) only has to be adapted. The intent and slot heads start fresh, so the
-two corpora need not share labels; they must share the input vocabulary (CLC's public GloVe
-vocabulary, BERT's WordPiece), so a vocabulary built from training text will not do.
+two corpora need not share labels (label-aware CLC heads keep the source's shared projection
+into the names' space, which serves any labels: `_copy_shared_label_heads`); they must share
+the input vocabulary (CLC's public GloVe vocabulary, BERT's WordPiece), so a vocabulary built
+from training text will not do.
 
 Privacy: epsilon covers this run's training data. The starting weights are a function of every
 corpus the source's weights depend on: for each run of the chain (the source, its own
@@ -252,7 +254,32 @@ def load_backbone(model, preprocessor, source: Source) -> int:
             bad(f"{variable.path} has shape {tuple(other.shape)} there, {tuple(variable.shape)} "
                 "here: the backbones differ (compare its config.json)")
         variable.assign(other)
-    return len(target_vars)
+    return len(target_vars) + _copy_shared_label_heads(model, source_model, source.spec.model)
+
+
+def _copy_shared_label_heads(model, source_model, source_spec: run_spec.ModelSpec) -> int:
+    """The label-aware heads' shared parts (the projection into the names' space, the B/I/O
+    score) when both runs read label names in one space: CLC's public word vectors whole
+    (label_head_dim at least their width, so no run's names were reduced by its own label
+    set's SVD). Why: the projection is the same function whatever the labels are, so what a
+    public corpus taught it moves this run's labels by their names; the per-label parts (the
+    names, the bias, the correction columns) are this run's labels' and stay as built.
+    Returns the number of variables copied."""
+    dim = int(getattr(model, "label_embedding_dim", 0) or 0)
+    words = int(getattr(model.backbone, "word_embedding_dim", 0) or 0)
+    if (source_spec.model != "clc" or not dim or not words or dim < words
+            or int(getattr(source_model, "label_embedding_dim", 0) or 0) != dim):
+        return 0
+    copied = 0
+    for head, other in ((model.intent_head, source_model.intent_head),
+                        (model.tag_head, source_model.tag_head)):
+        pairs = [(head.projection.kernel, other.projection.kernel)]
+        if head.span_head is not None and other.span_head is not None:
+            pairs += list(zip(head.span_head.weights, other.span_head.weights))
+        for variable, value in pairs:
+            variable.assign(value)
+            copied += 1
+    return copied
 
 
 def shape_only_vectors(model: run_spec.ModelSpec, dim: int):
