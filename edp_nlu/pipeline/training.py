@@ -477,7 +477,8 @@ def _build(spec: run_spec.RunSpec, data: _Data, dp, plan, steps: int, strategy,
         model = builders.build_model(spec.model, data.preprocessor, data.vectors)
         if source is not None:
             copied = warm_start.load_backbone(model, data.preprocessor, source)
-            _log.info("backbone: %d variables from %s", copied, source.run_dir)
+            _log.info("warm start: %d variables (the backbone, and label-aware heads' shared "
+                      "weights) from %s", copied, source.run_dir)
         optimizer = builders.optimizer(spec.optimizer, spec.sampling.epochs * steps,
                                        spec.privacy.private)
         if dp is not None:
