@@ -88,8 +88,9 @@ class Source:
 
     def not_covered_sentence(self) -> str:
         """What epsilon does not cover, for privacy.json."""
-        sentence = (f"The backbone's starting weights come from the run {self.run_dir}, and so "
-                    "from every corpus of its chain of runs: "
+        sentence = (f"The starting weights (the backbone's, and label-aware heads' shared "
+                    f"projection when both runs have them) come from the run {self.run_dir}, "
+                    "and so from every corpus of its chain of runs: "
                     + "; ".join(u.phrase() for u in self.uses)
                     + ". Epsilon covers this run's training data only, and treats those corpora "
                     "as public.")
