@@ -11,11 +11,17 @@ vocabularies agree as the feature requires.
 import dataclasses
 import os
 import re
+from types import SimpleNamespace
 
 import keras
 import numpy as np
 import pytest
 
+from edp_nlu.models import testing
+from edp_nlu.models.clc.clc_joint import CLCJoint
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
+from edp_nlu.models.clc.word_vectors import WordVectors
+from edp_nlu.models.label_aware_head import name_heads
 from edp_nlu.pipeline import run_files, training, warm_start
 from edp_nlu.pipeline.run_spec import RunSpec
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
@@ -308,3 +314,27 @@ def test_label_aware_heads_keep_the_sources_projection_and_their_own_labels(setu
 def _model_heads(model) -> list:
     backbone = {id(v) for v in model.backbone.weights}
     return [v for v in model.weights if id(v) not in backbone]
+
+
+@pytest.mark.parametrize("source, copied", [("vectors", 4), ("words", 0)])
+def test_name_word_heads_keep_their_own_projection(source, copied):
+    """Name words are each run's own label words (a dimension per word of its schema), so the
+    source's projection into them means nothing here: only heads named by the public vectors
+    whole take the source's shared parts."""
+    pre = CLCPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS,
+                                             max_words=5, max_word_length=5)
+    vectors = WordVectors(("call", "contact", "music", "phone"), np.eye(4, dtype="float32"))
+    models = []
+    for seed in (0, 1):
+        keras.utils.set_random_seed(seed)
+        model = CLCJoint.from_preprocessor(pre, word_vectors=vectors, label_embedding_dim=8,
+                                           **{**testing.TINY_CLC, "num_lstm_layers": 1,
+                                              "word_embedding_dim": 4})
+        name_heads(model, pre, vectors, source)
+        models.append(model)
+    ours, theirs = models
+    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == (
+        copied)
+    same = np.array_equal(ours.tag_head.projection.kernel.numpy(),
+                          theirs.tag_head.projection.kernel.numpy())
+    assert same == bool(copied)

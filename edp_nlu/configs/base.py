@@ -45,6 +45,10 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    read by GloVe (CLC: needs clc.word_vectors) or the BERT checkpoint, in this
                    many dimensions, with a shared B/I/O span score (edp_nlu/models/
                    label_aware_head.py; the schema is public, so free in epsilon)
+  label_head_names "vectors" (the mean word vector above), "words" (a dimension per distinct word
+                   of the labels' names: "stop location airport code" is the sum of its words'
+                   weights, each trained by the frequent types that share it; needs
+                   label_head_dim >= their count) or "vectors+words" (both)
   label_head_correction
                    with label_head_dim > 0: each label also gets a weight column of its own,
                    starting at zero (what the names cannot tell apart is learnt there)
@@ -153,6 +157,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> None:
     c.head_dropout = 0.1
     c.private_head_dropout = -1.0  # private runs: >= 0 replaces head_dropout
     c.label_head_dim = 0  # > 0: heads from the labels' names (edp_nlu/models/label_aware_head.py)
+    c.label_head_names = "vectors"  # label-aware heads: name vectors, name words, or both
     c.label_head_correction = False  # label-aware heads: plus a zero-started column per label
     c.clc = ml_collections.ConfigDict(dict(
         word_vectors="glove-6b-50d",  # "", a .vec file path, or glove-6b-50d (public vocabulary)

@@ -101,21 +101,51 @@ def _matmul_last_axis(x: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
     return tf.reshape(out, tf.concat([tf.shape(x)[:-1], [labels.shape[0]]], 0))
 
 
-def name_heads(task, preprocessor, word_vectors=None) -> list[str]:
+# Where a label's name vector comes from (`name_heads`' `source`, --config.label_head_names).
+NAME_SOURCES = ("vectors", "words", "vectors+words")
+
+
+def name_heads(task, preprocessor, word_vectors=None, source: str = "vectors") -> list[str]:
     """Fills `task`'s label-aware heads (JointTagger with label_embedding_dim > 0) with its
-    labels' name vectors: from `word_vectors` (a public table: CLC's GloVe) when given, else
-    from the task's own encoder (a pretrained BERT reading the names). Returns the labels none
-    of whose words the table knows (they keep only their bias and span score)."""
-    intents = preprocessor.intent_vocabulary.labels
-    tags = preprocessor.tag_vocabulary.labels
+    labels' name vectors and returns the labels none of whose words the vectors know (they keep
+    only their bias and span score). `source`:
+
+    * "vectors": the mean vector of the name's words, from `word_vectors` (a public table:
+      CLC's GloVe) when given, else from the task's own encoder (a pretrained BERT reading the
+      names); reduced to the heads' width.
+    * "words": a dimension per distinct word of the labels' names (label_names.
+      word_count_matrix): a composed name is the exact sum of its words, so a rare slot type
+      borrows each word's weights from the frequent types that share it.
+    * "vectors+words": both, each at unit norm, the vectors reduced to the width the words
+      leave.
+    """
+    if source not in NAME_SOURCES:
+        raise ValueError(f"label_head_names={source!r}: expected one of {NAME_SOURCES}")
+    dim = int(task.label_embedding_dim)
     matrices, unknown = [], []
-    for labels in (intents, tags):
-        if word_vectors is not None:
-            matrix, missing = label_names.word_vector_matrix(labels, word_vectors.words,
-                                                             word_vectors.vectors)
-        else:
-            matrix, missing = label_names.encoder_matrix(task.encoder, preprocessor, labels)
-        matrices.append(label_names.reduced(matrix, task.label_embedding_dim))
-        unknown += missing
+    for labels in (preprocessor.intent_vocabulary.labels, preprocessor.tag_vocabulary.labels):
+        parts = []
+        if "words" in source:
+            counts, words = label_names.word_count_matrix(labels)
+            room = dim - len(words)
+            if room < (1 if source == "vectors+words" else 0):
+                raise ValueError(
+                    f"label_head_dim={dim}: the names of these {len(labels)} labels have "
+                    f"{len(words)} distinct words, one dimension each with label_head_names="
+                    f"{source!r}; give label_head_dim >= {len(words) + (source != 'words')}")
+        if "vectors" in source:
+            if word_vectors is not None:
+                matrix, missing = label_names.word_vector_matrix(labels, word_vectors.words,
+                                                                 word_vectors.vectors)
+            else:
+                matrix, missing = label_names.encoder_matrix(task.encoder, preprocessor, labels)
+            unknown += missing
+            parts.append(label_names.reduced(matrix, dim if source == "vectors" else room))
+        if "words" in source:
+            parts.append(label_names.reduced(counts, len(words) + (room if source == "words"
+                                                                   else 0)))
+        matrices.append(parts[0] if len(parts) == 1
+                        else np.concatenate([label_names.unit_rows(p) for p in parts], axis=1))
     task.set_label_embeddings(*matrices)
+    task.label_names_source = source
     return unknown

@@ -1,8 +1,9 @@
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from edp_nlu.models import testing
+from edp_nlu.models import label_names, testing
 from edp_nlu.models.bert.bert_joint import BertJoint
 from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 from edp_nlu.models.clc.clc_joint import CLCJoint
@@ -111,3 +112,55 @@ def test_a_bert_model_reads_the_names_with_its_own_encoder():
     b, i, phone = (labels.index(t) for t in ("B-contact", "I-contact", "B-phone"))
     np.testing.assert_allclose(names[b], names[i], rtol=1e-5)
     assert not np.allclose(names[b], names[phone], atol=1e-3)
+
+
+COMPOSED_TAGS = [["B-fromloc.city_name", "O", "B-toloc.city_name"],
+                 ["B-stoploc.airport_code", "O", "O"]]
+
+
+def _composed(dim: int, source: str, vectors=None):
+    tokens = [["from", "x", "to"], ["via", "y", "z"]]
+    pre = CLCPreprocessor.from_training_data(tokens, COMPOSED_TAGS, ["flight", "fare"],
+                                             max_words=3, max_word_length=5)
+    model = CLCJoint.from_preprocessor(pre, **{**testing.TINY_CLC, "num_lstm_layers": 1},
+                                       label_embedding_dim=dim)
+    return pre, model, name_heads(model, pre, vectors, source)
+
+
+def test_name_words_give_each_word_a_dimension_and_a_composed_name_their_sum():
+    """With source="words" a tag's name vector is the unit-normed count of its name's words, so
+    the rare "stop location airport code" shares its "location" dimension with the frequent
+    from/to types and no weight of its own; B- and I- of a type share it."""
+    pre, model, unknown = _composed(10, "words")
+    assert unknown == [] and model.label_names_source == "words"
+    labels = pre.tag_vocabulary.labels
+    names = model.tag_head.label_embeddings.numpy()
+    counts, words = label_names.word_count_matrix(labels)
+    np.testing.assert_allclose(names[:, :len(words)], label_names.unit_rows(counts), rtol=1e-6)
+    assert not names[:, len(words):].any()  # padded to the heads' width
+    fr, to, stop = (labels.index(t) for t in ("B-fromloc.city_name", "B-toloc.city_name",
+                                             "B-stoploc.airport_code"))
+    np.testing.assert_allclose(names[fr] @ names[to], 0.75, rtol=1e-6)  # 3 of 4 words shared
+    np.testing.assert_allclose(names[fr] @ names[stop], 0.25, rtol=1e-6)  # "location"
+
+
+def test_name_words_refuse_a_head_narrower_than_their_count():
+    with pytest.raises(ValueError, match=r"label_head_dim=4: .* 8 distinct words.*>= 8"):
+        _composed(4, "words")
+    with pytest.raises(ValueError, match=r">= 9"):
+        _composed(8, "vectors+words")
+
+
+def test_vectors_and_words_are_each_half_of_the_name():
+    vectors = WordVectors(("from", "to", "city", "location", "stop"),
+                          np.eye(5, 3, dtype="float32") + 0.1)
+    pre, model, _ = _composed(12, "vectors+words", vectors)
+    names = model.tag_head.label_embeddings.numpy()
+    labels = pre.tag_vocabulary.labels
+    fr = labels.index("B-fromloc.city_name")
+    # 12 = 4 vector dimensions (the table's 3, zero-padded) + 8 word dimensions
+    np.testing.assert_allclose(np.linalg.norm(names[fr, :4]), np.sqrt(0.5), rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(names[fr, 4:]), np.sqrt(0.5), rtol=1e-5)
+    counts, _ = label_names.word_count_matrix(labels)
+    np.testing.assert_allclose(names[:, 4:] * np.sqrt(2), label_names.unit_rows(counts),
+                               rtol=1e-5, atol=1e-6)

@@ -106,6 +106,29 @@ def encoder_matrix(encoder, preprocessor, labels: Sequence[str]) -> tuple[np.nda
     return matrix, []
 
 
+def word_count_matrix(labels: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """([len(labels), W] how often each of the W distinct words of the labels' names occurs in
+    each label's name; those W words, sorted). Why, beside word vectors: a mean of word vectors
+    blurs a composed name ("from location city name" and "to location city name" share three
+    of four words), while a column per name word keeps it exact, so a rare type's score is the
+    sum of words the frequent types train ("stop location airport code": stop from
+    "stoploc.city_name", airport code from "fromloc.airport_code")."""
+    names = [label_words(label) for label in labels]
+    words = sorted({w for name in names for w in name})
+    index = {w: i for i, w in enumerate(words)}
+    matrix = np.zeros([len(labels), len(words)], np.float32)
+    for row, name in enumerate(names):
+        for word in name:
+            matrix[row, index[word]] += 1.0
+    return matrix, words
+
+
+def unit_rows(matrix: np.ndarray) -> np.ndarray:
+    """Rows scaled to norm 1 (zero rows stay zero)."""
+    matrix = np.asarray(matrix, np.float32)
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
 def reduced(matrix: np.ndarray, dim: int) -> np.ndarray:
     """`matrix` [labels, d] as [labels, dim]: its top-`dim` singular directions when d > dim
     (a 384-d encoder's names in few dimensions keep the head's trained projection small, hence

@@ -40,3 +40,19 @@ def test_reduced_keeps_the_names_geometry_in_fewer_dimensions():
     np.testing.assert_allclose(reduced @ reduced.T, low_rank @ low_rank.T, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(reduced[:, 2:], 0.0, atol=1e-4)
     assert label_names.reduced(np.ones((3, 2)), 5).shape == (3, 5)  # padded
+
+
+def test_word_count_matrix_gives_each_name_word_its_own_dimension():
+    matrix, words = label_names.word_count_matrix(
+        ["O", "B-fromloc.city_name", "I-toloc.city_name", "B-stoploc.airport_code",
+         "B-arrive_time.start_time"])
+    assert words == sorted(set(words)) and len(words) == 11
+    col = {w: i for i, w in enumerate(words)}
+    assert not matrix[0].any()  # "O" has no name
+    # a composed name is exactly the sum of its words: from and to differ in one dimension
+    assert matrix[1, col["from"]] == 1 and matrix[1, col["to"]] == 0
+    np.testing.assert_array_equal(matrix[1] - matrix[2], np.eye(11)[col["from"]] -
+                                  np.eye(11)[col["to"]])
+    assert matrix[3, col["location"]] == matrix[1, col["location"]] == 1  # shared with the rare
+    assert matrix[4, col["time"]] == 2  # counted
+    np.testing.assert_allclose(np.linalg.norm(label_names.unit_rows(matrix)[1:], axis=1), 1.0)

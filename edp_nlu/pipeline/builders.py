@@ -153,7 +153,7 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
             char_filters=c.char_filters, dropout=c.dropout,
             word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
-        return _named_heads(model, preprocessor, vectors)
+        return _named_heads(model, preprocessor, vectors, spec.label_head_names)
 
     c = spec.bert
     checkpoint = bert_checkpoint(c)
@@ -165,14 +165,15 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.lora_layout, lora_targets=c.lora_targets,
                    lora_freeze_a=c.lora_freeze_a)
-    return _named_heads(model, preprocessor, None)
+    return _named_heads(model, preprocessor, None, spec.label_head_names)
 
 
-def _named_heads(model, preprocessor, vectors):
+def _named_heads(model, preprocessor, vectors, source: str):
     """Label-aware heads get their labels' names (public schema): from the CLC word vectors,
-    else from the BERT encoder as loaded (before any training)."""
+    else from the BERT encoder as loaded (before any training), and/or their words (`source`,
+    label_aware_head.name_heads)."""
     if model.label_embedding_dim:
-        unknown = name_heads(model, preprocessor, vectors)
+        unknown = name_heads(model, preprocessor, vectors, source)
         if unknown:
             _log.warning("label-aware heads: no known word in the names of %d labels (%s); they "
                          "keep their bias and span score only", len(unknown),

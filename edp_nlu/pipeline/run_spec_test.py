@@ -55,6 +55,10 @@ def test_fields_are_named_when_unknown_missing_or_bad():
     no_vectors["clc"]["word_vectors"] = ""
     with pytest.raises(ValueError, match=r"label_head_dim.*clc\.word_vectors"):
         RunSpec.parse(no_vectors)
+    assert RunSpec.parse(no_vectors | {"label_head_names": "words"}).model.label_head_names == (
+        "words")  # name words need no word vectors
+    with pytest.raises(ValueError, match=r"--config\.label_head_names='glove' is invalid"):
+        RunSpec.parse(base_config().to_dict() | {"label_head_names": "glove"})
 
 
 def test_resolved_fills_the_automatic_fields_once_and_leaves_the_spec_unchanged():

@@ -75,6 +75,7 @@ class ModelSpec:
     head_dropout: float
     private_head_dropout: float
     label_head_dim: int
+    label_head_names: str
     label_head_correction: bool
     slot_loss: str
     decoding: str

@@ -15,6 +15,7 @@ from edp_nlu.models.bert.choices import POOLING
 from edp_nlu.models.bert.finetuning import FINETUNE, LORA_LAYOUTS, LORA_TARGETS
 from edp_nlu.models.joint_loss import TAG_REDUCTIONS
 from edp_nlu.models.joint_task import DECODINGS
+from edp_nlu.models.label_aware_head import NAME_SOURCES
 from edp_nlu.pipeline import label_selection, spec_parts
 from edp_nlu.pipeline.builders import dp_config, features, microbatch_size, named_as_flags
 from edp_nlu.pipeline.optimizers import OPTIMIZERS, SCHEDULES
@@ -156,9 +157,11 @@ def _model(m: ModelSpec) -> Iterator[tuple]:
     label_dim = m.label_head_dim
     if not isinstance(label_dim, int) or label_dim < 0:
         yield "label_head_dim", label_dim, "0 (plain heads), or an integer >= 1"
-    elif label_dim and m.model == "clc" and not m.clc.word_vectors:
+    elif (label_dim and m.model == "clc" and not m.clc.word_vectors
+          and "vectors" in m.label_head_names):
         yield ("label_head_dim", label_dim, "0 when clc.word_vectors is empty (CLC reads the "
-               "label names with its public word vectors)")
+               "label names with its public word vectors; label_head_names='words' does not)")
+    yield from _choice("label_head_names", m.label_head_names, NAME_SOURCES)
     if m.label_head_correction not in (True, False) or (
             m.label_head_correction and not label_dim):
         yield ("label_head_correction", m.label_head_correction,

@@ -262,13 +262,15 @@ def _copy_shared_label_heads(model, source_model, source_spec: run_spec.ModelSpe
     """The label-aware heads' shared parts (the projection into the names' space, the B/I/O
     score) when both runs read label names in one space: CLC's public word vectors whole
     (label_head_dim at least their width, so no run's names were reduced by its own label
-    set's SVD). Why: the projection is the same function whatever the labels are, so what a
+    set's SVD; not name words, whose dimensions are each run's own label words). Why: the projection is the same function whatever the labels are, so what a
     public corpus taught it moves this run's labels by their names; the per-label parts (the
     names, the bias, the correction columns) are this run's labels' and stay as built.
     Returns the number of variables copied."""
     dim = int(getattr(model, "label_embedding_dim", 0) or 0)
     words = int(getattr(model.backbone, "word_embedding_dim", 0) or 0)
-    if (source_spec.model != "clc" or not dim or not words or dim < words
+    vectors_only = all(getattr(m, "label_names_source", "vectors") == "vectors"
+                       for m in (model, source_model))
+    if (source_spec.model != "clc" or not dim or not words or dim < words or not vectors_only
             or int(getattr(source_model, "label_embedding_dim", 0) or 0) != dim):
         return 0
     copied = 0
