@@ -316,25 +316,44 @@ def _model_heads(model) -> list:
     return [v for v in model.weights if id(v) not in backbone]
 
 
-@pytest.mark.parametrize("source, copied", [("vectors", 4), ("words", 0)])
-def test_name_word_heads_keep_their_own_projection(source, copied):
-    """Name words are each run's own label words (a dimension per word of its schema), so the
-    source's projection into them means nothing here: only heads named by the public vectors
-    whole take the source's shared parts."""
-    pre = CLCPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS,
-                                             max_words=5, max_word_length=5)
-    vectors = WordVectors(("call", "contact", "music", "phone"), np.eye(4, dtype="float32"))
-    models = []
-    for seed in (0, 1):
-        keras.utils.set_random_seed(seed)
-        model = CLCJoint.from_preprocessor(pre, word_vectors=vectors, label_embedding_dim=8,
-                                           **{**testing.TINY_CLC, "num_lstm_layers": 1,
-                                              "word_embedding_dim": 4})
-        name_heads(model, pre, vectors, source)
-        models.append(model)
-    ours, theirs = models
-    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == (
-        copied)
-    same = np.array_equal(ours.tag_head.projection.kernel.numpy(),
-                          theirs.tag_head.projection.kernel.numpy())
-    assert same == bool(copied)
+def _named_clc(tags, intents, source: str, seed: int):
+    tokens = [["a"] * len(t) for t in tags]
+    pre = CLCPreprocessor.from_training_data(tokens, tags, intents, max_words=3,
+                                             max_word_length=5)
+    vectors = WordVectors(("contact", "name", "phone", "genre"), np.eye(4, dtype="float32"))
+    keras.utils.set_random_seed(seed)
+    model = CLCJoint.from_preprocessor(pre, word_vectors=vectors, label_embedding_dim=8,
+                                       **{**testing.TINY_CLC, "num_lstm_layers": 1,
+                                          "word_embedding_dim": 4})
+    name_heads(model, pre, vectors, source)
+    return model
+
+
+def test_heads_named_by_vectors_take_the_sources_whole_projection():
+    ours = _named_clc([["B-contact_name", "B-phone"]], ["call"], "vectors", 0)
+    theirs = _named_clc([["B-contact", "B-genre_name"]], ["play"], "vectors", 1)
+    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == 4
+    np.testing.assert_array_equal(ours.tag_head.projection.kernel.numpy(),
+                                  theirs.tag_head.projection.kernel.numpy())
+
+
+def test_heads_named_by_words_take_the_columns_of_the_words_both_schemas_use():
+    """A name word's column means that word in both runs, so it carries over; a word only this
+    schema has ("phone") starts as built, and a head sharing no word takes nothing."""
+    ours = _named_clc([["B-contact_name", "B-phone"]], ["call"], "words", 0)
+    theirs = _named_clc([["B-contact", "B-genre_name"]], ["play"], "words", 1)
+    before = ours.tag_head.projection.kernel.numpy()
+    # the tag head's projection and B/I/O kernel and bias; the intents share no word
+    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == 3
+    after, source = ours.tag_head.projection.kernel.numpy(), theirs.tag_head.projection.kernel
+    our_words, their_words = ours.label_name_words[1], theirs.label_name_words[1]
+    for word in ("contact", "name"):
+        np.testing.assert_array_equal(after[:, our_words.index(word)],
+                                      source.numpy()[:, their_words.index(word)])
+    phone = our_words.index("phone")
+    np.testing.assert_array_equal(after[:, phone], before[:, phone])
+    assert not np.array_equal(after[:, phone], source.numpy()[:, phone])
+    np.testing.assert_array_equal(ours.tag_head.span_head.kernel.numpy(),
+                                  theirs.tag_head.span_head.kernel.numpy())
+    mixed = _named_clc([["B-contact", "B-genre_name"]], ["play"], "vectors", 1)
+    assert warm_start._copy_shared_label_heads(ours, mixed, SimpleNamespace(model="clc")) == 0

@@ -122,12 +122,13 @@ def name_heads(task, preprocessor, word_vectors=None, source: str = "vectors") -
     if source not in NAME_SOURCES:
         raise ValueError(f"label_head_names={source!r}: expected one of {NAME_SOURCES}")
     dim = int(task.label_embedding_dim)
-    matrices, unknown = [], []
+    matrices, unknown, head_words = [], [], []
     for labels in (preprocessor.intent_vocabulary.labels, preprocessor.tag_vocabulary.labels):
         parts = []
         if "words" in source:
             counts, words = label_names.word_count_matrix(labels)
             room = dim - len(words)
+            head_words.append(words)
             if room < (1 if source == "vectors+words" else 0):
                 raise ValueError(
                     f"label_head_dim={dim}: the names of these {len(labels)} labels have "
@@ -148,4 +149,6 @@ def name_heads(task, preprocessor, word_vectors=None, source: str = "vectors") -
                         else np.concatenate([label_names.unit_rows(p) for p in parts], axis=1))
     task.set_label_embeddings(*matrices)
     task.label_names_source = source
+    # with "words": the word of each of the intent and tag projections' first columns
+    task.label_name_words = tuple(head_words) if source == "words" else None
     return unknown

@@ -260,29 +260,53 @@ def load_backbone(model, preprocessor, source: Source) -> int:
 
 def _copy_shared_label_heads(model, source_model, source_spec: run_spec.ModelSpec) -> int:
     """The label-aware heads' shared parts (the projection into the names' space, the B/I/O
-    score) when both runs read label names in one space: CLC's public word vectors whole
-    (label_head_dim at least their width, so no run's names were reduced by its own label
-    set's SVD; not name words, whose dimensions are each run's own label words). Why: the projection is the same function whatever the labels are, so what a
-    public corpus taught it moves this run's labels by their names; the per-label parts (the
-    names, the bias, the correction columns) are this run's labels' and stay as built.
-    Returns the number of variables copied."""
+    score) where both runs read label names in one space. Why: the projection is the same
+    function whatever the labels are, so what a public corpus taught it moves this run's labels
+    by their names; the per-label parts (the names, the bias, the correction columns) are this
+    run's labels' and stay as built. The spaces that match:
+
+    * CLC's public word vectors whole (label_head_dim at least their width, so no run's names
+      were reduced by its own label set's SVD): the whole projection;
+    * name words on both runs (label_aware_head.name_heads): the projection's column of each
+      word both schemas' names use ("city", "name", "time"), the others start fresh.
+
+    Returns the number of variables copied (a projection counts once however many columns)."""
     dim = int(getattr(model, "label_embedding_dim", 0) or 0)
-    words = int(getattr(model.backbone, "word_embedding_dim", 0) or 0)
-    vectors_only = all(getattr(m, "label_names_source", "vectors") == "vectors"
-                       for m in (model, source_model))
-    if (source_spec.model != "clc" or not dim or not words or dim < words or not vectors_only
-            or int(getattr(source_model, "label_embedding_dim", 0) or 0) != dim):
+    if not dim or int(getattr(source_model, "label_embedding_dim", 0) or 0) != dim:
         return 0
+    sources = {getattr(m, "label_names_source", "vectors") for m in (model, source_model)}
+    if sources == {"words"}:
+        columns = [_shared_word_columns(ours, theirs) for ours, theirs in
+                   zip(model.label_name_words, source_model.label_name_words)]
+    else:
+        words = int(getattr(model.backbone, "word_embedding_dim", 0) or 0)
+        if sources != {"vectors"} or source_spec.model != "clc" or not words or dim < words:
+            return 0
+        columns = [None, None]  # every column
     copied = 0
-    for head, other in ((model.intent_head, source_model.intent_head),
-                        (model.tag_head, source_model.tag_head)):
-        pairs = [(head.projection.kernel, other.projection.kernel)]
+    for head, other, shared in ((model.intent_head, source_model.intent_head, columns[0]),
+                                (model.tag_head, source_model.tag_head, columns[1])):
+        if shared is None:
+            head.projection.kernel.assign(other.projection.kernel)
+        elif shared[0]:
+            kernel = head.projection.kernel.numpy()
+            kernel[:, shared[0]] = other.projection.kernel.numpy()[:, shared[1]]
+            head.projection.kernel.assign(kernel)
+        else:
+            continue  # no word in common: nothing of this head carries over
+        copied += 1
         if head.span_head is not None and other.span_head is not None:
-            pairs += list(zip(head.span_head.weights, other.span_head.weights))
-        for variable, value in pairs:
-            variable.assign(value)
-            copied += 1
+            for variable, value in zip(head.span_head.weights, other.span_head.weights):
+                variable.assign(value)
+                copied += 1
     return copied
+
+
+def _shared_word_columns(ours: list, theirs: list) -> tuple:
+    """([our column], [their column]) of each name word both heads have."""
+    where = {word: i for i, word in enumerate(theirs)}
+    pairs = [(i, where[w]) for i, w in enumerate(ours) if w in where]
+    return [i for i, _ in pairs], [j for _, j in pairs]
 
 
 def shape_only_vectors(model: run_spec.ModelSpec, dim: int):
