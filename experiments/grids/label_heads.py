@@ -73,17 +73,60 @@ def from_public(corpus: str, source: str, suffix: str = "") -> list:
 WORDS_DIM = 64
 
 
-def name_words(corpus: str, suffix: str = "") -> list:
-    """The corrected heads with name words instead of the names' mean GloVe vector: "stop
-    location airport code" is the sum of four words' weights, each trained by the frequent
-    types that share it (ATIS's rare types are almost all such compositions)."""
+WORDS = (f"label_head_dim={WORDS_DIM}", "label_head_names=words", "label_head_correction=True")
+
+
+def name_words(corpus: str, suffix: str = "", model: str = "clc") -> list:
+    """The corrected heads with name words instead of the names' mean vector: "stop location
+    airport code" is the sum of four words' weights, each trained by the frequent types that
+    share it (ATIS's rare types are almost all such compositions)."""
     run = " (second run)" if suffix else ""
-    return [cell(f"{corpus}_clc_label_heads_words{suffix}",
-                 f"{corpus.upper()} CLC, label-aware heads from the names' words (a dimension "
-                 f"per word) plus a zero-started column per label, eps 8{run}",
-                 "label-aware heads, name words", CONFIGS[(corpus, "clc")], DIAG,
-                 "mechanism=dpsgd", "target_epsilon=8.0", f"label_head_dim={WORDS_DIM}",
-                 "label_head_names=words", "label_head_correction=True")]
+    return [cell(f"{corpus}_{model}_label_heads_words{suffix}",
+                 f"{corpus.upper()} {model.upper()}, label-aware heads from the names' words (a "
+                 f"dimension per word) plus a zero-started column per label, eps 8{run}",
+                 "label-aware heads, name words", CONFIGS[(corpus, model)], DIAG,
+                 "mechanism=dpsgd", "target_epsilon=8.0", *WORDS)]
+
+
+def words_source(corpus: str) -> list:
+    """Plain training (SGD, not private) with name-word heads: the public corpus the other
+    corpus's private run with name words starts from."""
+    return [cell(f"{corpus}_clc_sgd_label_heads_words",
+                 f"{corpus.upper()} CLC, SGD (not private), label-aware heads from the names' "
+                 "words plus a zero-started column per label: a public source",
+                 "label-aware heads, name words, public source", CONFIGS[(corpus, "clc")], DIAG,
+                 "mechanism=sgd", *WORDS)]
+
+
+def words_from_public(corpus: str, source: str, suffix: str = "") -> list:
+    """Name-word heads' private run from the other corpus's plain run with them: the backbone,
+    the B/I/O score and the projection's column of every name word both schemas use
+    (edp_nlu/pipeline/warm_start.py); the other columns and per-label weights start fresh."""
+    run = " (second run)" if suffix else ""
+    return [cell(f"{corpus}_clc_label_heads_words_from_{source}{suffix}",
+                 f"{corpus.upper()} CLC, label-aware heads from the names' words plus a column "
+                 f"per label, backbone and shared words from {source.upper()}'s plain run "
+                 f"(public), eps 8{run}", "label-aware heads, name words, public pretraining",
+                 CONFIGS[(corpus, "clc")], DIAG, "mechanism=dpsgd", "target_epsilon=8.0",
+                 *WORDS,
+                 f"init_from=runs/experiments/label_heads/{source}_clc_sgd_label_heads_words")]
+
+
+# Both (label_head_names="vectors+words"): each head's name words, and GloVe's 50 dimensions in
+# the width they leave (at least 65 of 114 on every head).
+BOTH = (f"label_head_dim={DIMS['clc'] + WORDS_DIM}", "label_head_names=vectors+words",
+        "label_head_correction=True")
+
+
+def vectors_and_words(corpus: str, suffix: str = "") -> list:
+    """The corrected heads with both: what a name means (its words' mean GloVe vector, near
+    the words that fill the slot) and how it is composed (a dimension per name word)."""
+    run = " (second run)" if suffix else ""
+    return [cell(f"{corpus}_clc_label_heads_both{suffix}",
+                 f"{corpus.upper()} CLC, label-aware heads from the names' GloVe vector and "
+                 f"their words plus a zero-started column per label, eps 8{run}",
+                 "label-aware heads, vectors and name words", CONFIGS[(corpus, "clc")], DIAG,
+                 "mechanism=dpsgd", "target_epsilon=8.0", *BOTH)]
 
 
 def get_config():
@@ -102,7 +145,9 @@ def get_config():
     # against 0.203-0.206), ATIS's did not: their second runs come next, SNIPS's first.
     # Name words (a dimension per word of the labels' names) then run before ATIS BERT resumes:
     # ATIS's rare types are compositions of words its frequent types carry, which the names'
-    # mean GloVe vector blurs.
+    # mean GloVe vector blurs. Their first runs: ATIS BIO 0.137 (rare types F1 0.282), SNIPS
+    # 0.212 (behind on types with 100-499 spans): both kinds of name next, then the public
+    # corpus's start with name words.
     cells = (label_heads("snips", "clc") + label_heads("atis", "clc")
              + label_heads("snips", "clc", corrected=True)
              + label_heads("atis", "clc", corrected=True)
@@ -113,6 +158,9 @@ def get_config():
              + from_public("snips", "atis", "_run2") + from_public("atis", "snips", "_run2")
              + name_words("atis") + name_words("snips")
              + name_words("atis", "_run2") + name_words("snips", "_run2")
+             + vectors_and_words("atis") + vectors_and_words("snips")
+             + words_source("snips") + words_source("atis")
+             + words_from_public("atis", "snips") + words_from_public("snips", "atis")
              + label_heads("atis", "bert", corrected=True)
              + label_heads("atis", "bert", "_run2", corrected=True)
              + label_heads("snips", "bert", corrected=True)
