@@ -4,8 +4,9 @@ Why: CLC's character CNN and BiLSTM start from random weights, and a private run
 steps to train them (SNIPS, noise off: clipping and 150 large steps alone take CLC's test SER from
 SGD's 0.118 to 0.179). A backbone first trained on a *public* corpus (another benchmark, the
 built-in synthetic corpus) only has to be adapted. The intent and slot heads start fresh, so the
-two corpora need not share labels (label-aware CLC heads keep the source's shared projection
-into the names' space, which serves any labels: `_copy_shared_label_heads`); they must share
+two corpora need not share labels (label-aware heads keep the source's shared projection
+into the names' space where it serves any labels, GloVe's whole or the name words both schemas
+use: `_copy_shared_label_heads`); they must share
 the input vocabulary (CLC's public GloVe vocabulary, BERT's WordPiece), so a vocabulary built
 from training text will not do.
 
