@@ -121,34 +121,42 @@ def name_heads(task, preprocessor, word_vectors=None, source: str = "vectors") -
     """
     if source not in NAME_SOURCES:
         raise ValueError(f"label_head_names={source!r}: expected one of {NAME_SOURCES}")
-    dim = int(task.label_embedding_dim)
     matrices, unknown, head_words = [], [], []
     for labels in (preprocessor.intent_vocabulary.labels, preprocessor.tag_vocabulary.labels):
-        parts = []
-        if "words" in source:
-            counts, words = label_names.word_count_matrix(labels)
-            room = dim - len(words)
-            head_words.append(words)
-            if room < (1 if source == "vectors+words" else 0):
-                raise ValueError(
-                    f"label_head_dim={dim}: the names of these {len(labels)} labels have "
-                    f"{len(words)} distinct words, one dimension each with label_head_names="
-                    f"{source!r}; give label_head_dim >= {len(words) + (source != 'words')}")
+        vectors = None
         if "vectors" in source:
             if word_vectors is not None:
-                matrix, missing = label_names.word_vector_matrix(labels, word_vectors.words,
-                                                                 word_vectors.vectors)
+                vectors, missing = label_names.word_vector_matrix(labels, word_vectors.words,
+                                                                  word_vectors.vectors)
             else:
-                matrix, missing = label_names.encoder_matrix(task.encoder, preprocessor, labels)
+                vectors, missing = label_names.encoder_matrix(task.encoder, preprocessor, labels)
             unknown += missing
-            parts.append(label_names.reduced(matrix, dim if source == "vectors" else room))
-        if "words" in source:
-            parts.append(label_names.reduced(counts, len(words) + (room if source == "words"
-                                                                   else 0)))
-        matrices.append(parts[0] if len(parts) == 1
-                        else np.concatenate([label_names.unit_rows(p) for p in parts], axis=1))
+        matrix, words = name_matrix(labels, source, int(task.label_embedding_dim), vectors)
+        matrices.append(matrix)
+        head_words.append(words)
     task.set_label_embeddings(*matrices)
     task.label_names_source = source
     # with "words": the word of each of the intent and tag projections' first columns
     task.label_name_words = tuple(head_words) if source == "words" else None
     return unknown
+
+
+def name_matrix(labels: Sequence[str], source: str, dim: int,
+                vectors: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
+    """([len(labels), dim] the labels' name vectors from `source` (see `name_heads`; `vectors`
+    [len(labels), d] their mean word vectors, for "vectors" and "vectors+words"), the words of
+    its word dimensions (none for "vectors"). Name words take a dimension each and come first
+    for "words", after the vectors' `dim - len(words)` for "vectors+words"."""
+    if source == "vectors":
+        return label_names.reduced(vectors, dim), []
+    counts, words = label_names.word_count_matrix(labels)
+    need = len(words) + (source == "vectors+words")
+    if dim < need:
+        raise ValueError(f"label_head_dim={dim}: the names of these {len(labels)} labels have "
+                         f"{len(words)} distinct words, one dimension each with "
+                         f"label_head_names={source!r}; give label_head_dim >= {need}")
+    if source == "words":
+        return label_names.reduced(counts, dim), words
+    vector_part = label_names.reduced(vectors, dim - len(words))
+    return np.concatenate([label_names.unit_rows(vector_part), label_names.unit_rows(counts)],
+                          axis=1), words
