@@ -164,3 +164,17 @@ def test_vectors_and_words_are_each_half_of_the_name():
     counts, _ = label_names.word_count_matrix(labels)
     np.testing.assert_allclose(names[:, 4:] * np.sqrt(2), label_names.unit_rows(counts),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_a_bert_model_takes_name_words_without_reading_the_names():
+    pre = BertPreprocessor.from_training_data(testing.TOKENS, testing.TAGS, testing.INTENTS,
+                                              sequence_length=12, max_words=5)
+    keras.utils.set_random_seed(4)
+    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT, label_embedding_dim=8)
+    assert name_heads(model, pre, source="words") == []
+    labels = pre.tag_vocabulary.labels
+    counts, words = label_names.word_count_matrix(labels)
+    np.testing.assert_allclose(model.tag_head.label_embeddings.numpy()[:, :len(words)],
+                               label_names.unit_rows(counts), rtol=1e-6)
+    x, _, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
+    assert model(x)["tag_potentials"].shape[-1] == len(labels)
