@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from edp_nlu.models import testing
+from edp_nlu.models import label_names, testing
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
@@ -282,7 +282,8 @@ def test_init_from_a_directory_that_is_not_a_run(tmp_path):
         training.train(config, str(tmp_path / "run"), strategy=strategy(1), export=False)
 
 
-def test_label_aware_heads_keep_the_sources_projection_and_their_own_labels(setup, tmp_path):
+def test_label_aware_heads_keep_the_sources_projection_and_their_own_labels(setup, tmp_path,
+                                                                            caplog):
     """With label-aware CLC heads on both runs (names in the public word vectors' space, as
     wide as the heads'), the target starts with the source's projections and B/I/O score;
     every per-label weight (names, bias, correction) is its own."""
@@ -296,8 +297,11 @@ def test_label_aware_heads_keep_the_sources_projection_and_their_own_labels(setu
                    str(tmp_path / "target"), strategy=strategy(1), callbacks=[start],
                    export=False)
     spec, checkpoint = warm_start._read_run(source)
+    caplog.clear()
     theirs = warm_start.trained_model(spec.model, warm_start.run_preprocessor(source, spec.model),
                                       checkpoint, 8)
+    # rebuilt with stand-in word vectors, it does not say its names are unknown
+    assert "no known word" not in caplog.text
     shared = {"projection", "span_logits"}
     theirs_heads = _model_heads(theirs)
     assert len(theirs_heads) == len(start.heads)  # in order, as load_backbone compares
@@ -316,13 +320,13 @@ def _model_heads(model) -> list:
     return [v for v in model.weights if id(v) not in backbone]
 
 
-def _named_clc(tags, intents, source: str, seed: int):
+def _named_clc(tags, intents, source: str, seed: int, dim: int = 8):
     tokens = [["a"] * len(t) for t in tags]
     pre = CLCPreprocessor.from_training_data(tokens, tags, intents, max_words=3,
                                              max_word_length=5)
     vectors = WordVectors(("contact", "name", "phone", "genre"), np.eye(4, dtype="float32"))
     keras.utils.set_random_seed(seed)
-    model = CLCJoint.from_preprocessor(pre, word_vectors=vectors, label_embedding_dim=8,
+    model = CLCJoint.from_preprocessor(pre, word_vectors=vectors, label_embedding_dim=dim,
                                        **{**testing.TINY_CLC, "num_lstm_layers": 1,
                                           "word_embedding_dim": 4})
     name_heads(model, pre, vectors, source)
@@ -357,3 +361,46 @@ def test_heads_named_by_words_take_the_columns_of_the_words_both_schemas_use():
                                   theirs.tag_head.span_head.kernel.numpy())
     mixed = _named_clc([["B-contact", "B-genre_name"]], ["play"], "vectors", 1)
     assert warm_start._copy_shared_label_heads(ours, mixed, SimpleNamespace(model="clc")) == 0
+
+
+def test_heads_named_by_words_match_by_word_across_widths():
+    """A column per word: a source whose heads are wider (another schema, more words) still
+    gives each shared word's column; named by vectors, another width copies nothing."""
+    ours = _named_clc([["B-contact_name", "B-phone"]], ["call"], "words", 0)
+    theirs = _named_clc([["B-contact", "B-genre_name"]], ["play"], "words", 1, dim=12)
+    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == 3
+    our_words, their_words = ours.label_name_words[1], theirs.label_name_words[1]
+    np.testing.assert_array_equal(
+        ours.tag_head.projection.kernel.numpy()[:, our_words.index("name")],
+        theirs.tag_head.projection.kernel.numpy()[:, their_words.index("name")])
+    wide = _named_clc([["B-contact", "B-genre_name"]], ["play"], "vectors", 1, dim=12)
+    narrow = _named_clc([["B-contact_name", "B-phone"]], ["call"], "vectors", 0)
+    assert warm_start._copy_shared_label_heads(narrow, wide, SimpleNamespace(model="clc")) == 0
+
+
+def test_heads_never_named_take_nothing():
+    """A model whose heads no name_heads call named says nothing of its names' space."""
+    ours = _named_clc([["B-contact_name", "B-phone"]], ["call"], "vectors", 0)
+    theirs = _named_clc([["B-contact", "B-genre_name"]], ["play"], "vectors", 1)
+    del theirs.label_names_source
+    assert warm_start._copy_shared_label_heads(ours, theirs, SimpleNamespace(model="clc")) == 0
+
+
+def test_a_source_named_by_other_word_rules_is_refused(setup, tmp_path, monkeypatch):
+    """If this version reads the source's labels into other words than it trained with, its
+    columns would be copied under the wrong words: the start is refused, naming init_from."""
+    heads = dict(label_head_dim=64, label_head_names="words", label_head_correction=True)
+    source = str(tmp_path / "source")
+    training.train(config_with(setup["vectors"], mechanism="sgd", replicas=1, epochs=1, **heads),
+                   source, strategy=strategy(1), export=False)
+    spec, checkpoint = warm_start._read_run(source)
+    theirs = warm_start.run_preprocessor(source, spec.model)
+    assert warm_start.trained_model(spec.model, theirs, checkpoint, 8).name_words_as_trained
+    label = theirs.tag_vocabulary.labels[-1]
+    word = label_names.label_words(label)[0]
+    monkeypatch.setitem(label_names.ABBREVIATIONS, word, ("renamed",))
+    assert not warm_start.trained_model(spec.model, theirs, checkpoint, 8).name_words_as_trained
+    with pytest.raises(ValueError, match="init_from.*name words differ"):
+        training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1, epochs=1,
+                                   init_from=source, data_dir=setup["other"], **heads),
+                       str(tmp_path / "target"), strategy=strategy(1), export=False)

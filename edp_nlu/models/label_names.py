@@ -53,11 +53,29 @@ def label_words(label: str) -> list[str]:
     for part in re.split(r"[_.#\-/\s]+", name):
         if not part:
             continue
-        for word in re.findall(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+", part) or [part]:
+        for word in _camel_case_words(part):
             word = word.lower()
             if word in _SCHEMA_WORDS:
                 continue
             words.extend(ABBREVIATIONS.get(word, (word,)))
+    return words
+
+
+def _camel_case_words(part: str) -> list[str]:
+    """"AddToPlaylist" -> Add, To, Playlist; "HTTPServer" -> HTTP, Server; letters of any script
+    ("città", "Straßen") stay whole words, digits split off."""
+    words = []
+    for run in re.findall(r"[^\W\d_]+|\d+", part) or [part]:
+        start = 0
+        for i in range(1, len(run)):
+            upper_after_lower = run[i].isupper() and run[i - 1].islower()
+            acronym_end = (run[i].islower() and run[i - 1].isupper()
+                           and i - 1 > start and run[i - 2].isupper())
+            if upper_after_lower or acronym_end:
+                cut = i - 1 if acronym_end else i
+                words.append(run[start:cut])
+                start = cut
+        words.append(run[start:])
     return words
 
 

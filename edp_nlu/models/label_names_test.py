@@ -10,6 +10,11 @@ from edp_nlu.models import label_names
     ("B-timeRange", ["time", "range"]),
     ("AddToPlaylist", ["add", "to", "playlist"]),
     ("atis_flight#atis_airfare", ["flight", "airfare"]),
+    ("B-HTTPServer", ["http", "server"]),
+    ("room2_type", ["room", "2", "type"]),
+    # other scripts keep whole words (an ASCII-only split read "città" as "citt")
+    ("B-città_nome", ["città", "nome"]),
+    ("I-StraßenName", ["straßen", "name"]),
     ("O", []),
     ("[UNK]", []),
 ])

@@ -137,9 +137,10 @@ def bert_checkpoint(bert: BertSpec) -> Optional[str]:
     return minilm_path() if bert.checkpoint == "minilm" else bert.checkpoint
 
 
-def build_model(spec: ModelSpec, preprocessor, vectors=None):
+def build_model(spec: ModelSpec, preprocessor, vectors=None, warn_unknown_names: bool = True):
     """The joint model of `spec` (a RunSpec's `model` part; call it inside the strategy's
-    scope)."""
+    scope). `warn_unknown_names=False` when a checkpoint will fill the heads' names (a warm
+    start's source rebuilt with stand-in vectors knows no word, and would say so wrongly)."""
     task = dict(intent_weight=float(spec.intent_loss_weight),
                 tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
                 head_dropout=float(spec.head_dropout), decoding=spec.decoding,
@@ -153,7 +154,8 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
             char_filters=c.char_filters, dropout=c.dropout,
             word_embeddings_trainable=bool(c.train_word_embeddings or vectors is None), **task,
             **({} if vectors is not None else {"word_embedding_dim": 50}))
-        return _named_heads(model, preprocessor, vectors, spec.label_head_names)
+        return _named_heads(model, preprocessor, vectors, spec.label_head_names,
+                            warn_unknown_names)
 
     c = spec.bert
     checkpoint = bert_checkpoint(c)
@@ -165,16 +167,16 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None):
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.lora_layout, lora_targets=c.lora_targets,
                    lora_freeze_a=c.lora_freeze_a)
-    return _named_heads(model, preprocessor, None, spec.label_head_names)
+    return _named_heads(model, preprocessor, None, spec.label_head_names, warn_unknown_names)
 
 
-def _named_heads(model, preprocessor, vectors, source: str):
+def _named_heads(model, preprocessor, vectors, source: str, warn_unknown: bool = True):
     """Label-aware heads get their labels' names (public schema): from the CLC word vectors,
     else from the BERT encoder as loaded (before any training), and/or their words (`source`,
     label_aware_head.name_heads)."""
     if model.label_embedding_dim:
         unknown = name_heads(model, preprocessor, vectors, source)
-        if unknown:
+        if unknown and warn_unknown:
             _log.warning("label-aware heads: no known word in the names of %d labels (%s); they "
                          "keep their bias and span score only", len(unknown),
                          ", ".join(unknown[:8]))

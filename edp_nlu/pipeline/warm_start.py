@@ -216,12 +216,28 @@ def trained_model(spec: run_spec.ModelSpec, preprocessor, checkpoint: str,
                   embedding_dim: int = 0):
     """A finished run's model, rebuilt from its model part and preprocessor with the weights of
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
-    model = builders.build_model(spec, preprocessor, shape_only_vectors(spec, embedding_dim))
+    model = builders.build_model(spec, preprocessor, shape_only_vectors(spec, embedding_dim),
+                                 warn_unknown_names=False)
+    names_as_built = _label_name_rows(model)
     # read, not restore: the run's checkpoints are written without a save counter
     # (edp_nlu/pipeline/checkpoints.py), which restore would expect
     tf.train.Checkpoint(model=model).read(
         checkpoint).expect_partial().assert_existing_objects_matched()
+    # Name-word heads map projection columns to words by the order this code derives from the
+    # labels; a checkpoint whose names were derived otherwise (another version's word rules)
+    # would have its columns copied under the wrong words.
+    model.name_words_as_trained = (getattr(model, "label_names_source", None) != "words"
+                                   or names_as_built == _label_name_rows(model))
     return model
+
+
+def _label_name_rows(model) -> list:
+    """The label-aware heads' name matrices, rounded (a checkpoint round trip is exact, the
+    rounding only absorbs float formatting), or [] for plain heads."""
+    if not int(getattr(model, "label_embedding_dim", 0) or 0):
+        return []
+    return [np.round(head.label_embeddings.numpy(), 5).tolist()
+            for head in (model.intent_head, model.tag_head)]
 
 
 def load_backbone(model, preprocessor, source: Source) -> int:
@@ -256,7 +272,11 @@ def load_backbone(model, preprocessor, source: Source) -> int:
             bad(f"{variable.path} has shape {tuple(other.shape)} there, {tuple(variable.shape)} "
                 "here: the backbones differ (compare its config.json)")
         variable.assign(other)
-    return len(target_vars) + _copy_shared_label_heads(model, source_model, source.spec.model)
+    try:
+        heads = _copy_shared_label_heads(model, source_model, source.spec.model)
+    except ValueError as error:
+        bad(str(error))
+    return len(target_vars) + heads
 
 
 def _copy_shared_label_heads(model, source_model, source_spec: run_spec.ModelSpec) -> int:
@@ -273,15 +293,24 @@ def _copy_shared_label_heads(model, source_model, source_spec: run_spec.ModelSpe
 
     Returns the number of variables copied (a projection counts once however many columns)."""
     dim = int(getattr(model, "label_embedding_dim", 0) or 0)
-    if not dim or int(getattr(source_model, "label_embedding_dim", 0) or 0) != dim:
+    their_dim = int(getattr(source_model, "label_embedding_dim", 0) or 0)
+    if not dim or not their_dim:
         return 0
-    sources = {getattr(m, "label_names_source", "vectors") for m in (model, source_model)}
+    # a model that was never named (name_heads) says nothing of its space: nothing is copied
+    sources = {getattr(m, "label_names_source", None) for m in (model, source_model)}
     if sources == {"words"}:
+        # a column per word whatever the width: the heads may differ in label_head_dim
+        if not getattr(source_model, "name_words_as_trained", True):
+            raise ValueError("its heads' name words differ from the ones this version derives "
+                             "from its labels, so their projection columns cannot be matched "
+                             "by word; start from a run trained with this version, or without "
+                             "label-aware heads")
         columns = [_shared_word_columns(ours, theirs) for ours, theirs in
                    zip(model.label_name_words, source_model.label_name_words)]
     else:
         words = int(getattr(model.backbone, "word_embedding_dim", 0) or 0)
-        if sources != {"vectors"} or source_spec.model != "clc" or not words or dim < words:
+        if (sources != {"vectors"} or source_spec.model != "clc" or not words or dim < words
+                or their_dim != dim):
             return 0
         columns = [None, None]  # every column
     copied = 0
