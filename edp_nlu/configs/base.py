@@ -42,9 +42,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    the same); a dataset config's private recipe (edp_nlu/pipeline/recipes.py)
   label_head_dim   0: plain heads (a weight column per label). > 0: label-aware heads, each
                    label's weights start from its public name ("B-depart_date" -> depart date)
-                   read by GloVe (CLC: needs clc.word_vectors) or the BERT checkpoint, in this
-                   many dimensions, with a shared B/I/O span score (edp_nlu/models/
-                   label_aware_head.py; the schema is public, so free in epsilon)
+                   read by GloVe (CLC: needs clc.word_vectors) or the BERT checkpoint (needs
+                   bert.checkpoint), in this many dimensions, with a shared B/I/O span score
+                   (edp_nlu/models/label_aware_head.py; the schema is public, so free in epsilon)
   label_head_names "vectors" (the mean word vector above), "words" (a dimension per distinct word
                    of the labels' names: "stop location airport code" is the sum of its words'
                    weights, each trained by the frequent types that share it; needs

@@ -57,6 +57,13 @@ def test_fields_are_named_when_unknown_missing_or_bad():
         RunSpec.parse(no_vectors)
     assert RunSpec.parse(no_vectors | {"label_head_names": "words"}).model.label_head_names == (
         "words")  # name words need no word vectors
+    random_bert = base_config().to_dict() | {"model": "bert", "label_head_dim": 8}
+    random_bert["bert"]["checkpoint"] = ""
+    with pytest.raises(ValueError, match=r"label_head_dim.*bert\.checkpoint"):
+        RunSpec.parse(random_bert)
+    assert RunSpec.parse(random_bert | {"label_head_names": "words"}).model.model == "bert"
+    random_bert["bert"]["checkpoint"] = "minilm"
+    assert RunSpec.parse(random_bert).model.label_head_dim == 8
     with pytest.raises(ValueError, match=r"--config\.label_head_names='glove' is invalid"):
         RunSpec.parse(base_config().to_dict() | {"label_head_names": "glove"})
 

@@ -161,6 +161,11 @@ def _model(m: ModelSpec) -> Iterator[tuple]:
           and "vectors" in m.label_head_names):
         yield ("label_head_dim", label_dim, "0 when clc.word_vectors is empty (CLC reads the "
                "label names with its public word vectors; label_head_names='words' does not)")
+    elif (label_dim and m.model == "bert" and not m.bert.checkpoint
+          and "vectors" in m.label_head_names):
+        yield ("label_head_dim", label_dim, "0 when bert.checkpoint is empty (BERT reads the "
+               "label names with its pretrained encoder, and a random one reads nothing; "
+               "label_head_names='words' does not need it)")
     yield from _choice("label_head_names", m.label_head_names, NAME_SOURCES)
     if m.label_head_correction not in (True, False) or (
             m.label_head_correction and not label_dim):
