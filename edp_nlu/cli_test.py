@@ -88,6 +88,16 @@ def test_train_is_quiet_too(tmp_path):
         "not a run directory (edp-train writes one)"]
 
 
+def test_resume_of_a_run_still_in_its_public_plain_run_says_how_to_continue(tmp_path):
+    """Killed during --config.public_pretraining's plain run, a run directory holds only that
+    run: --resume says to run the same command again, not that nothing is there."""
+    (tmp_path / "public_pretraining").mkdir()
+    (tmp_path / "public_pretraining" / "state.json").write_text("{}")
+    with pytest.raises(ValueError, match="only its plain run on the public corpus.*without "
+                                         "--resume"):
+        train._resumed_config(None, str(tmp_path), None)
+
+
 def _allocator_probe(env):
     """A fresh process that starts like a command, then asks TensorFlow for CPU memory stats.
 

@@ -29,6 +29,7 @@ from edp_nlu.configs import accept_names, config_file  # noqa: E402
 
 # The run's machinery imports TensorFlow; `--help` and a misspelt flag answer without it.
 callbacks = cli.on_first_use("edp_nlu.pipeline.callbacks")
+public_start = cli.on_first_use("edp_nlu.pipeline.public_start")
 recipes = cli.on_first_use("edp_nlu.pipeline.recipes")
 run_files = cli.on_first_use("edp_nlu.pipeline.run_files")
 timing = cli.on_first_use("edp_nlu.pipeline.timing")
@@ -139,6 +140,12 @@ def _resumed_config(config, run_dir: str, values: flags.FlagValues):
     """The run's own config (config.json); a command that asks for another run is refused in
     one line naming each differing field, rather than silently ignored. More epochs extend it
     (the ledger still refuses any epoch over the budget)."""
+    plain = public_start.source_dir(run_dir)
+    if (not os.path.exists(os.path.join(run_dir, run_files.CONFIG_FILE))
+            and os.path.exists(os.path.join(plain, run_files.STATE_FILE))):
+        raise ValueError(f"--resume: {run_dir} holds only its plain run on the public corpus "
+                         f"({plain}): the private run has not started. Run the same command "
+                         "without --resume: it continues the plain run, then starts it")
     saved = run_files.load_run_config(run_dir, "--resume: --run_dir")
     requested = _requested_fields(values)
     given_file = None

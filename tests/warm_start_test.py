@@ -11,6 +11,7 @@ vocabularies agree as the feature requires.
 import dataclasses
 import os
 import re
+import shutil
 from types import SimpleNamespace
 
 import keras
@@ -404,3 +405,34 @@ def test_a_source_named_by_other_word_rules_is_refused(setup, tmp_path, monkeypa
         training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1, epochs=1,
                                    init_from=source, data_dir=setup["other"], **heads),
                        str(tmp_path / "target"), strategy=strategy(1), export=False)
+
+
+def test_public_pretraining_trains_a_plain_run_then_starts_from_it(setup, tmp_path):
+    """One command: a plain run of this config on the public corpus in RUN_DIR/
+    public_pretraining, then the private run starting from its backbone, private (the corpora
+    share no utterance) and naming it; a finished plain run found there is not trained again."""
+    config = config_with(setup["vectors"], mechanism="dpsgd", replicas=1, epochs=1,
+                         data_dir=setup["other"], public_pretraining=setup["third"])
+    run_dir, start = str(tmp_path / "run"), _StartingWeights()
+    training.train(config, run_dir, strategy=strategy(1), callbacks=[start], export=False)
+    source = os.path.join(run_dir, "public_pretraining")
+    plain = run_files.load_run_config(source)
+    assert (plain.mechanism, plain.data_dir, plain.public_pretraining) == (
+        "sgd", setup["third"], "")
+    backbone, _ = _source_weights(source)
+    for ours, theirs in zip(start.backbone, backbone):
+        np.testing.assert_array_equal(ours, theirs)
+    privacy = read(run_dir, "privacy.json")
+    assert privacy["private"] is True
+    assert any(f"{source} trained on the train split of {setup['third']}" in s
+               for s in privacy["not_covered"]), privacy["not_covered"]
+    assert run_files.load_run_config(run_dir).init_from == ""  # the config says what was asked
+
+    again = tmp_path / "again"
+    shutil.copytree(source, again / "public_pretraining")
+    state = (again / "public_pretraining" / "state.json").read_bytes()
+    start = _StartingWeights()
+    training.train(config, str(again), strategy=strategy(1), callbacks=[start], export=False)
+    assert (again / "public_pretraining" / "state.json").read_bytes() == state
+    for ours, theirs in zip(start.backbone, backbone):
+        np.testing.assert_array_equal(ours, theirs)

@@ -61,6 +61,10 @@ Field meanings (all overridable with `--config.FIELD=value`):
   init_from        "" or a finished run's directory: the backbone starts from that run's trained
                    weights, the heads fresh (public pretraining; that run's corpus must be public
                    and not this run's: edp_nlu/pipeline/warm_start.py)
+  public_pretraining
+                   "" or a public corpus (a joint-format directory, as data_dir): the run first
+                   trains a plain run on it in RUN_DIR/public_pretraining (this config with
+                   mechanism sgd), then starts from it as init_from would (public_start.py)
   probe_epochs     private runs: the first N epochs train only the intent and slot heads (the
                    encoder frozen: no gradient, no noise), then everything trainable (DP linear
                    probing then fine-tuning, Ke et al. 2024; the same epsilon: each step is the
@@ -153,6 +157,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> None:
     c.model = "clc"
     c.max_words = 32
     c.init_from = ""  # a run on a public corpus whose backbone starts this one (warm_start.py)
+    c.public_pretraining = ""  # a public corpus: a plain run on it first, then init_from it
     # dropout before the heads (both models; the encoders' own is clc.dropout / bert.dropout)
     c.head_dropout = 0.1
     c.private_head_dropout = -1.0  # private runs: >= 0 replaces head_dropout

@@ -152,6 +152,7 @@ OLD_DEFAULTS = {
     "ema_fraction": 0.0,
     "adam_bc_floor": 1.0,
     "init_from": "",
+    "public_pretraining": "",
     "label_selection": "training",  # before private selection, labels came from the split
     "bert": {"private_finetune": "", "private_dropout": -1.0, "lora_layout": "per_head",
              "lora_targets": "all", "lora_freeze_a": False, "pooling": "cls"},

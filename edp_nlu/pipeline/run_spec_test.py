@@ -64,6 +64,8 @@ def test_fields_are_named_when_unknown_missing_or_bad():
     assert RunSpec.parse(random_bert | {"label_head_names": "words"}).model.model == "bert"
     random_bert["bert"]["checkpoint"] = "minilm"
     assert RunSpec.parse(random_bert).model.label_head_dim == 8
+    with pytest.raises(ValueError, match=r"--config\.public_pretraining=.*give one of the two"):
+        RunSpec.parse(base_config().to_dict() | {"public_pretraining": "pub/", "init_from": "r/"})
     with pytest.raises(ValueError, match=r"--config\.label_head_names='glove' is invalid"):
         RunSpec.parse(base_config().to_dict() | {"label_head_names": "glove"})
 

@@ -72,6 +72,7 @@ class ModelSpec:
     model: str
     max_words: int
     init_from: str
+    public_pretraining: str
     head_dropout: float
     private_head_dropout: float
     label_head_dim: int

@@ -26,6 +26,7 @@ from edp_nlu.pipeline import (
     builders,
     checkpoints,
     label_selection,
+    public_start,
     public_subspace,
     recipes,
     run_files,
@@ -83,6 +84,7 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     spec = run_spec.RunSpec.parse(config)  # every field checked once, before anything is written
     state = _open_run_dir(run_dir, resume)
     strategy = _strategy(spec.run, strategy)
+    init_from = _start_from(config, spec, run_dir, resume, strategy)
     fixed_seed = int(spec.run.seed) if spec.run.seed >= 0 else None
     if fixed_seed is not None:
         keras.utils.set_random_seed(fixed_seed)
@@ -91,8 +93,9 @@ def train(config, run_dir: str, resume: bool = False, strategy=None, callbacks=(
     spec, n, delta = data.spec, data.units, data.delta
     restored = _restart_point(run_dir, state) if resume else None
     # read and checked once, on a new run: a resumed one restores its own checkpoint
-    source = (warm_start.prepare(spec.model, data.splits.train)
-              if spec.model.init_from and restored is None else None)
+    source = (warm_start.prepare(dataclasses.replace(spec.model, init_from=init_from),
+                                 data.splits.train)
+              if init_from and restored is None else None)
     if source is not None:  # kept in state.json: a resumed run states it without the source
         state["warm_start"] = source.facts()
     warm = state.get("warm_start")
@@ -355,6 +358,16 @@ def _keep_resumed_settings(run_dir: str, spec: run_spec.RunSpec) -> None:
     if any(kept.get(field) != value for field, value in now.items()):
         kept.update(now)
         write_json(path, saved)
+
+
+def _start_from(config, spec: run_spec.RunSpec, run_dir: str, resume: bool, strategy) -> str:
+    """The run `init_from` names: `init_from` itself, or the plain run on `public_pretraining`,
+    trained first (a resumed run's is finished)."""
+    if not spec.model.public_pretraining:
+        return spec.model.init_from
+    if resume:
+        return public_start.source_dir(run_dir)
+    return public_start.pretrain(config, run_dir, train, strategy)
 
 
 def _open_run_dir(run_dir: str, resume: bool) -> dict:

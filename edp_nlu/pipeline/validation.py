@@ -154,6 +154,9 @@ def _model(m: ModelSpec) -> Iterator[tuple]:
     yield from _choice("decoding", m.decoding, DECODINGS)
     if int(m.max_words) < 0:
         yield "max_words", m.max_words, "an integer >= 1, or 0 for the automatic default"
+    if m.public_pretraining and m.init_from:
+        yield ("public_pretraining", m.public_pretraining, "empty when init_from is given (it "
+               "trains the run init_from would start from: give one of the two)")
     label_dim = m.label_head_dim
     if not isinstance(label_dim, int) or label_dim < 0:
         yield "label_head_dim", label_dim, "0 (plain heads), or an integer >= 1"
