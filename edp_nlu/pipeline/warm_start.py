@@ -218,7 +218,7 @@ def trained_model(spec: run_spec.ModelSpec, preprocessor, checkpoint: str,
     `checkpoint`; `embedding_dim` is its CLC word embedding width when it used word vectors."""
     model = builders.build_model(spec, preprocessor, shape_only_vectors(spec, embedding_dim),
                                  warn_unknown_names=False)
-    names_as_built = _label_name_rows(model)
+    as_built = _name_word_matrices(model)
     # read, not restore: the run's checkpoints are written without a save counter
     # (edp_nlu/pipeline/checkpoints.py), which restore would expect
     tf.train.Checkpoint(model=model).read(
@@ -226,18 +226,16 @@ def trained_model(spec: run_spec.ModelSpec, preprocessor, checkpoint: str,
     # Name-word heads map projection columns to words by the order this code derives from the
     # labels; a checkpoint whose names were derived otherwise (another version's word rules)
     # would have its columns copied under the wrong words.
-    model.name_words_as_trained = (getattr(model, "label_names_source", None) != "words"
-                                   or names_as_built == _label_name_rows(model))
+    model.name_words_as_trained = as_built is None or all(
+        np.array_equal(built, now) for built, now in zip(as_built, _name_word_matrices(model)))
     return model
 
 
-def _label_name_rows(model) -> list:
-    """The label-aware heads' name matrices, rounded (a checkpoint round trip is exact, the
-    rounding only absorbs float formatting), or [] for plain heads."""
-    if not int(getattr(model, "label_embedding_dim", 0) or 0):
-        return []
-    return [np.round(head.label_embeddings.numpy(), 5).tolist()
-            for head in (model.intent_head, model.tag_head)]
+def _name_word_matrices(model) -> list | None:
+    """The name matrices of heads named by words (intent, tag), else None."""
+    if getattr(model, "label_names_source", None) != "words":
+        return None
+    return [head.label_embeddings.numpy() for head in (model.intent_head, model.tag_head)]
 
 
 def load_backbone(model, preprocessor, source: Source) -> int:
