@@ -55,7 +55,7 @@ def _labels(decode, preprocessor, outputs: list, penalty: float) -> tuple:
     return predictions._labels(preprocessor, decoded)
 
 
-def _bucket_f1(references, labels, counts) -> dict:
+def bucket_f1(references, labels, counts) -> dict:
     """Pooled slot-type F1 per training-frequency bucket (buckets with test references)."""
     scores = per_class.class_scores([r.intent for r in references],
                                     [r.tags for r in references], labels[0],
@@ -85,7 +85,7 @@ def penalty_rows(run_dir: str, penalties: Sequence[float] = PENALTIES) -> list:
             scores = predictions.score(references, *labels)
             keep = ("ser", "slot_f1", "slot_precision", "slot_recall", "intent_accuracy")
             row[name] = {k: scores[k] for k in keep}
-            row[name]["slot_f1_by_bucket"] = _bucket_f1(references, labels, counts)
+            row[name]["slot_f1_by_bucket"] = bucket_f1(references, labels, counts)
         rows.append(row)
     return rows
 

@@ -1,6 +1,6 @@
-"""What the post-hoc scoring tools (o_penalty, intent_prior) share: one forward pass of a run's
-model over padded batches, and their results files (one JSON per run, and a table over every run
-that names the command of each row)."""
+"""What the post-hoc scoring tools (o_penalty, intent_prior, label_prior) share: one forward
+pass of a run's model over padded batches, and their results files (one JSON per run, and a
+table over every run that names the command of each row)."""
 from __future__ import annotations
 
 import glob
