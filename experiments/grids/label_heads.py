@@ -178,8 +178,9 @@ def get_config():
     # (SNIPS 0.194 against 0.212 and 0.194 from scratch, ATIS 0.153 against 0.137 and 0.145):
     # their second runs follow ATIS BERT's first (begun before; it resumes from its checkpoint).
     # ATIS BERT's corrected heads then gave BIO 0.114 (the recipe 0.134; the goal 2.4x plain is
-    # 0.1126): their second run comes before BERT with name words, and weight averaging on the
-    # name-word heads (CLC, both corpora, two runs each) before BERT with name words.
+    # 0.1126): their second run comes next, then weight averaging on the name-word heads (CLC,
+    # both corpora, two runs each), then SNIPS BERT's corrected heads (the issue's fourth cell
+    # of item 1, and a goal) before ATIS BERT with name words (a variant of a cell already run).
     cells = (label_heads("snips", "clc") + label_heads("atis", "clc")
              + label_heads("snips", "clc", corrected=True)
              + label_heads("atis", "clc", corrected=True)
@@ -201,10 +202,10 @@ def get_config():
              + label_heads("atis", "bert", "_run2", corrected=True)
              + averaged("atis") + averaged("snips")
              + averaged("atis", "_run2") + averaged("snips", "_run2")
-             + name_words("atis", model="bert")
-             + name_words("atis", "_run2", model="bert")
              + label_heads("snips", "bert", corrected=True)
              + label_heads("snips", "bert", "_run2", corrected=True)
+             + name_words("atis", model="bert")
+             + name_words("atis", "_run2", model="bert")
              + label_heads("snips", "clc", "_run2") + label_heads("atis", "clc", "_run2"))
     return grid("label_heads", cells, notes=(
         "Label-aware heads (experiments/grids/label_heads.py) against the recipes' rows in "
