@@ -23,7 +23,7 @@ from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
 from edp_nlu.models.label_aware_head import name_heads
-from edp_nlu.pipeline import run_files, training, warm_start
+from edp_nlu.pipeline import public_start, run_files, training, warm_start
 from edp_nlu.pipeline.run_spec import RunSpec
 from tests.tiny_runs import corpus, read, strategy, tiny_config, write_joint_dir
 
@@ -428,11 +428,14 @@ def test_public_pretraining_trains_a_plain_run_then_starts_from_it(setup, tmp_pa
                for s in privacy["not_covered"]), privacy["not_covered"]
     assert run_files.load_run_config(run_dir).init_from == ""  # the config says what was asked
 
+    # the training run's own call (training._start_from), without a second private run
     again = tmp_path / "again"
     shutil.copytree(source, again / "public_pretraining")
     state = (again / "public_pretraining" / "state.json").read_bytes()
-    start = _StartingWeights()
-    training.train(config, str(again), strategy=strategy(1), callbacks=[start], export=False)
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("a finished plain run was trained again")
+
+    assert public_start.pretrain(config, str(again), must_not_train, strategy(1)) == \
+        public_start.source_dir(str(again))
     assert (again / "public_pretraining" / "state.json").read_bytes() == state
-    for ours, theirs in zip(start.backbone, backbone):
-        np.testing.assert_array_equal(ours, theirs)
