@@ -404,7 +404,7 @@ def test_values_checked_later_still_name_the_field(tmp_path, field, value, named
 @pytest.mark.parametrize("field, value", [
     ("vocabulary", "klingon"), ("finetune", "some"), ("private_finetune", "some"),
     ("dropout", 1.0), ("private_dropout", 1.5), ("lora_layout", "diagonal"),
-    ("lora_targets", "mlp"),
+    ("lora_targets", "mlp"), ("frozen_layers", -1),
 ])
 def test_invalid_nested_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config("bert", replicas=1)

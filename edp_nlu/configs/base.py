@@ -37,6 +37,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    "query_value" (Hu et al.); the others stay frozen, their biases train
   bert.lora_freeze_a  True: A keeps its random start and only B trains (FFA-LoRA, Sun et al.
                    2024): noise for B alone, the clipped norm shared by fewer weights
+  bert.frozen_layers  N > 0: the embeddings and the lowest N transformer layers frozen whole
+                   (no noise for them, a shorter backward pass), with any finetune policy
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (edp_nlu/pipeline/recipes.py)
@@ -191,6 +193,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> None:
         lora_layout="per_head",  # kept so that the grids' per_head LoRA commands reproduce
         lora_targets="all",
         lora_freeze_a=False,
+        frozen_layers=0,
         pooling="cls",
         private_finetune="",
         private_dropout=-1.0,

@@ -155,7 +155,8 @@ OLD_DEFAULTS = {
     "public_pretraining": "",
     "label_selection": "training",  # before private selection, labels came from the split
     "bert": {"private_finetune": "", "private_dropout": -1.0, "lora_layout": "per_head",
-             "lora_targets": "all", "lora_freeze_a": False, "pooling": "cls"},
+             "lora_targets": "all", "lora_freeze_a": False, "frozen_layers": 0,
+             "pooling": "cls"},
 }
 
 

@@ -43,6 +43,7 @@ class BertSpec:
     lora_layout: str
     lora_targets: str
     lora_freeze_a: bool
+    frozen_layers: int
     pooling: str
     private_finetune: str
     private_dropout: float

@@ -196,6 +196,9 @@ def _bert(b) -> Iterator[tuple]:
         yield "bert.private_dropout", b.private_dropout, "in [0, 1), or < 0 for bert.dropout"
     yield from _choice("bert.lora_layout", b.lora_layout, LORA_LAYOUTS)
     yield from _choice("bert.lora_targets", b.lora_targets, tuple(LORA_TARGETS))
+    if not (isinstance(b.frozen_layers, int) and b.frozen_layers >= 0):
+        # the upper bound is the encoder's own layer count, checked once it is built
+        yield "bert.frozen_layers", b.frozen_layers, "an integer >= 0"
     yield from _choice("bert.pooling", b.pooling, POOLING)
 
 

@@ -36,6 +36,14 @@ initialisation (OS entropy unless a run fixes its seed), public like the pretrai
 On ATIS at epsilon 8 it did about as well as a trained A, one run each (results/atis), so it is
 an option, not a default.
 
+Frozen lower layers (`frozen_layers` = N > 0, with any policy): the embeddings (tables and
+their layer norm) and the lowest N transformer layers are frozen whole, their layer norms and
+biases too, and get no LoRA factors. Why under DP: the lower layers of a pretrained encoder carry
+general features that fine-tuning barely moves, while each of their trained weights still gets
+noise; frozen, they get none, the clipped norm goes to the upper layers and the heads, and
+nothing below layer N needs a gradient. Freezing every layer is not offered: that is the heads
+alone, which `probe_epochs` trains.
+
 "per_head" stays the base config's default so that the grids' per_head commands reproduce;
 edp_nlu/configs/snips_bert.py and atis_bert.py use "matrix", which did better at epsilon 8 on SNIPS
 (results/snips).
@@ -108,10 +116,11 @@ def enable_matrix_lora(layer: keras.layers.EinsumDense, rank: int, lora_alpha: f
         raise
 
 
-def _transformer_projections(backbone) -> list:
-    """Dense / EinsumDense layers inside the transformer layers (attention and feed-forward)."""
+def _transformer_projections(backbone, skip: int = 0) -> list:
+    """Dense / EinsumDense layers inside the transformer layers (attention and feed-forward),
+    the lowest `skip` layers left out."""
     found = []
-    for block in backbone.transformer_layers:
+    for block in backbone.transformer_layers[skip:]:
         for layer in block._flatten_layers(include_self=False, recursive=True):
             if isinstance(layer, (keras.layers.Dense, keras.layers.EinsumDense)):
                 found.append(layer)
@@ -120,24 +129,44 @@ def _transformer_projections(backbone) -> list:
 
 def set_finetuning(joint, policy: str, lora_rank: int = 8, lora_alpha: float = 16.0,
                    lora_layout: str = "per_head", lora_targets: str = "all",
-                   lora_freeze_a: bool = False) -> None:
+                   lora_freeze_a: bool = False, frozen_layers: int = 0) -> None:
     """Freezes the part of `joint.backbone` that `policy` does not train, or adds LoRA factors
     (before compiling); `lora_freeze_a` trains only their B (like the other lora_* options,
-    unused by the other policies, so that a private LoRA recipe's plain run needs no edit)."""
+    unused by the other policies, so that a private LoRA recipe's plain run needs no edit);
+    `frozen_layers` > 0 freezes the embeddings and that many lowest transformer layers whole."""
     _check_options(policy, lora_layout, lora_targets, lora_freeze_a)
+    backbone = joint.backbone
+    _freeze_lower_layers(backbone, frozen_layers)
     if policy == "all":
         return
-    backbone = joint.backbone
     for table in (backbone.token_embedding, backbone.position_embedding,
                   backbone.segment_embedding):
         table.trainable = False
     if policy == "no_embeddings":
         return
     if policy == "lora":
-        _add_lora(backbone, lora_rank, lora_alpha, lora_layout, lora_targets, lora_freeze_a)
+        _add_lora(backbone, lora_rank, lora_alpha, lora_layout, lora_targets, lora_freeze_a,
+                  frozen_layers)
         return
     for layer in _transformer_projections(backbone):  # "bias": every projection kernel frozen
         layer._kernel.trainable = False
+
+
+def _freeze_lower_layers(backbone, frozen_layers: int) -> None:
+    """The embeddings and the lowest `frozen_layers` transformer layers, frozen whole; at least
+    one transformer layer is left to train (freezing them all is `probe_epochs`' heads alone)."""
+    layers = len(backbone.transformer_layers)
+    if isinstance(frozen_layers, bool) or not isinstance(frozen_layers, int) \
+            or not 0 <= frozen_layers < layers:
+        raise ValueError(f"--config.bert.frozen_layers={frozen_layers!r} is invalid: expected an "
+                         f"integer from 0 to {layers - 1} (this encoder has {layers} transformer "
+                         "layers, and at least one trains)")
+    if frozen_layers == 0:
+        return
+    for layer in (backbone.token_embedding, backbone.position_embedding,
+                  backbone.segment_embedding, backbone.embeddings_layer_norm,
+                  *backbone.transformer_layers[:frozen_layers]):
+        layer.trainable = False
 
 
 def _check_options(policy: str, lora_layout: str, lora_targets: str,
@@ -159,12 +188,13 @@ def _check_options(policy: str, lora_layout: str, lora_targets: str,
 
 
 def _add_lora(backbone, lora_rank: int, lora_alpha: float, lora_layout: str, lora_targets: str,
-              lora_freeze_a: bool) -> None:
-    """LoRA factors on the targeted projections; the other projections' kernels are frozen."""
+              lora_freeze_a: bool, frozen_layers: int = 0) -> None:
+    """LoRA factors on the targeted projections above the `frozen_layers` lowest layers; the
+    other projections' kernels are frozen."""
     if isinstance(lora_rank, bool) or not isinstance(lora_rank, int) or lora_rank < 1:
         raise ValueError(f"--config.bert.lora_rank={lora_rank!r} must be an integer >= 1")
     targets = LORA_TARGETS[lora_targets]
-    projections = _transformer_projections(backbone)
+    projections = _transformer_projections(backbone, frozen_layers)
     missing = set(targets or ()) - {layer.name for layer in projections}
     if missing:  # a keras-hub whose layers are named otherwise: refuse, never adapt less
         raise ValueError(f"--config.bert.lora_targets={lora_targets!r}: the backbone has no "

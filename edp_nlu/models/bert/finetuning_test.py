@@ -62,6 +62,30 @@ def test_policy_trains_what_it_says(data, policy):
         assert kernels <= names
 
 
+@pytest.mark.parametrize("policy", FINETUNE)
+def test_frozen_layers_freeze_the_embeddings_and_the_lowest_layers_whole(data, policy):
+    """With any policy, frozen_layers=1 of 2 leaves nothing of the embeddings or of layer 0 to
+    train (no LoRA factor there either), and layer 1 trains as the policy says."""
+    model = BertJoint.from_preprocessor(data[0], **dict(testing.TINY_BERT, num_layers=2))
+    set_finetuning(model, policy, frozen_layers=1)
+    names = trainable_names(model)
+    lower, upper = (model.backbone.transformer_layers[i] for i in (0, 1))
+    assert not any(v.trainable for v in lower.weights)  # includes LoRA factors, had any been made
+    assert not {n for n in names if "embedding" in n}  # the tables and their layer norm
+    assert not any("lora" in v.path for v in lower.weights)
+    upper_trained = {v.path for v in upper.trainable_weights}
+    assert upper_trained and upper_trained <= names
+    assert ("lora" in policy) == any("lora_kernel" in n for n in upper_trained)
+
+
+def test_frozen_layers_leave_at_least_one_layer_and_name_the_field(data):
+    model = BertJoint.from_preprocessor(data[0], **dict(testing.TINY_BERT, num_layers=2))
+    for frozen in (2, -1, True, 1.0):  # refused before anything is frozen: one model serves
+        with pytest.raises(ValueError, match=r"--config\.bert\.frozen_layers=.*from 0 to 1"):
+            set_finetuning(model, "lora", frozen_layers=frozen)
+    assert all(v.trainable for v in model.backbone.weights)
+
+
 def test_unknown_policy_names_the_field(data):
     model = BertJoint.from_preprocessor(data[0], **testing.TINY_BERT)
     with pytest.raises(ValueError, match=r"--config\.bert\.finetune='prefix'"):
@@ -72,10 +96,13 @@ def test_unknown_policy_names_the_field(data):
                                               ("lora", False), ("lora", True)])
 def test_frozen_weights_stay_exactly_unchanged_under_dp_training(data, policy, freeze_a):
     """Per-example DP-SGD (ghost norms) touches only what trains: noise is drawn for nothing else
-    (with lora_freeze_a, every A stays exactly as drawn while every B moves)."""
+    (with lora_freeze_a, every A stays exactly as drawn while every B moves). The lora_freeze_a
+    case also freezes the lower of two layers whole (frozen_layers=1)."""
     pre, x, y = data
-    model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
-    set_finetuning(model, policy, lora_freeze_a=freeze_a)
+    frozen_layers = 1 if freeze_a else 0
+    model = BertJoint.from_preprocessor(pre, **dict(testing.TINY_BERT,
+                                                    num_layers=1 + frozen_layers))
+    set_finetuning(model, policy, lora_freeze_a=freeze_a, frozen_layers=frozen_layers)
     frozen = {v.path: v.numpy().copy() for v in model.variables
               if not any(v is t for t in model.trainable_variables)}
     trained = {v.path: v.numpy().copy() for v in model.trainable_variables}
