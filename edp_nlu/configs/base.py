@@ -38,7 +38,7 @@ Field meanings (all overridable with `--config.FIELD=value`):
   bert.lora_freeze_a  True: A keeps its random start and only B trains (FFA-LoRA, Sun et al.
                    2024): noise for B alone, the clipped norm shared by fewer weights
   bert.frozen_layers  N > 0: the embeddings and the lowest N transformer layers frozen whole
-                   (no noise for them, a shorter backward pass), with any finetune policy
+                   (no noise for them; nothing below them needs a gradient), any finetune policy
   bert.private_finetune, bert.private_dropout
                    what private runs use instead of bert.finetune / bert.dropout ("" and < 0:
                    the same); a dataset config's private recipe (edp_nlu/pipeline/recipes.py)
