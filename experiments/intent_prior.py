@@ -96,13 +96,9 @@ def table(results: Sequence[dict]) -> str:
 def main(argv) -> None:
     del argv
     for run_dir in flags.FLAGS.run_dir:
-        name = os.path.basename(os.path.normpath(run_dir))
         rows = prior_rows(run_dir)
-        posthoc.write_results(RESULTS, {
-            "name": name, "run_dir": run_dir, "chosen_on": "dev",
-            "prior": "exact training counts (an upper bound, not private)",
-            "command": f"python -m experiments.intent_prior --run_dir={run_dir}", "rows": rows},
-            table)
+        name = posthoc.write_run(RESULTS, "intent_prior", run_dir, rows, table,
+                                 prior="exact training counts (an upper bound, not private)")
         best = choose(rows)
         print(f"{name}: tau = {best['tau']:g} on dev, test intent accuracy "
               f"{rows[0]['test']['intent_accuracy']:.4f} -> "

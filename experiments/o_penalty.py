@@ -117,12 +117,8 @@ def table(results: Sequence[dict]) -> str:
 def main(argv) -> None:
     del argv
     for run_dir in flags.FLAGS.run_dir:
-        name = os.path.basename(os.path.normpath(run_dir))
         rows = penalty_rows(run_dir)
-        posthoc.write_results(RESULTS, {
-            "name": name, "run_dir": run_dir, "chosen_on": "dev",
-            "command": f"python -m experiments.o_penalty --run_dir={run_dir}", "rows": rows},
-            table)
+        name = posthoc.write_run(RESULTS, "o_penalty", run_dir, rows, table)
         best = choose(rows)
         print(f"{name}: b = {best['penalty']:g} on dev, test SER "
               f"{rows[0]['test']['ser']:.4f} -> {best['test']['ser']:.4f}")

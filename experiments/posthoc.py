@@ -20,6 +20,17 @@ def forward(model, x: dict) -> list:
     return [(real, infer(batch)) for real, (batch,) in predictions.padded_batches(256, x)]
 
 
+def write_run(results_dir: str, tool: str, run_dir: str, rows: list,
+              table: Callable[[Sequence[dict]], str], **fields) -> str:
+    """One run's rows (settings chosen on dev) as results_dir/<run name>.json, naming the tool's
+    command for that run, then the table over every run; returns the run's name."""
+    name = os.path.basename(os.path.normpath(run_dir))
+    write_results(results_dir, {
+        "name": name, "run_dir": run_dir, "chosen_on": "dev", **fields,
+        "command": f"python -m experiments.{tool} --run_dir={run_dir}", "rows": rows}, table)
+    return name
+
+
 def write_results(results_dir: str, result: dict,
                   table: Callable[[Sequence[dict]], str]) -> None:
     """`result` as results_dir/<name>.json, then results_dir/table.md from every run's JSON
