@@ -242,7 +242,8 @@ def per_class_run(run_dir: str, compare_to: Optional[str] = None,
 def _scores_from_json(classes: list, key: Optional[str] = None):
     def score(d):
         return per_class.ClassScore(d["kind"], d["name"], d["train_count"], d["support"],
-                                    d["predicted"], d["correct"])
+                                    d["predicted"], d["correct"],
+                                    tuple(tuple(p) for p in d.get("read_as", ())))
     return [score(c[key] if key else c) for c in classes]
 
 

@@ -46,6 +46,8 @@ MIN_SUPPORT = 5
 
 INTENT, SLOT = "intent", "slot"
 
+READ_AS_SHOWN = 3  # the most frequent readings `class_table` shows of a class's wrong ones
+
 
 def bucket_of(train_count: int) -> str:
     """The frequency bucket (a label of `BUCKETS`) of a class seen `train_count` times."""
@@ -67,6 +69,10 @@ class ClassScore:
     support: int  # reference utterances / slots in the scored split
     predicted: int  # predicted utterances / slots in the scored split
     correct: int
+    # What its missed references were read as, most often first: ((label, count), ...); see
+    # `class_scores`. Why: a rare class under DP is mostly read as a frequent sibling
+    # ("arrive_time.end_time" as "arrive_time.time"), which its score alone does not say.
+    read_as: tuple = ()
 
     @property
     def bucket(self) -> str:
@@ -97,7 +103,7 @@ class ClassScore:
         return dict(kind=self.kind, name=self.name, train_count=self.train_count,
                     bucket=self.bucket, support=self.support, predicted=self.predicted,
                     correct=self.correct, precision=self.precision, recall=self.recall,
-                    f1=self.f1, score=self.score)
+                    f1=self.f1, score=self.score, read_as=[list(p) for p in self.read_as])
 
 
 def training_counts(intents: Iterable[str],
@@ -116,20 +122,30 @@ def class_scores(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
                  hyp_intents: Sequence[str], hyp_tags: Sequence[Sequence[str]],
                  train_counts: dict[tuple[str, str], int]) -> list[ClassScore]:
     """Per-intent and per-slot-type scores, one per class seen in training, the references or
-    the predictions; intents first, then slot types, each by name."""
+    the predictions; intents first, then slot types, each by name.
+
+    Each class's `read_as` counts what its references that were not right became: for an
+    intent, the intent predicted instead; for a slot type, the type of the predicted span that
+    overlaps the reference span most (the earliest of equals; the class's own name when only the
+    boundaries are wrong), or "O" when no predicted span overlaps it (the slot was missed)."""
     if not (len(ref_intents) == len(ref_tags) == len(hyp_intents) == len(hyp_tags)):
         raise ValueError("references and hypotheses must have one entry per utterance")
     support: collections.Counter = collections.Counter()
     predicted: collections.Counter = collections.Counter()
     correct: collections.Counter = collections.Counter()
+    read_as: dict = collections.defaultdict(collections.Counter)
     for ref_intent, ref, hyp_intent, hyp in zip(ref_intents, ref_tags, hyp_intents, hyp_tags):
         if len(ref) != len(hyp):
             raise ValueError(f"a reference has {len(ref)} tags, its hypothesis {len(hyp)}")
         support[(INTENT, ref_intent)] += 1
         predicted[(INTENT, hyp_intent)] += 1
         correct[(INTENT, ref_intent)] += ref_intent == hyp_intent
+        if ref_intent != hyp_intent:
+            read_as[(INTENT, ref_intent)][hyp_intent] += 1
         ref_spans = collections.Counter(metrics_lib.slot_spans(ref))
         hyp_spans = collections.Counter(metrics_lib.slot_spans(hyp))
+        for span in ref_spans - hyp_spans:
+            read_as[(SLOT, span[0])][_overlapping_type(span, hyp_spans)] += ref_spans[span]
         for span, n in ref_spans.items():
             support[(SLOT, span[0])] += n
         for span, n in hyp_spans.items():
@@ -138,8 +154,20 @@ def class_scores(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
             correct[(SLOT, span[0])] += n
     keys = set(train_counts) | set(support) | set(predicted)
     return [ClassScore(kind, name, train_counts.get((kind, name), 0), support[(kind, name)],
-                       predicted[(kind, name)], correct[(kind, name)])
+                       predicted[(kind, name)], correct[(kind, name)],
+                       tuple(sorted(read_as[(kind, name)].items(), key=lambda p: (-p[1], p[0]))))
             for kind, name in sorted(keys, key=lambda k: (k[0] != INTENT, k[1]))]
+
+
+def _overlapping_type(span: tuple, predicted: Iterable[tuple]) -> str:
+    """The type of the predicted span sharing most positions with `span` (type, start, end),
+    the earliest of equals; "O" when none overlaps."""
+    best, best_overlap = metrics_lib.OUTSIDE, 0
+    for other in sorted(predicted, key=lambda p: (p[1], p[2], p[0])):
+        overlap = min(span[2], other[2]) - max(span[1], other[1])
+        if overlap > best_overlap:
+            best, best_overlap = other[0], overlap
+    return best
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +339,7 @@ def class_table(gaps_or_scores: Sequence, run_label: str = "run",
     head = ["kind", "class", "train n", "bucket", "test n", "metric", run_label]
     if paired:
         head += [reference_label, "gap", "gap se", "lost"]
+    head.append(f"{run_label}: wrong ones read as")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     items = [g for g in gaps_or_scores if (g.run if paired else g).support]
     items.sort(key=lambda g: ((g.run if paired else g).kind != INTENT,
@@ -322,6 +351,7 @@ def class_table(gaps_or_scores: Sequence, run_label: str = "run",
         if paired:
             cells += [_fmt(item.reference.score), _fmt(item.gap), _fmt(item.gap_se),
                       "yes" if item.loses() else ""]
+        cells.append(", ".join(f"{label} {n}" for label, n in s.read_as[:READ_AS_SHOWN]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

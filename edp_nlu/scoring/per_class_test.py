@@ -51,6 +51,27 @@ def test_class_scores_by_hand(key, counts, scores):
     assert (s.precision, s.recall, s.f1, s.score) == pytest.approx(scores)
 
 
+def test_read_as_counts_what_each_class_became_by_hand():
+    scores = hand_scores()
+    assert scores[(INTENT, "A")].read_as == (("B", 1),)  # utterance 2
+    assert scores[(INTENT, "C")].read_as == (("A", 1),)  # utterance 4
+    assert scores[(SLOT, "x")].read_as == (("y", 1),)  # utterance 4: its span tagged y
+    assert scores[(SLOT, "y")].read_as == (("y", 1),)  # utterance 3: its boundaries only
+    assert scores[(INTENT, "B")].read_as == scores[(SLOT, "z")].read_as == ()  # all right
+
+
+def test_read_as_takes_the_most_overlapping_span_and_says_o_when_missed():
+    ref = [["B-a", "I-a", "I-a", "O", "B-a"], ["B-a", "O"]]
+    hyp = [["B-b", "B-c", "I-c", "O", "O"], ["B-a", "O"]]
+    scores = {(s.kind, s.name): s for s in pc.class_scores(["i", "i"], ref, ["i", "i"], hyp, {})}
+    # c covers two of the first span's three words, b one; the last span has no overlap
+    assert scores[(SLOT, "a")].read_as == (("O", 1), ("c", 1))
+    assert scores[(SLOT, "a")].to_json()["read_as"] == [["O", 1], ["c", 1]]
+    row = next(line for line in pc.class_table(list(scores.values())).splitlines()
+               if "| a |" in line)
+    assert row.endswith("| O 1, c 1 |")
+
+
 def test_class_scores_list_every_class_intents_first():
     keys = list(hand_scores())
     assert keys == [(INTENT, "A"), (INTENT, "B"), (INTENT, "C"), (SLOT, "x"), (SLOT, "y"),
