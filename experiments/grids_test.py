@@ -6,7 +6,15 @@ import os
 
 import pytest
 
-from experiments.grids.common import BERT_FULL_FINETUNING, bert_private
+from experiments.grids.common import (
+    BERT_FULL_FINETUNING,
+    CLC_CONFIGS,
+    CLC_HEADS_BEFORE,
+    bert_private,
+    cell,
+    grid,
+    with_heads_before,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GRIDS = sorted(p for p in glob.glob(os.path.join(ROOT, "experiments", "grids", "*.py"))
@@ -44,11 +52,17 @@ def test_grid_cells_name_real_configs_and_fields(path):
 def test_private_cells_do_not_set_what_the_private_recipe_replaces(path):
     """In a private run bert.private_finetune / bert.private_dropout (when set) replace
     bert.finetune / bert.dropout, so a private cell passing the latter would not run what its
-    label says."""
+    label says. Likewise private_ema_fraction (when >= 0) replaces ema_fraction."""
     for c in load(path).cells:
         config = load(os.path.join(ROOT, c.config))
         given = dict(o.partition("=")[::2] for o in c.overrides)
-        if given.get("mechanism", config.mechanism) == "sgd" or "bert" not in config:
+        if given.get("mechanism", config.mechanism) == "sgd":
+            continue
+        if float(given.get("private_ema_fraction", config.private_ema_fraction)) >= 0:
+            assert "ema_fraction" not in given, (
+                f"{path}: cell {c.name} sets ema_fraction, which private_ema_fraction replaces "
+                "in private runs: set private_ema_fraction")
+        if "bert" not in config:
             continue
         for field in ("finetune", "dropout"):
             recipe = given.get(f"bert.private_{field}", config.bert.get(f"private_{field}"))
@@ -56,6 +70,28 @@ def test_private_cells_do_not_set_what_the_private_recipe_replaces(path):
                 assert f"bert.{field}" not in given, (
                     f"{path}: cell {c.name} sets bert.{field}, which bert.private_{field}="
                     f"{recipe!r} replaces in private runs: set bert.private_{field}")
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=os.path.basename)
+def test_clc_cells_name_the_heads_and_averaging_they_run_with(path):
+    """The CLC configs' recipe changed its heads and, in private runs, averages the weights: a
+    cell that leaves those fields open would run something else than what it ran (or, in a new
+    grid, something its label does not say)."""
+    fields = {p.partition("=")[0] for p in CLC_HEADS_BEFORE}
+    for c in load(path).cells:
+        if c.config in CLC_CONFIGS:
+            given = {o.partition("=")[0] for o in c.overrides}
+            assert fields <= given, f"{path}: cell {c.name} leaves {fields - given} open"
+
+
+def test_with_heads_before_fills_only_what_a_clc_cell_leaves_open():
+    g = with_heads_before(grid("x", [
+        cell("a", "a", "f", CLC_CONFIGS[0], "label_head_dim=64", "ema_fraction=0.1"),
+        cell("b", "b", "f", "edp_nlu/configs/snips_bert.py", "mechanism=dpsgd")]))
+    a, b = g.cells
+    assert a.overrides == ("label_head_dim=64", "ema_fraction=0.1", "label_head_names=vectors",
+                           "label_head_correction=False", "private_ema_fraction=-1.0")
+    assert b.overrides == ("mechanism=dpsgd",)
 
 
 def test_bert_private_pins_cells_against_the_private_recipe():

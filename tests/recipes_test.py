@@ -129,6 +129,17 @@ def test_dataset_configs_can_set_private_automatic_values():
         recipes.SGD_BATCH["clc"], recipes.LEARNING_RATE[("clc", False)])
 
 
+def test_private_ema_fraction_applies_to_private_runs_only():
+    c = config(ema_fraction=0.0, private_ema_fraction=0.1, replicas=1)
+    assert recipes.resolve(dict_update(c, mechanism="dpsgd"), n=1_000).ema_fraction == 0.1
+    assert recipes.resolve(dict_update(c, mechanism="sgd"), n=1_000).ema_fraction == 0.0
+    # as a resumed run's config file is compared with what it recorded
+    assert recipes.with_private_fields(dict_update(c, mechanism="dpsgd"), True).ema_fraction == 0.1
+    c.private_ema_fraction = -1.0  # unset: the shared value
+    assert recipes.resolve(dict_update(c, mechanism="dpsgd", ema_fraction=0.2),
+                           n=1_000).ema_fraction == 0.2
+
+
 def test_private_finetuning_and_dropout_apply_to_private_runs_only():
     c = config(model="bert", batch_size=0, epochs=0, learning_rate=0.0, replicas=1)
     c.bert.update(finetune="no_embeddings", dropout=0.1, private_finetune="lora",

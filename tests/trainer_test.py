@@ -379,6 +379,7 @@ def test_resume_of_an_empty_run_dir_is_refused(tmp_path):
     ("weight_decay", -0.1), ("ema_fraction", 1.0), ("local_epochs", 1), ("local_batch_size", -1),
     ("local_learning_rate", 0.0), ("user_estimator", "clipped"), ("user_weight_cap", 4.0),
     ("head_dropout", 1.0), ("head_dropout", -0.1), ("private_head_dropout", 1.0),
+    ("private_ema_fraction", 1.0),
 ])
 def test_invalid_config_value_names_the_field(tmp_path, field, value):
     config = tiny_config(**{"replicas": 1, field: value})

@@ -18,6 +18,8 @@ Field meanings (all overridable with `--config.FIELD=value`):
   lr_schedule      "constant", "linear" or "cosine" decay to 0 after `warmup_fraction` of the steps
   ema_fraction     > 0: train, then keep an exponential moving average of the weights whose time
                    constant is this fraction of the steps (free in epsilon: post-processing)
+  private_ema_fraction
+                   what private runs use instead of ema_fraction (< 0: the same)
   optimizer        "adam", "adamw", "sgd" or "adam_bc" (DP-AdamBC: the noise variance, known to the
                    step, is taken out of Adam's second moment; `adam_bc_floor` x that variance is
                    the corrected moment's floor; post-processing, so free in epsilon)
@@ -223,6 +225,7 @@ def _training_fields(c: ml_collections.ConfigDict) -> None:
     # > 0: the weights are an exponential moving average with this time constant (a fraction of
     # the run's steps); post-processing, so free in epsilon (edp_nlu/pipeline/optimizers.py)
     c.ema_fraction = 0.0
+    c.private_ema_fraction = -1.0  # private runs: >= 0 replaces ema_fraction
     c.probe_epochs = 0  # private runs: heads alone for the first N epochs (field list above)
     c.public_subspace = ""  # private runs: project updates on public gradients (list above)
     c.public_subspace_rank = 128

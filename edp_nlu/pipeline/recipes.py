@@ -18,7 +18,7 @@ import math
 
 import ml_collections
 
-from edp_nlu.pipeline.spec_parts import ModelSpec, PrivacySpec, flat_fields, parts_of
+from edp_nlu.pipeline.spec_parts import ModelSpec, OptimizerSpec, PrivacySpec, flat_fields, parts_of
 
 # Private mechanisms: expected batch as a fraction of n, and steps in all (see module docstring).
 # CLC: q 0.16 at Adam 3e-2, for 84 steps on the built-in corpus and 150 on a user's. q 0.16 / 3e-2
@@ -99,9 +99,11 @@ def resolve_parts(parts: dict, n: int) -> dict:
     its own automatic values for private runs only (`private_sampling_rate`, `private_steps`,
     `private_learning_rate`), so that one config serves `--mechanism=sgd` too. Likewise
     `bert.private_finetune` and `bert.private_dropout` (when set) replace `bert.finetune` and
-    `bert.dropout` in private runs, and `private_head_dropout` replaces `head_dropout`: LoRA
-    without dropout is the best private recipe measured on SNIPS, while plain fine-tuning wants
-    every kernel and dropout. To change what a private run
+    `bert.dropout` in private runs, `private_head_dropout` replaces `head_dropout` and
+    `private_ema_fraction` replaces `ema_fraction`: LoRA without dropout is the best private
+    recipe measured on SNIPS, while plain fine-tuning wants every kernel and dropout, and
+    averaging the weights helped CLC's noisy iterates where plain training was not measured with
+    it. To change what a private run
     of such a config trains, set the private_ field; config.json records what ran.
     """
     data, model, optimizer = parts["data"], parts["model"], parts["optimizer"]
@@ -146,7 +148,15 @@ def resolve_parts(parts: dict, n: int) -> dict:
     return dict(parts, model=private_model_fields(model, private),
                 sampling=dataclasses.replace(sampling, batch_size=batch,
                                              epochs=max(1, int(epochs))),
-                optimizer=dataclasses.replace(optimizer, learning_rate=learning_rate))
+                optimizer=dataclasses.replace(private_optimizer_fields(optimizer, private),
+                                              learning_rate=learning_rate))
+
+
+def private_optimizer_fields(optimizer: OptimizerSpec, private: bool) -> OptimizerSpec:
+    """`optimizer` with `private_ema_fraction` in `ema_fraction`'s place, if `private` and set."""
+    if not private or optimizer.private_ema_fraction < 0:
+        return optimizer
+    return dataclasses.replace(optimizer, ema_fraction=optimizer.private_ema_fraction)
 
 
 def private_model_fields(model: ModelSpec, private: bool) -> ModelSpec:
@@ -173,7 +183,8 @@ def with_private_fields(config, private: bool) -> ml_collections.ConfigDict:
     """A copy of `config` whose private_ fields replace the fields they stand for, if `private`:
     how a resumed run's config file is compared with the config.json that recorded what ran."""
     parts = parts_of(_flat(config))
-    return _config_of(dict(parts, model=private_model_fields(parts["model"], private)))
+    return _config_of(dict(parts, model=private_model_fields(parts["model"], private),
+                           optimizer=private_optimizer_fields(parts["optimizer"], private)))
 
 
 def _flat(config) -> dict:

@@ -150,6 +150,7 @@ OLD_DEFAULTS = {
     "probe_epochs": 0,
     "public_subspace": "",
     "ema_fraction": 0.0,
+    "private_ema_fraction": -1.0,
     "adam_bc_floor": 1.0,
     "init_from": "",
     "public_pretraining": "",

@@ -96,6 +96,7 @@ class OptimizerSpec:
     warmup_fraction: float
     weight_decay: float
     ema_fraction: float
+    private_ema_fraction: float
     adam_bc_floor: float
     noise_filter: str
 

@@ -211,6 +211,9 @@ def _optimizer(o: OptimizerSpec) -> Iterator[tuple]:
         yield "warmup_fraction", o.warmup_fraction, "in [0, 1)"
     if not 0 <= o.ema_fraction < 1:
         yield "ema_fraction", o.ema_fraction, "in [0, 1)"
+    if not o.private_ema_fraction < 1:
+        yield ("private_ema_fraction", o.private_ema_fraction,
+               "in [0, 1), or < 0 for ema_fraction's value")
     if not o.adam_bc_floor > 0:
         yield "adam_bc_floor", o.adam_bc_floor, "> 0"
     if not o.weight_decay >= 0:

@@ -16,7 +16,7 @@ clc_k1, clc_k4 and clc_k8 ran with the backward LSTM that a Keras bug zeroed at 
 (docs/results.md); clc_k4_both_directions runs with the fix. ATIS's K = 4 and 8 are cells of
 experiments/grids/atis.py.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import cell, grid, with_heads_before
 
 CLC = "edp_nlu/configs/snips_clc.py"
 DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1", "diagnostics=True",
@@ -24,6 +24,11 @@ DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1", "diagnostics=True",
 
 
 def get_config():
+    # the cells ran before the CLC configs' heads and weight averaging changed
+    return with_heads_before(_grid())
+
+
+def _grid():
     return grid("augmentation", [
         cell("clc_k1", "per-example DP-SGD, eps 8, K = 1 (no copies: snips_clc's recipe)",
              "per-example", CLC, *DP),

@@ -17,7 +17,7 @@ steps).
 Cells run in the order listed, the cheapest informative points first (2-core machine shared with
 other jobs); one run per row.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import cell, grid, with_heads_before
 
 DEFAULT = "edp_nlu/configs/default.py"
 SNIPS_CLC = "edp_nlu/configs/snips_clc.py"
@@ -42,6 +42,11 @@ def snips(percent: int) -> list:
 
 
 def get_config():
+    # the cells ran before the CLC configs' heads and weight averaging changed
+    return with_heads_before(_grid())
+
+
+def _grid():
     syn10k = synthetic(10_000)
     # SNIPS first after the synthetic private row: its plain SER is far from 0, so its ratio
     # answers the 1.2x question; the synthetic plain SER is ~1 error in 1,200 utterances at 10k

@@ -11,7 +11,7 @@ on the synthetic corpus, and its step count on a --data_dir corpus (150), chosen
 ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60 of
 the goal's corpus: a proxy.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import cell, grid, with_heads_before
 
 DATA = "../shared/data/snips"
 SYNTHETIC_SGD = "runs/experiments/pilot_default/sgd"
@@ -64,6 +64,11 @@ def cells(data_dir: str):
 
 
 def get_config():
+    # the cells ran before the CLC configs' heads and weight averaging changed
+    return with_heads_before(_grid())
+
+
+def _grid():
     return grid("default_on_snips", cells(DATA),
                 notes="edp_nlu/configs/default.py unchanged; only "
                       "--config.data_dir differs.")

@@ -28,7 +28,7 @@ clc_sgd_*), run with the same commands.
 Cells run in the order listed: the CLC cells SNIPS first, one run of each lever before any
 second run; then the BERT cells, ATIS's two runs before SNIPS's.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import cell, grid, with_heads_before
 
 CONFIGS = {"snips": "edp_nlu/configs/snips_clc.py", "atis": "edp_nlu/configs/atis_clc.py"}
 BERT_CONFIGS = {"snips": "edp_nlu/configs/snips_bert.py", "atis": "edp_nlu/configs/atis_bert.py"}
@@ -66,6 +66,11 @@ def bert_kalman(corpus: str, suffix: str = "") -> list:
 
 
 def get_config():
+    # the cells ran before the CLC configs' heads and weight averaging changed
+    return with_heads_before(_grid())
+
+
+def _grid():
     cells = levers("snips") + levers("atis") + levers("snips", "_run2") + levers("atis", "_run2")
     cells += (bert_kalman("atis") + bert_kalman("atis", "_run2") + bert_kalman("snips")
               + bert_kalman("snips", "_run2"))

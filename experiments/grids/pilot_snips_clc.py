@@ -3,7 +3,7 @@
 CLC, trained from scratch, needs a large learning rate under DP (at q 0.08, 300 steps and linear
 decay, 1e-2 barely learned in 10 epochs), so the cells try larger rates, and larger batches.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import cell, grid, with_heads_before
 
 CLC = "edp_nlu/configs/snips_clc.py"
 DP = ("mechanism=dpsgd", "target_epsilon=8.0", "replicas=1")
@@ -26,7 +26,7 @@ def get_config():
     g = _grid()
     for c in g.cells:
         c.overrides = tuple(c.overrides) + THEN.get(c.name, ())
-    return g
+    return with_heads_before(g)
 
 
 def _grid():

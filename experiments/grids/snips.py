@@ -4,7 +4,14 @@ best mechanism of both models, and epsilon 8 for the others.
 
     python -m experiments.experiment --grid=experiments/grids/snips.py
 """
-from experiments.grids.common import EDP_BERT_LEFT_OUT, LORA_LAYOUT_BEFORE, bert_private, cell, grid
+from experiments.grids.common import (
+    EDP_BERT_LEFT_OUT,
+    LORA_LAYOUT_BEFORE,
+    bert_private,
+    cell,
+    grid,
+    with_heads_before,
+)
 
 # Every cell releases its diagnostics (the membership inference needs training losses): these are
 # experiments on public benchmarks, not shareable runs.
@@ -52,6 +59,11 @@ def rows(m: str, config: str) -> list:
 
 
 def get_config():
+    # the cells ran before the CLC configs' heads and weight averaging changed
+    return with_heads_before(_grid())
+
+
+def _grid():
     # snips_bert's earlier 150-step recipe, beside its 300-step default.
     steps150 = cell("bert_dpsgd_eps8_steps150",
                     "per-example DP-SGD, eps 8, 150 steps (the default before)", "per-example",
