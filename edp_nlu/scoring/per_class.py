@@ -69,8 +69,8 @@ class ClassScore:
     support: int  # reference utterances / slots in the scored split
     predicted: int  # predicted utterances / slots in the scored split
     correct: int
-    # What its missed references were read as, most often first: ((label, count), ...); see
-    # `class_scores`. Why: a rare class under DP is mostly read as a frequent sibling
+    # What its references that were not right were read as, most often first: ((label, count),
+    # ...); see `class_scores`. Why: a rare class under DP is mostly read as a frequent sibling
     # ("arrive_time.end_time" as "arrive_time.time"), which its score alone does not say.
     read_as: tuple = ()
 
@@ -144,8 +144,8 @@ def class_scores(ref_intents: Sequence[str], ref_tags: Sequence[Sequence[str]],
             read_as[(INTENT, ref_intent)][hyp_intent] += 1
         ref_spans = collections.Counter(metrics_lib.slot_spans(ref))
         hyp_spans = collections.Counter(metrics_lib.slot_spans(hyp))
-        for span in ref_spans - hyp_spans:
-            read_as[(SLOT, span[0])][_overlapping_type(span, hyp_spans)] += ref_spans[span]
+        for span, n in (ref_spans - hyp_spans).items():
+            read_as[(SLOT, span[0])][_overlapping_type(span, hyp_spans)] += n
         for span, n in ref_spans.items():
             support[(SLOT, span[0])] += n
         for span, n in hyp_spans.items():
