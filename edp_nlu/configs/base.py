@@ -51,8 +51,9 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    (edp_nlu/models/label_aware_head.py; the schema is public, so free in epsilon)
   label_head_names "vectors" (the mean word vector above), "words" (a dimension per distinct word
                    of the labels' names: "stop location airport code" is the sum of its words'
-                   weights, each trained by the frequent types that share it; needs
-                   label_head_dim >= their count) or "vectors+words" (both)
+                   weights, each trained by the frequent types that share it; the heads
+                   widen to their count when label_head_dim is less) or "vectors+words" (both;
+                   needs label_head_dim > their count)
   label_head_correction
                    with label_head_dim > 0: each label also gets a weight column of its own,
                    starting at zero (what the names cannot tell apart is learnt there)

@@ -141,6 +141,18 @@ def name_heads(task, preprocessor, word_vectors=None, source: str = "vectors") -
     return unknown
 
 
+def head_width(dim: int, source: str, label_sets: Sequence[Sequence[str]]) -> int:
+    """The label-aware heads' width for `dim` (--config.label_head_dim) and the labels of each
+    head. With "words" it is at least the most distinct name words a head has: a column per
+    word is the point of that source, so a user's larger schema widens the heads rather than
+    being refused (a width that was enough stays exactly `dim`, so runs resume as built).
+    "vectors" reduce to any width, and "vectors+words" keeps `dim` (name_matrix refuses one
+    that leaves the vectors no room), since there the split between the two is the choice."""
+    if dim <= 0 or source != "words":
+        return int(dim)
+    return max(int(dim), *(len(label_names.word_count_matrix(labels)[1]) for labels in label_sets))
+
+
 def name_matrix(labels: Sequence[str], source: str, dim: int,
                 vectors: np.ndarray | None = None) -> tuple[np.ndarray, list[str]]:
     """([len(labels), dim] the labels' name vectors from `source` (see `name_heads`; `vectors`

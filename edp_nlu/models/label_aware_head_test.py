@@ -9,7 +9,7 @@ from edp_nlu.models.bert.bert_preprocessor import BertPreprocessor
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
-from edp_nlu.models.label_aware_head import LabelAwareHead, name_heads
+from edp_nlu.models.label_aware_head import LabelAwareHead, head_width, name_heads
 from edp_tf.testing import assert_fast_norms_exact
 
 
@@ -149,6 +149,18 @@ def test_name_words_refuse_a_head_narrower_than_their_count():
         _composed(4, "words")
     with pytest.raises(ValueError, match=r">= 9"):
         _composed(8, "vectors+words")
+
+
+def test_the_width_follows_a_schema_with_more_name_words_than_asked():
+    """With "words" the width is the most distinct words a head's names have when the config
+    asks for fewer (the intents' 2 here, the tags' 8), and the config's when it is enough, so a
+    run built with it resumes as built; the other sources keep the config's width."""
+    intents, tags = ["flight", "fare"], sorted({t for row in COMPOSED_TAGS for t in row})
+    assert head_width(4, "words", (intents, tags)) == 8
+    assert head_width(64, "words", (intents, tags)) == 64
+    assert head_width(4, "vectors", (intents, tags)) == 4
+    assert head_width(4, "vectors+words", (intents, tags)) == 4
+    assert head_width(0, "words", (intents, tags)) == 0  # plain heads stay plain
 
 
 def test_vectors_and_words_are_each_half_of_the_name():

@@ -30,7 +30,7 @@ from edp_nlu.models.bert.finetuning import set_finetuning
 from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import load_word_vectors
-from edp_nlu.models.label_aware_head import name_heads
+from edp_nlu.models.label_aware_head import head_width, name_heads
 from edp_nlu.pipeline import label_selection, optimizers, spec_parts
 from edp_nlu.pipeline.spec_parts import (
     BertSpec,
@@ -144,7 +144,9 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None, warn_unknown_names:
     task = dict(intent_weight=float(spec.intent_loss_weight),
                 tag_weight=float(spec.slot_loss_weight), tag_reduction=spec.slot_loss,
                 head_dropout=float(spec.head_dropout), decoding=spec.decoding,
-                label_embedding_dim=int(spec.label_head_dim),
+                label_embedding_dim=head_width(int(spec.label_head_dim), spec.label_head_names,
+                                               (preprocessor.intent_vocabulary.labels,
+                                                preprocessor.tag_vocabulary.labels)),
                 label_correction=bool(spec.label_head_correction))
     if spec.model == "clc":
         c = spec.clc

@@ -1,9 +1,11 @@
 """The builders read each field from the spec part that holds it: the sampler, micro-batch size
 and DPConfig built from a parsed spec carry the config's values (augmented copies, user level,
 BandMF), not a default of the part they were wrongly looked up in."""
+import numpy as np
 import pytest
 
 from edp_nlu.configs.base import ZERO_IS_NONE, base_config
+from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.pipeline import builders
 from edp_nlu.pipeline.run_spec import RunSpec
 from edp_tf import sampling
@@ -62,3 +64,19 @@ def test_a_budget_reserve_calibrates_the_noise_for_the_rest_of_the_target():
     assert plans[0.1].mechanism.noise_multiplier > plans[0.0].mechanism.noise_multiplier
     with pytest.raises(ValueError, match=r"--config\.budget_reserve=0\.5 is invalid"):
         _spec(mechanism="dpsgd", target_epsilon=4.0, budget_reserve=0.5)
+
+
+def test_name_word_heads_widen_to_the_schema_rather_than_refuse_it():
+    """A user's schema with more distinct name words than label_head_dim builds heads with a
+    column per word (name_matrix would refuse the narrower width), and the rare tag's name
+    keeps each of its words."""
+    spec = _spec(model="clc", label_head_dim=4, label_head_names="words",
+                 label_head_correction=True)
+    tags = [["B-fromloc.city_name", "O", "B-toloc.city_name"], ["B-stoploc.airport_code", "O", "O"]]
+    pre = CLCPreprocessor.from_training_data([["from", "x", "to"], ["via", "y", "z"]], tags,
+                                             ["flight", "fare"], max_words=3, max_word_length=5)
+    model = builders.build_model(spec.model, pre)
+    assert model.label_embedding_dim == 8  # from location city name to stop airport code
+    names = model.tag_head.label_embeddings.numpy()
+    stop = pre.tag_vocabulary.labels.index("B-stoploc.airport_code")
+    assert np.count_nonzero(names[stop]) == 4  # stop, location, airport, code
