@@ -15,6 +15,9 @@ from experiments.grids.common import cell, grid, with_heads_before
 
 DATA = "../shared/data/snips"
 SYNTHETIC_SGD = "runs/experiments/pilot_default/sgd"
+# edp_nlu/configs/snips_clc.py's heads and private weight averaging
+NAME_WORD_RECIPE = ("label_head_dim=64", "label_head_names=words", "label_head_correction=True",
+                    "private_ema_fraction=0.1")
 
 
 def cells(data_dir: str):
@@ -60,6 +63,17 @@ def cells(data_dir: str):
              "backward LSTM fixed", "SGD", "edp_nlu/configs/default.py", *common, "mechanism=sgd"),
         cell("clc_default_both_directions", "default command (per-example DP-SGD, eps 8), "
              "backward LSTM fixed", "per-example", "edp_nlu/configs/default.py", *common),
+        # The SNIPS and ATIS CLC configs' heads and averaging (docs/results.md, the CLC recipe),
+        # on the default command: whether they become default.py's too.
+        cell("clc_default_name_words", "default command with the CLC configs' heads (label "
+             "name words, a column per label) and weight averaging, private, eps 8",
+             "per-example (name-word heads, averaged)", "edp_nlu/configs/default.py", *common,
+             *NAME_WORD_RECIPE),
+        cell("clc_default_name_words_run2", "the same, second run", "per-example (name-word "
+             "heads, averaged)", "edp_nlu/configs/default.py", *common, *NAME_WORD_RECIPE),
+        cell("clc_sgd_name_words", "default command with the CLC configs' heads, "
+             "--mechanism=sgd (not private; plain runs do not average)", "SGD (name-word heads)",
+             "edp_nlu/configs/default.py", *common, "mechanism=sgd", *NAME_WORD_RECIPE),
     ]
 
 
