@@ -10,6 +10,7 @@ from experiments.grids.common import (
     BERT_FULL_FINETUNING,
     CLC_CONFIGS,
     CLC_HEADS_BEFORE,
+    CLC_NAME_WORD_RECIPE,
     bert_private,
     cell,
     grid,
@@ -92,6 +93,15 @@ def test_with_heads_before_fills_only_what_a_clc_cell_leaves_open():
     assert a.overrides == ("label_head_dim=64", "ema_fraction=0.1", "label_head_names=vectors",
                            "label_head_correction=False", "private_ema_fraction=-1.0")
     assert b.overrides == ("mechanism=dpsgd",)
+
+
+def test_the_name_word_recipe_is_the_clc_configs_one():
+    """Cells that measure the CLC configs' recipe on other configs name it by these values: they
+    must be what the configs set, or the cells measure something their labels do not say."""
+    from edp_nlu.configs import snips_clc
+    config = snips_clc.get_config()
+    for field, value in (p.split("=") for p in CLC_NAME_WORD_RECIPE):
+        assert str(config[field]) == value, field
 
 
 def test_bert_private_pins_cells_against_the_private_recipe():

@@ -30,6 +30,11 @@ CLC_CONFIGS = ("edp_nlu/configs/snips_clc.py", "edp_nlu/configs/atis_clc.py")
 CLC_HEADS_BEFORE = ("label_head_dim=0", "label_head_names=vectors", "label_head_correction=False",
                     "private_ema_fraction=-1.0")
 
+# What edp_nlu/configs/snips_clc.py's heads and private weight averaging became: for cells of
+# other configs that measure that recipe there.
+CLC_NAME_WORD_RECIPE = ("label_head_dim=64", "label_head_names=words",
+                        "label_head_correction=True", "private_ema_fraction=0.1")
+
 
 def with_heads_before(g: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Grid `g` with each cell of a CLC dataset config given CLC_HEADS_BEFORE's values for the

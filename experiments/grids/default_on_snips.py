@@ -11,13 +11,10 @@ on the synthetic corpus, and its step count on a --data_dir corpus (150), chosen
 ATIS rows. Only diagnostics (membership inference) are added. SNIPS has 7 intents, not the ~60 of
 the goal's corpus: a proxy.
 """
-from experiments.grids.common import cell, grid, with_heads_before
+from experiments.grids.common import CLC_NAME_WORD_RECIPE, cell, grid, with_heads_before
 
 DATA = "../shared/data/snips"
 SYNTHETIC_SGD = "runs/experiments/pilot_default/sgd"
-# edp_nlu/configs/snips_clc.py's heads and private weight averaging
-NAME_WORD_RECIPE = ("label_head_dim=64", "label_head_names=words", "label_head_correction=True",
-                    "private_ema_fraction=0.1")
 
 
 def cells(data_dir: str):
@@ -68,12 +65,12 @@ def cells(data_dir: str):
         cell("clc_default_name_words", "default command with the CLC configs' heads (label "
              "name words, a column per label) and weight averaging, private, eps 8",
              "per-example (name-word heads, averaged)", "edp_nlu/configs/default.py", *common,
-             *NAME_WORD_RECIPE),
+             *CLC_NAME_WORD_RECIPE),
         cell("clc_default_name_words_run2", "the same, second run", "per-example (name-word "
-             "heads, averaged)", "edp_nlu/configs/default.py", *common, *NAME_WORD_RECIPE),
+             "heads, averaged)", "edp_nlu/configs/default.py", *common, *CLC_NAME_WORD_RECIPE),
         cell("clc_sgd_name_words", "default command with the CLC configs' heads, "
              "--mechanism=sgd (not private; plain runs do not average)", "SGD (name-word heads)",
-             "edp_nlu/configs/default.py", *common, "mechanism=sgd", *NAME_WORD_RECIPE),
+             "edp_nlu/configs/default.py", *common, "mechanism=sgd", *CLC_NAME_WORD_RECIPE),
     ]
 
 

@@ -9,7 +9,7 @@ Candidates: the per-word slot loss (on SNIPS it raised private intent accuracy),
 at the same epsilon. Each recipe runs three times (r1..r3), since one run is not enough at this
 variance.
 """
-from experiments.grids.common import cell, grid
+from experiments.grids.common import CLC_NAME_WORD_RECIPE, cell, grid
 
 DEFAULT = "edp_nlu/configs/default.py"
 # Every recipe states its knobs, so its command reproduces it whatever edp_nlu/configs/default.py
@@ -63,6 +63,11 @@ RECIPES = {
         "q 0.16, 84 steps (12 epochs), Adam 3e-2 (edp_nlu/configs/default.py's recipe)",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
          "private_sampling_rate=0.16", "private_steps=84", "private_learning_rate=0.03")),
+    "q16_steps84_name_words": (
+        "the default with the CLC configs' heads (label name words, a column per label) and "
+        "weight averaging", ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
+                             "private_sampling_rate=0.16", "private_steps=84",
+                             "private_learning_rate=0.03", *CLC_NAME_WORD_RECIPE)),
     "q12_steps100": (
         "q 0.12, 100 steps (12 epochs), Adam 3e-2",
         ("slot_loss=mean", "clc.num_lstm_layers=1", "clc.dropout=0.0",
