@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from edp_nlu.configs import snips_clc
 from experiments.grids.common import (
     BERT_FULL_FINETUNING,
     CLC_CONFIGS,
@@ -98,7 +99,6 @@ def test_with_heads_before_fills_only_what_a_clc_cell_leaves_open():
 def test_the_name_word_recipe_is_the_clc_configs_one():
     """Cells that measure the CLC configs' recipe on other configs name it by these values: they
     must be what the configs set, or the cells measure something their labels do not say."""
-    from edp_nlu.configs import snips_clc
     config = snips_clc.get_config()
     for field, value in (p.split("=") for p in CLC_NAME_WORD_RECIPE):
         assert str(config[field]) == value, field
