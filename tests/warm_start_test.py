@@ -9,6 +9,7 @@ seed 1's corpus only as a public subspace. All use one public word-vector file, 
 vocabularies agree as the feature requires.
 """
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -404,6 +405,21 @@ def test_a_source_named_by_other_word_rules_is_refused(setup, tmp_path, monkeypa
     with pytest.raises(ValueError, match="init_from.*name words differ"):
         training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1, epochs=1,
                                    init_from=source, data_dir=setup["other"], **heads),
+                       str(tmp_path / "target"), strategy=strategy(1), export=False)
+
+
+def test_a_source_that_averaged_its_weights_is_refused(setup, tmp_path):
+    """Its checkpoint holds the last step's weights, not the averaged ones it released: the
+    start is refused before any step, naming init_from and how to train a source that serves."""
+    source = tmp_path / "averaged"
+    shutil.copytree(setup["source"], source)
+    saved = json.loads((source / "config.json").read_text())
+    saved["config"]["ema_fraction"] = 0.1
+    (source / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"init_from.*averaged its weights.*"
+                                         r"private_ema_fraction=-1"):
+        training.train(config_with(setup["vectors"], mechanism="dpsgd", replicas=1,
+                                   init_from=str(source), data_dir=setup["other"]),
                        str(tmp_path / "target"), strategy=strategy(1), export=False)
 
 

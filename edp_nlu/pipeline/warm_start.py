@@ -190,8 +190,10 @@ def prepare(model: run_spec.ModelSpec, train) -> Source:
         _bad(run_dir, f"that run trained a {source_spec.model.model} model, this run a "
                       f"{model.model} model")
     if source_spec.optimizer.ema_fraction > 0:
-        _bad(run_dir, "that run averaged its weights (ema_fraction > 0), and its checkpoint "
-                      "holds the raw ones; start from a run without ema_fraction")
+        _bad(run_dir, "that run averaged its weights (ema_fraction > 0; private runs of the "
+                      "default and the CLC configs do), and its checkpoint holds the raw ones; "
+                      "start from a run that did not (--config.private_ema_fraction=-1 "
+                      "--config.ema_fraction=0)")
     ours = {tuple(u.tokens) for u in train}
     uses, link, spec = [], run_dir, source_spec
     for _ in range(MAX_CHAIN):
