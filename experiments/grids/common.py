@@ -22,11 +22,12 @@ def grid(dataset: str, cells: list, notes: str = "", schedule_reference: str = "
     return g
 
 
-# What edp_nlu/configs/snips_clc.py (and atis_clc.py) gave every run before the heads from the
-# labels' name words and, in private runs, weight averaging became their recipe: plain heads (a
-# weight column per label) and the last step's weights. The grids' CLC cells that leave these
-# open ran with them: with_heads_before pins them.
-CLC_CONFIGS = ("edp_nlu/configs/snips_clc.py", "edp_nlu/configs/atis_clc.py")
+# What edp_nlu/configs/snips_clc.py (and atis_clc.py, and default.py) gave every run before the
+# heads from the labels' name words and, in private runs, weight averaging became their recipe:
+# plain heads (a weight column per label) and the last step's weights. The grids' cells of these
+# configs that leave them open ran with them: with_heads_before pins them.
+CLC_CONFIGS = ("edp_nlu/configs/snips_clc.py", "edp_nlu/configs/atis_clc.py",
+               "edp_nlu/configs/default.py")
 CLC_HEADS_BEFORE = ("label_head_dim=0", "label_head_names=vectors", "label_head_correction=False",
                     "private_ema_fraction=-1.0")
 
@@ -37,7 +38,7 @@ CLC_NAME_WORD_RECIPE = ("label_head_dim=64", "label_head_names=words",
 
 
 def with_heads_before(g: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Grid `g` with each cell of a CLC dataset config given CLC_HEADS_BEFORE's values for the
+    """Grid `g` with each cell of a CLC config given CLC_HEADS_BEFORE's values for the
     fields it leaves open, so that its command still runs what it ran."""
     for c in g.cells:
         if c.config in CLC_CONFIGS:
