@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 import keras
 import tensorflow as tf
 
-from edp_tf import clipping, ghost, local_training, onednn_guard
+from edp_tf import clipping, ghost, local_training, onednn_guard, padding
 from edp_tf import selection as row_selection
 from edp_tf.config import PER_EXAMPLE_METHODS
 
@@ -230,9 +230,11 @@ def user_weights(w: tf.Tensor, k: int) -> tf.Tensor:
         return tf.reduce_max(tf.reshape(w, [-1, k]), axis=1)
 
 
-def _dense(grads: Sequence) -> list:
-    # Noise is dense anyway, so sparse embedding gradients are densified once here.
-    return [tf.convert_to_tensor(g) for g in grads]
+def _dense(grads: Sequence, variables: Sequence) -> list:
+    # Noise is dense anyway, so sparse embedding gradients are densified once here. The
+    # variables' shapes are restored: inputs of an unknown length (edp_tf/padding.py) leave the
+    # gradient of a variable read through a slice of that length without a static shape.
+    return [tf.ensure_shape(tf.convert_to_tensor(g), v.shape) for g, v in zip(grads, variables)]
 
 
 def single_microbatch_gradient(
@@ -242,7 +244,7 @@ def single_microbatch_gradient(
     with tf.GradientTape() as tape:
         loss, y_pred = _weighted_loss(model, loss_fn, x, y, w, k_e)
     grads = tape.gradient(loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return _dense(grads), loss[None], y_pred
+    return _dense(grads, variables), loss[None], y_pred
 
 
 def _split(t: tf.Tensor, k: int) -> tf.Tensor:
@@ -378,7 +380,7 @@ def stacked_microbatch_gradients(
         grads = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
-        return _dense(grads), loss, _with_masks(y_pred)
+        return _dense(grads, variables), loss, _with_masks(y_pred)
 
     grads, losses, y_pred = _vectorized_map(one, (xs, ys, ws))
     return grads, losses, _masks_attached(tf.nest.map_structure(_merge, y_pred))
@@ -644,7 +646,7 @@ def gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> MicrobatchG
                          "PoissonSampler's, or .batch(..., drop_remainder=True))")
     if plan.chunk is not None and rows > plan.chunk:
         return _chunked(model, loss_fn, variables, x, y, w, plan)
-    return unchunked_gradients(model, loss_fn, variables, x, y, w, plan)
+    return unchunked_gradients(model, loss_fn, variables, padding.cut(model, x), y, w, plan)
 
 
 def unchunked_gradients(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> MicrobatchGradients:
@@ -760,13 +762,19 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         index = tf.concat([tf.range(rows), tf.zeros([full * size - rows], tf.int32)], 0)
         x, y = tf.nest.map_structure(lambda a: tf.gather(a, index), (x, y))
         w = tf.concat([w, tf.zeros([full * size - rows], w.dtype)], 0)
+    # shortest rows first where regrouping them cannot change the result (edp_tf/padding.py)
+    order = (padding.shortest_first(model, x)
+             if plan.microbatch_size in (None, 1) else None)
+    if order is not None:
+        x, y, w = tf.nest.map_structure(lambda a: tf.gather(a, order), (x, y, w))
 
     def one(start):
         """(summed gradient or clipped sum, norms, finite, counts ([] without sparse embedding
         noise), losses, flat y_pred) of `size` rows from `start`, and y_pred's structure."""
         xc, yc, wc = (tf.nest.map_structure(lambda a: tf.ensure_shape(
             a[start:start + size], [size] + a.shape[1:]), t) for t in (x, y, w))
-        part = unchunked_gradients(model, loss_fn, variables, xc, yc, wc, plan)
+        part = unchunked_gradients(model, loss_fn, variables, padding.cut(model, xc), yc, wc,
+                                   plan)
         carried = _with_masks(part.y_pred)
         if eager:  # summed before the one clip
             return (list(part.scaled), None, None, [], part.losses,
@@ -792,6 +800,10 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         lambda i, *_: i < full, body, (tf.constant(0), sums, counts, parts),
         parallel_iterations=1)
     stacked = [ta.concat() for ta in parts]
+    if order is not None:  # back to the sampler's order: all per row but eDP's chunk losses
+        back = tf.math.invert_permutation(order)
+        stacked = ([stacked[0] if eager else tf.gather(stacked[0], back)]
+                   + [tf.gather(t, back) for t in stacked[1:]])
     losses, preds = stacked[0], [p[:rows] for p in stacked[1:1 + len(preds0)]]
     y_pred = _masks_attached(tf.nest.pack_sequence_as(structure, [
         tf.ensure_shape(p, [rows] + p0.shape[1:]) for p, p0 in zip(preds, preds0)]))

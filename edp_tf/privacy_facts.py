@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from edp_tf import padding
+
 TRAINING_STATISTICS_SENTENCE = (
     "fit showed the training loss, compiled metrics and clipping statistics (clipped_fraction, "
     "preclip_norm, nonfinite_microbatches) of every step (PrivateModel(training_statistics="
@@ -18,9 +20,11 @@ TRAINING_STATISTICS_SENTENCE = (
 
 
 def not_covered(plan, public_layers: Sequence[str], config, subspace,
-                training_statistics: bool) -> list:
+                training_statistics: bool, cuts_padding: bool = False) -> list:
     """The sentences, in the order a reviewer reads them."""
     out = list(plan.not_covered) if plan is not None else []
+    if cuts_padding:
+        out.append(padding.TIMING_SENTENCE)
     if public_layers:
         out.append(f"Layers {', '.join(public_layers)} hold state fitted by adapt(); epsilon "
                    "assumes it was fitted on public data, as the user declared.")
@@ -39,7 +43,7 @@ def not_covered(plan, public_layers: Sequence[str], config, subspace,
 def describe(mechanism, config, clip_plan, variables: Sequence, *, frozen_until_epoch: int,
              subspace, layer_scales: Sequence[float], plan, public_layers: Sequence[str],
              training_statistics: bool, extra_events: Sequence, batch_source,
-             validation_data: bool) -> dict:
+             validation_data: bool, cuts_padding: bool = False) -> dict:
     """The facts of a PrivateModel's step: its mechanism's, then what its features add."""
     sparse = None if clip_plan.selection is None else {
         "selection_clip": config.selection_clip,
@@ -57,7 +61,8 @@ def describe(mechanism, config, clip_plan, variables: Sequence, *, frozen_until_
         "layer_scales": list(layer_scales),
         "seed_fixed": config.seed_fixed,
         "secure_noise": config.secure_noise,  # informational: the same distribution
-        "not_covered": not_covered(plan, public_layers, config, subspace, training_statistics),
+        "not_covered": not_covered(plan, public_layers, config, subspace, training_statistics,
+                                   cuts_padding),
         # the model's own queries, then the plan's releases made before the first step
         "extra_events": [dict(e) for e in extra_events] + [
             e.to_dict() for e in (plan.releases if plan is not None else ())],

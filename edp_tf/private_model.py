@@ -36,6 +36,7 @@ from edp_tf import (
     noise,
     noise_stage,
     one_object,
+    padding,
     privacy_facts,
     projection,
     step_count,
@@ -196,7 +197,8 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             frozen_until_epoch=self._freeze.epoch, subspace=self._subspace,
             layer_scales=self._layer_scales, plan=self._plan, public_layers=self._public_layers,
             training_statistics=self._training_statistics, extra_events=self._extra_events,
-            batch_source=self._batch_source, validation_data=self._validation)
+            batch_source=self._batch_source, validation_data=self._validation,
+            cuts_padding=padding.cuts(self.wrapped_model))
 
     def set_public_layer_scales(self, x, y, sample_weight=None) -> tuple:
         """Measures alpha on a batch of public (or synthetic) data; `scaling='public'` uses it."""

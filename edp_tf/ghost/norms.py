@@ -64,7 +64,9 @@ def differentiate(tape: tf.GradientTape, loss, ghost_plan: GhostPlan, variables)
                   lambda w=w: tf.concat([u.dz_to_rows(tf.convert_to_tensor(dzs[z_slot[id(u.z)]]))
                                          for u in w.uses], 0))
         ghost_plan.layout.append((a, dz))
-    return rows, [tf.convert_to_tensor(g) for g in fallback_grads]
+    # the variables' shapes, which inputs of an unknown length can hide (edp_tf/padding.py)
+    return rows, [tf.ensure_shape(tf.convert_to_tensor(g), v.shape)
+                  for g, v in zip(fallback_grads, fallback_vars)]
 
 
 def use_gram(p, din, dout) -> bool:
