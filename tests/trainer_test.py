@@ -28,7 +28,7 @@ from edp_nlu.pipeline.callbacks import PublicProgress
 from edp_nlu.pipeline.run_spec import RunSpec
 from edp_nlu.privacy import statement_from_ledger
 from edp_nlu.scoring import predictions
-from edp_tf import Mechanism, accounting
+from edp_tf import Mechanism, accounting, padding
 from tests.tiny_runs import (
     BATCH,
     SIZE,
@@ -117,8 +117,10 @@ def resumed_run(tmp_path_factory):
         training.train(config, run_dir, strategy=strategy(1), callbacks=[interrupt])
     ledger_before = read(run_dir, "privacy.json")
     start = WeightsAtStart()
-    summary = training.train(run_files.load_run_config(run_dir), run_dir, resume=True,
-                             strategy=strategy(1), callbacks=[start])
+    resumed = run_files.load_run_config(run_dir)
+    resumed.bert.cut_padding = False  # an execution setting, which a resume may change
+    summary = training.train(resumed, run_dir, resume=True, strategy=strategy(1),
+                             callbacks=[start])
     return dict(config=config, run_dir=run_dir, summary=summary, interrupt=interrupt,
                 start=start, ledger_before=ledger_before)
 
@@ -259,6 +261,10 @@ def test_edp_bert_run_directory(resumed_run):
     assert privacy["microbatch_size"] > 1 and privacy["sensitivity"] == 2
     assert privacy["noise_mode"] == "calibrated"
     assert any("vocabulary" in s for s in privacy["not_covered"])  # bert.vocabulary = "train"
+    # its first fit cut BERT's padding: step times followed the data (not covered)
+    assert padding.TIMING_SENTENCE in privacy["not_covered"]
+    # the resume's setting is kept for later resumes
+    assert read(r["run_dir"], "config.json")["config"]["bert"]["cut_padding"] is False
 
 
 def _run_dir_entries(run_dir) -> list:
@@ -447,6 +453,7 @@ def test_cli_prints_one_summary_line_and_exits_0(cli_run):
     # the default config calibrates to epsilon 8; GloVe's public vocabulary is not a leak
     assert privacy["epsilon"] <= 8.0
     assert not any("vocabulary" in s for s in privacy["not_covered"])
+    assert padding.TIMING_SENTENCE not in privacy["not_covered"]  # CLC's step time is fixed
     assert f"test SER {metrics['test']['ser']:.4f}" in lines[0]
     # without diagnostics the progress bar shows public quantities only: no unnoised loss or
     # clipping statistics of the private batches

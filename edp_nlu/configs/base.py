@@ -61,6 +61,11 @@ Field meanings (all overridable with `--config.FIELD=value`):
                    clc.dropout / bert.dropout (which act inside the encoder)
   private_head_dropout
                    what private runs use instead of head_dropout (< 0: the same)
+  bert.cut_padding True: a private step runs each chunk of rows over its longest row's word pieces,
+                   the batch sorted by length first where that cannot change the clipped sum
+                   (exact: padded pieces reach no output; edp_tf/padding.py); its step time then
+                   follows the sampled lengths (privacy.json's not_covered); False runs every
+                   row over all bert.sequence_length pieces, in a time independent of the data
   bert.pooling     the intent head's input: "cls" (BERT's pooler on [CLS]) or "mean" (mean of the
                    pieces' states, as MiniLM's sentence encoder was trained; the pooler freezes)
   init_from        "" or a finished run's directory: the backbone starts from that run's trained
@@ -198,6 +203,7 @@ def _model_fields(c: ml_collections.ConfigDict) -> None:
         lora_freeze_a=False,
         frozen_layers=0,
         pooling="cls",
+        cut_padding=True,
         private_finetune="",
         private_dropout=-1.0,
     ))

@@ -169,6 +169,7 @@ def build_model(spec: ModelSpec, preprocessor, vectors=None, warn_unknown_names:
     set_finetuning(model, c.finetune, lora_rank=c.lora_rank, lora_alpha=c.lora_alpha,
                    lora_layout=c.lora_layout, lora_targets=c.lora_targets,
                    lora_freeze_a=c.lora_freeze_a, frozen_layers=c.frozen_layers)
+    model.cuts_padding = bool(c.cut_padding)
     return _named_heads(model, preprocessor, None, spec.label_head_names, warn_unknown_names)
 
 

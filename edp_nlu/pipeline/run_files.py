@@ -57,7 +57,24 @@ BUDGET_EXIT = 3
 # and a raised budget (the ledger keeps charging every step: the way out of a spent budget)
 EXTENDABLE = ("epochs", "target_epsilon")
 # how the run is carried out, not what it computes: a resume may set them anew
-RESUME_SETTINGS = ("checkpoint_seconds", "resume_noise_limit")
+RESUME_SETTINGS = ("checkpoint_seconds", "resume_noise_limit", "bert.cut_padding")
+
+
+def get_field(config: dict, field: str):
+    """`config`'s value of a dotted field ("bert.cut_padding"), None when it has none."""
+    for key in field.split("."):
+        if not isinstance(config, dict) or key not in config:
+            return None
+        config = config[key]
+    return config
+
+
+def set_field(config: dict, field: str, value) -> None:
+    """Sets a dotted field of a nested `config` dict."""
+    *sections, key = field.split(".")
+    for section in sections:
+        config = config.setdefault(section, {})
+    config[key] = value
 
 
 def _extends(field: str, old, value) -> bool:

@@ -45,6 +45,7 @@ class BertSpec:
     lora_freeze_a: bool
     frozen_layers: int
     pooling: str
+    cut_padding: bool
     private_finetune: str
     private_dropout: float
 

@@ -354,9 +354,13 @@ def _keep_resumed_settings(run_dir: str, spec: run_spec.RunSpec) -> None:
     kept = saved["config"]
     fields = spec.to_dict()
     now = {"epochs": int(fields["epochs"]), "target_epsilon": float(fields["target_epsilon"])}
-    now.update({field: float(fields[field]) for field in run_files.RESUME_SETTINGS})
-    if any(kept.get(field) != value for field, value in now.items()):
-        kept.update(now)
+    for field in run_files.RESUME_SETTINGS:
+        value = run_files.get_field(fields, field)
+        now[field] = value if isinstance(value, bool) else float(value)
+    changed = {f: v for f, v in now.items() if run_files.get_field(kept, f) != v}
+    for field, value in changed.items():
+        run_files.set_field(kept, field, value)
+    if changed:
         write_json(path, saved)
 
 

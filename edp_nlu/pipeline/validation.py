@@ -200,6 +200,8 @@ def _bert(b) -> Iterator[tuple]:
         # the upper bound is the encoder's own layer count, checked once it is built
         yield "bert.frozen_layers", b.frozen_layers, "an integer >= 0"
     yield from _choice("bert.pooling", b.pooling, POOLING)
+    if not isinstance(b.cut_padding, bool):
+        yield "bert.cut_padding", b.cut_padding, "True or False"
 
 
 def _optimizer(o: OptimizerSpec) -> Iterator[tuple]:
