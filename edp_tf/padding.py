@@ -1,8 +1,8 @@
 """Padded sequence rows cut to the longest real row before the per-example pass.
 
 Why: a private step computes every example's forward and backward pass over its padded length,
-and most of it is padding (SNIPS utterances take 12 of MiniLM's 32 word pieces in the median:
-a private MiniLM step over 256 rows took 2.7 s at 32 pieces and 1.6 s at 16). Cutting padded
+and most of it is padding (SNIPS utterances take 12 of MiniLM's 32 word pieces in the median;
+docs/benchmarks.md, "Cutting BERT's padding", has the step times). Cutting padded
 positions that no row of the chunk uses is exact when the model masks them (they reach no output,
 so no loss and no gradient). A Poisson batch sorted by length before it is cut into chunks
 (`DPConfig.physical_batch_size`) makes most chunks' longest row short. Sorting only regroups rows
