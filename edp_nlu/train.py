@@ -166,12 +166,9 @@ def _resumed_config(config, run_dir: str, values: flags.FlagValues):
             saved.target_epsilon = float(requested["target_epsilon"])
         for field in run_files.RESUME_SETTINGS:
             if field in requested:
-                *sections, key = field.split(".")
-                section = saved
-                for name in sections:
-                    section = section[name]
                 value = requested[field]
-                section[key] = value if isinstance(value, bool) else float(value)
+                value = value if isinstance(value, bool) else float(value)
+                run_files.set_field(saved, field, value)
     return saved
 
 

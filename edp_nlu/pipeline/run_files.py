@@ -69,11 +69,13 @@ def get_field(config: dict, field: str):
     return config
 
 
-def set_field(config: dict, field: str, value) -> None:
-    """Sets a dotted field of a nested `config` dict."""
+def set_field(config, field: str, value) -> None:
+    """Sets a dotted field of a nested `config` (a dict or a ConfigDict)."""
     *sections, key = field.split(".")
     for section in sections:
-        config = config.setdefault(section, {})
+        if section not in config:
+            config[section] = {}
+        config = config[section]
     config[key] = value
 
 

@@ -15,7 +15,7 @@ def test_cut_pieces_give_the_padded_step():
     model = BertJoint.from_preprocessor(pre, **testing.TINY_BERT)
     x, y, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
     lengths = x["padding_mask"].sum(1)
-    assert lengths.max() < 24  # padding to cut in every row
+    assert lengths.max() < 24  # even the longest row has padding to cut
     w = np.ones(len(lengths), np.float32)
     variables = model.trainable_variables
     spec = ({name: tf.TensorSpec(v.shape, v.dtype) for name, v in x.items()},)
