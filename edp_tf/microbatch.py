@@ -231,10 +231,8 @@ def user_weights(w: tf.Tensor, k: int) -> tf.Tensor:
 
 
 def _dense(grads: Sequence, variables: Sequence) -> list:
-    # Noise is dense anyway, so sparse embedding gradients are densified once here. The
-    # variables' shapes are restored: inputs of an unknown length (edp_tf/padding.py) leave the
-    # gradient of a variable read through a slice of that length without a static shape.
-    return [tf.ensure_shape(tf.convert_to_tensor(g), v.shape) for g, v in zip(grads, variables)]
+    # Noise is dense anyway, so sparse embedding gradients are densified once here.
+    return [padding.shaped_like(g, v) for g, v in zip(grads, variables)]
 
 
 def single_microbatch_gradient(

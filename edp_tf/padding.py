@@ -39,6 +39,16 @@ TIMING_SENTENCE = (
     "--config.bert.cut_padding=False) for steps whose time does not depend on the data.")
 
 
+def shaped_like(gradient, variable) -> tf.Tensor:
+    """`gradient` as a dense tensor with `variable`'s static shape. Why: inputs cut to an unknown
+    length leave the gradient of a variable read through a slice of that length (a position
+    table) without one; a gradient whose shape is known gets no extra op in the step."""
+    gradient = tf.convert_to_tensor(gradient)
+    if gradient.shape.is_fully_defined():
+        return gradient
+    return tf.ensure_shape(gradient, variable.shape)
+
+
 def cuts(model) -> bool:
     """Whether `model` has the two methods and has not opted out."""
     return (callable(getattr(model, "padding_lengths", None))

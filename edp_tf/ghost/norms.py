@@ -7,6 +7,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
+from edp_tf import padding
 from edp_tf.ghost.bounds import Grams, direct_squared_norm
 from edp_tf.ghost.recording import Capture, Weight
 
@@ -64,9 +65,7 @@ def differentiate(tape: tf.GradientTape, loss, ghost_plan: GhostPlan, variables)
                   lambda w=w: tf.concat([u.dz_to_rows(tf.convert_to_tensor(dzs[z_slot[id(u.z)]]))
                                          for u in w.uses], 0))
         ghost_plan.layout.append((a, dz))
-    # the variables' shapes, which inputs of an unknown length can hide (edp_tf/padding.py)
-    return rows, [tf.ensure_shape(tf.convert_to_tensor(g), v.shape)
-                  for g, v in zip(fallback_grads, fallback_vars)]
+    return rows, [padding.shaped_like(g, v) for g, v in zip(fallback_grads, fallback_vars)]
 
 
 def use_gram(p, din, dout) -> bool:
