@@ -64,7 +64,8 @@ def public_source(corpus: str) -> list:
 def plain_bert_heads(corpus: str) -> list:
     """Plain BERT fine-tuning (SGD, not private) with the corrected heads: what the heads do
     without noise, the baseline a BERT config needs before they become its default (plain runs
-    take the config's heads too)."""
+    take the config's heads too). With BERT's padding cut a SNIPS BERT private run takes about
+    40 minutes: SNIPS's corrected heads ran twice first (`--cells`), then these (minutes each)."""
     return [cell(f"{corpus}_bert_sgd_label_heads_corrected",
                  f"{corpus.upper()} BERT, SGD (not private), label-aware heads (32-d names) plus "
                  "a zero-started column per label", "label-aware heads, plain",
@@ -263,9 +264,6 @@ def _grid():
     # reuse SNIPS's plain BERT source: weight averaging on ATIS BERT's corrected heads (about
     # 70 minutes a run, no source) then runs its two runs first (`--cells`), the one lever
     # that needs nothing else and beat its heads alone on ATIS CLC in the mean.
-    # With BERT's padding cut a SNIPS BERT run takes about 40 minutes: SNIPS's corrected heads
-    # run twice first, then plain BERT with the corrected heads on both corpora (minutes each:
-    # the baseline the heads need before they can become the BERT configs' default).
     cells = (label_heads("snips", "clc") + label_heads("atis", "clc")
              + label_heads("snips", "clc", corrected=True)
              + label_heads("atis", "clc", corrected=True)
