@@ -34,6 +34,7 @@ if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs re
     cli.quiet_unless_verbose()
 
 import concurrent.futures
+import itertools
 import json
 import os
 import platform
@@ -78,6 +79,10 @@ _MAX_WORDS = flags.DEFINE_integer("max_words", None, "Words per utterance (confi
 _LSTM_UNITS = flags.DEFINE_integer("lstm_units", None, "CLC LSTM units (config: 64).")
 _NUM_TAGS = flags.DEFINE_integer("num_tags", 40, "Slot tags (BIO), e.g. SNIPS has 40-80.")
 _NUM_INTENTS = flags.DEFINE_integer("num_intents", 7, "Intents.")
+_LABEL_HEAD_DIM = flags.DEFINE_integer(
+    "label_head_dim", 0, "CLC and BERT heads: 0 plain (a column per label), > 0 label-aware "
+    "heads of that width plus a column per label (edp_nlu/models/label_aware_head.py), as the "
+    "configs ship them; their name vectors are zeros here (speed does not depend on them).")
 _BERT_SIZE = flags.DEFINE_enum(
     "bert_size", "compact", ["compact", "minilm", "tiny"],
     "BERT's shape: edp_nlu/configs/base.py's compact BERT (4 layers, 312 wide), MiniLM-L6's "
@@ -104,17 +109,21 @@ MINILM_L6 = dict(num_layers=6, num_heads=12, hidden_dim=384, intermediate_dim=15
 
 # What the trainers run privately, and the plain step of the same trainable set (the honest
 # baseline: a private LoRA step is compared with a plain LoRA step, not with full fine-tuning).
-# name: (model, bert size, plain mode, private mode, what it is, the goal for the ratio)
+# name: (model, bert size, plain mode, private mode, what it is, the goal for the ratio, the
+# heads' label_head_dim as the config ships it). Weight averaging (CLC's private runs) is not
+# in the step timed here.
 RECIPES = {
     "clc_default": ("clc", None, "sgd", "dpsgd",
-                    "edp_nlu/configs/default.py: CLC, per-example DP-SGD", 1.15),
+                    "edp_nlu/configs/default.py: CLC, per-example DP-SGD, heads from the "
+                    "label names", 1.15, 64),
     "bert_lora": ("bert", "minilm", "sgd+lora_matrix", "dpsgd+lora_matrix",
                   "edp_nlu/configs/snips_bert.py, private: MiniLM-L6, LoRA (matrix), "
-                  "per-example", 1.15),
+                  "per-example, heads from the label names", 1.15, 32),
     "bert_tables_dpsgd": ("bert", "compact", "sgd", "dpsgd",
-                          "compact BERT, every weight (embedding tables too), per-example", 1.25),
+                          "compact BERT, every weight (embedding tables too), per-example", 1.25,
+                          0),
     "bert_tables_edp": ("bert", "compact", "sgd", "edp",
-                        "compact BERT, every weight (embedding tables too), eDP", 1.05),
+                        "compact BERT, every weight (embedding tables too), eDP", 1.05, 0),
 }
 
 MODE_HELP = {
@@ -130,7 +139,7 @@ def model_sizes(name: str) -> dict:
     """The sizes the trainers use (edp_nlu/configs/base.py), with the flags' overrides."""
     c = base_config()
     sizes = dict(max_words=_MAX_WORDS.value or c.max_words, num_tags=_NUM_TAGS.value,
-                 num_intents=_NUM_INTENTS.value)
+                 num_intents=_NUM_INTENTS.value, label_head_dim=_LABEL_HEAD_DIM.value)
     if name == "clc":
         sizes.update(word_vocabulary=c.clc.vocabulary_size, word_dim=50,  # glove-6b-50d, frozen
                      train_words=bool(c.clc.train_word_embeddings), chars=100,
@@ -153,6 +162,17 @@ def model_sizes(name: str) -> dict:
     return sizes
 
 
+def heads(sizes: dict) -> dict:
+    """The joint models' head arguments: plain, or label-aware over synthetic BIO tags ("O", then
+    B-/I- pairs), which the label-aware tag head needs for its span score."""
+    if not sizes.get("label_head_dim"):
+        return {}
+    tags = ["O"] + [f"{bio}-type{i // 2}" for i, bio in
+                    zip(range(sizes["num_tags"] - 1), itertools.cycle("BI"))]
+    return dict(tag_labels=tags, label_embedding_dim=sizes["label_head_dim"],
+                label_correction=True)
+
+
 def build_model(name: str, sizes: dict):
     """(keras model with compute_loss, per-example loss) of the requested kind."""
     import keras
@@ -164,7 +184,7 @@ def build_model(name: str, sizes: dict):
             char_embedding_dim=sizes["char_dim"], char_filters=sizes["char_filters"],
             lstm_units=sizes["lstm_units"], num_lstm_layers=sizes["lstm_layers"],
             dropout=sizes["dropout"], word_embeddings_trainable=sizes["train_words"])
-        model = CLCJoint(backbone, sizes["num_intents"], sizes["num_tags"])
+        model = CLCJoint(backbone, sizes["num_intents"], sizes["num_tags"], **heads(sizes))
         return model, model.per_example_loss
     if name == "bert":
         backbone = build_bert_backbone(
@@ -172,7 +192,7 @@ def build_model(name: str, sizes: dict):
             num_layers=sizes["num_layers"], num_heads=sizes["num_heads"],
             hidden_dim=sizes["hidden_dim"], intermediate_dim=sizes["intermediate_dim"])
         encoder = BertWordEncoder(backbone, sizes["sequence_length"], sizes["max_words"])
-        model = BertJoint(encoder, sizes["num_intents"], sizes["num_tags"])
+        model = BertJoint(encoder, sizes["num_intents"], sizes["num_tags"], **heads(sizes))
         return model, model.per_example_loss
     # tiny: a stand-in for smoke tests (embedding, dense, layer norm, unrolled LSTM)
     words = keras.Input((sizes["max_words"],), dtype="int32", name="word_ids")
@@ -501,9 +521,10 @@ def run_recipes(names: List[str], replica_counts: List[int], batch: int, steps: 
     edp_tf.make_strategy(max(replica_counts))  # the logical devices, before TensorFlow starts
     rows = []
     for name in names:
-        model, bert_size, plain, private, what, goal = RECIPES[name]
+        model, bert_size, plain, private, what, goal, head_dim = RECIPES[name]
         if bert_size:
             flags.FLAGS.bert_size = bert_size
+        flags.FLAGS.label_head_dim = head_dim
         for replicas in replica_counts:
             result = run_benchmark(model, replicas, batch, steps, warmup, [plain, private],
                                    strategy=edp_tf.make_strategy(replicas))

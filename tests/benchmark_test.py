@@ -8,6 +8,8 @@ from absl import flags
 from absl.testing import flagsaver
 
 from benchmarks import benchmark, streaming_benchmark
+from edp_nlu.configs import default as default_config
+from edp_nlu.configs import snips_bert
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,27 @@ def test_bert_modes_can_name_what_trains(parsed_flags, tmp_path):
     trained = {name: m["trainable_parameters"] for name, m in modes.items()}
     assert trained["dpsgd+lora_matrix"] < trained["dpsgd+lora"] < trained["sgd+no_embeddings"]
     assert "lora_layout=matrix" in modes["dpsgd+lora_matrix"]["what"]
+
+
+def test_label_head_dim_times_the_label_aware_heads(parsed_flags, tmp_path):
+    """The shipped recipes score labels through label-aware heads (more trained weights in the
+    heads than a plain column per label at this width): --label_head_dim builds them, and the
+    recipes set what their configs ship."""
+    trained = {}
+    for dim in (0, 16):
+        out = tmp_path / f"bench{dim}.json"
+        with flagsaver.flagsaver(model="bert", bert_size="tiny", replicas=1, batch_size=4,
+                                 steps=1, warmup=0, sequence_length=8, max_words=6, num_tags=7,
+                                 profile_steps=0, output=str(out), modes=["dpsgd"],
+                                 label_head_dim=dim):
+            benchmark.main([])
+        trained[dim] = json.loads(out.read_text())["trainable_parameters"]
+    # correction columns (64 x (7 + 7)) on top of the plain heads' kernels, plus the projections
+    # (64 x 16 each), the span score (64 x 3 + 3): the label-aware heads are larger here
+    assert trained[16] > trained[0]
+    # the recipes time the heads their configs ship
+    for recipe, config in (("clc_default", default_config), ("bert_lora", snips_bert)):
+        assert benchmark.RECIPES[recipe][-1] == config.get_config().label_head_dim, recipe
 
 
 def test_finetuning_suffix_is_checked(parsed_flags):
