@@ -6,12 +6,13 @@ import os
 
 import pytest
 
-from edp_nlu.configs import snips_clc
+from edp_nlu.configs import atis_bert, snips_clc
 from experiments.grids.common import (
     BERT_FULL_FINETUNING,
+    BERT_NAME_RECIPE,
     CLC_CONFIGS,
-    CLC_HEADS_BEFORE,
     CLC_NAME_WORD_RECIPE,
+    HEADS_BEFORE,
     bert_private,
     cell,
     grid,
@@ -75,32 +76,38 @@ def test_private_cells_do_not_set_what_the_private_recipe_replaces(path):
 
 
 @pytest.mark.parametrize("path", GRIDS, ids=os.path.basename)
-def test_clc_cells_name_the_heads_and_averaging_they_run_with(path):
-    """The CLC configs' recipe changed its heads and, in private runs, averages the weights: a
-    cell that leaves those fields open would run something else than what it ran (or, in a new
-    grid, something its label does not say)."""
-    fields = {p.partition("=")[0] for p in CLC_HEADS_BEFORE}
+def test_cells_name_the_heads_and_averaging_they_run_with(path):
+    """The CLC and BERT configs' recipes changed their heads (and CLC's private runs average the
+    weights): a cell that leaves those fields open would run something else than what it ran
+    (or, in a new grid, something its label does not say)."""
     for c in load(path).cells:
-        if c.config in CLC_CONFIGS:
+        if c.config in HEADS_BEFORE:
+            fields = {p.partition("=")[0] for p in HEADS_BEFORE[c.config]}
             given = {o.partition("=")[0] for o in c.overrides}
             assert fields <= given, f"{path}: cell {c.name} leaves {fields - given} open"
 
 
-def test_with_heads_before_fills_only_what_a_clc_cell_leaves_open():
+def test_with_heads_before_fills_only_what_a_cell_leaves_open():
     g = with_heads_before(grid("x", [
         cell("a", "a", "f", CLC_CONFIGS[0], "label_head_dim=64", "ema_fraction=0.1"),
-        cell("b", "b", "f", "edp_nlu/configs/snips_bert.py", "mechanism=dpsgd")]))
-    a, b = g.cells
+        cell("b", "b", "f", "edp_nlu/configs/snips_bert.py", "mechanism=dpsgd",
+             "label_head_dim=32"),
+        cell("c", "c", "f", "edp_nlu/configs/elsewhere.py", "mechanism=dpsgd")]))
+    a, b, c = g.cells
     assert a.overrides == ("label_head_dim=64", "ema_fraction=0.1", "label_head_names=vectors",
                            "label_head_correction=False", "private_ema_fraction=-1.0")
-    assert b.overrides == ("mechanism=dpsgd",)
+    assert b.overrides == ("mechanism=dpsgd", "label_head_dim=32", "label_head_names=vectors",
+                           "label_head_correction=False")
+    assert c.overrides == ("mechanism=dpsgd",)
 
 
-def test_the_name_word_recipe_is_the_clc_configs_one():
-    """Cells that measure the CLC configs' recipe on other configs name it by these values: they
-    must be what the configs set, or the cells measure something their labels do not say."""
-    config = snips_clc.get_config()
-    for field, value in (p.split("=") for p in CLC_NAME_WORD_RECIPE):
+@pytest.mark.parametrize("config, recipe", [(snips_clc, CLC_NAME_WORD_RECIPE),
+                                            (atis_bert, BERT_NAME_RECIPE)])
+def test_the_heads_recipes_are_the_configs_ones(config, recipe):
+    """Cells that measure a config's heads recipe elsewhere name it by these values: they must
+    be what the config sets, or the cells measure something their labels do not say."""
+    config = config.get_config()
+    for field, value in (p.split("=") for p in recipe):
         assert str(config[field]) == value, field
 
 

@@ -13,8 +13,11 @@ this did better than Keras' per-head LoRA layout (0.89M factor weights), than dr
 than training every kernel (results/pilot_snips_bert, one run each). Plain fine-tuning
 (--mechanism=sgd) trains every kernel with dropout 0.1: private runs read
 bert.private_finetune / bert.private_dropout instead (set those to change what a private run
-trains). These values were chosen from the
-literature and the SNIPS dev and test splits (a public benchmark), not on private data.
+trains). Private and plain runs score each label through label-aware heads: the MiniLM
+checkpoint's reading of the label's public name in 32 directions plus a zero-started column per
+label (results/label_heads: BIO test SER 0.127 and 0.124 against the plain heads' 0.141 on SNIPS,
+0.114 and 0.113 against 0.134 on ATIS). These values were chosen from the literature and the
+SNIPS and ATIS dev and test splits (public benchmarks), not on private data.
 """
 from edp_nlu.configs.base import base_config
 
@@ -42,6 +45,9 @@ def get_config():
     c.bert.private_finetune = "lora"  # private runs: rank-8 updates of the kernels...
     c.bert.private_dropout = 0.0  # ...without dropout
     c.bert.lora_layout = "matrix"  # fewer factor entries than per_head; no worse on SNIPS or ATIS
+    # label-aware heads (above): the names are public schema, so they cost no epsilon
+    c.label_head_dim = 32
+    c.label_head_correction = True
     # the expected batch of ~1,050 took 17 GB in one piece; chunks of 256 keep it to a few GB
     c.physical_batch_size = 256
     return c

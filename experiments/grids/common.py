@@ -36,15 +36,27 @@ CLC_HEADS_BEFORE = ("label_head_dim=0", "label_head_names=vectors", "label_head_
 CLC_NAME_WORD_RECIPE = ("label_head_dim=64", "label_head_names=words",
                         "label_head_correction=True", "private_ema_fraction=0.1")
 
+# The same for edp_nlu/configs/snips_bert.py (and atis_bert.py): plain heads until the heads from
+# the MiniLM checkpoint's reading of the labels' names, plus a column per label, became their
+# recipe (private and plain runs alike).
+BERT_CONFIGS = ("edp_nlu/configs/snips_bert.py", "edp_nlu/configs/atis_bert.py")
+BERT_HEADS_BEFORE = ("label_head_dim=0", "label_head_names=vectors",
+                     "label_head_correction=False")
+BERT_NAME_RECIPE = ("label_head_dim=32", "label_head_names=vectors",
+                    "label_head_correction=True")
+HEADS_BEFORE = {**dict.fromkeys(CLC_CONFIGS, CLC_HEADS_BEFORE),
+                **dict.fromkeys(BERT_CONFIGS, BERT_HEADS_BEFORE)}
+
 
 def with_heads_before(g: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Grid `g` with each cell of a CLC config given CLC_HEADS_BEFORE's values for the
-    fields it leaves open, so that its command still runs what it ran."""
+    """Grid `g` with each cell of a CLC or BERT config given the heads (and averaging) its
+    config had before (HEADS_BEFORE) for the fields it leaves open, so that its command still
+    runs what it ran."""
     for c in g.cells:
-        if c.config in CLC_CONFIGS:
+        if c.config in HEADS_BEFORE:
             given = {o.partition("=")[0] for o in c.overrides}
             c.overrides = tuple(c.overrides) + tuple(
-                p for p in CLC_HEADS_BEFORE if p.partition("=")[0] not in given)
+                p for p in HEADS_BEFORE[c.config] if p.partition("=")[0] not in given)
     return g
 
 

@@ -8,7 +8,7 @@ open ran per_head, which bert_private pins). Twice the sampling rate for half th
 150 steps, the same 24 epochs) could not be told apart from it in one run each, so the default
 stays q 0.08 / 300 steps. Runs that shared the CPU with other jobs have seconds per epoch that
 are not comparable."""
-from experiments.grids.common import bert_private, cell, grid
+from experiments.grids.common import bert_private, cell, grid, with_heads_before
 
 BERT = "edp_nlu/configs/snips_bert.py"
 DP = ("diagnostics=True", "mechanism=dpsgd", "target_epsilon=8.0")
@@ -20,7 +20,7 @@ def pilot(name: str, label: str, *overrides: str):
 
 
 def get_config():
-    return grid("pilot_snips_bert", [
+    return with_heads_before(grid("pilot_snips_bert", [
         pilot("dpsgd_lr1e-3", "per-example, Adam 1e-3", "learning_rate=0.001"),
         pilot("dpsgd_lr5e-3", "per-example, Adam 5e-3", "learning_rate=0.005"),
         pilot("dpsgd_slot_mean", "per-example, slot loss per word", "slot_loss=mean"),
@@ -64,4 +64,4 @@ def get_config():
              "Every cell is pinned (experiments/grids/common.py bert_private): bert.finetune and "
              "bert.dropout are passed as bert.private_finetune / bert.private_dropout, and what "
              "a cell leaves open is what snips_bert gave private runs when the cell ran "
-             "(every kernel but the tables, dropout 0.1, Adam 2e-3).")
+             "(every kernel but the tables, dropout 0.1, Adam 2e-3, the plain heads)."))
