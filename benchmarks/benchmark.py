@@ -34,7 +34,6 @@ if __name__ == "__main__":  # before edp_tf loads TensorFlow: its native logs re
     cli.quiet_unless_verbose()
 
 import concurrent.futures
-import itertools
 import json
 import os
 import platform
@@ -167,8 +166,7 @@ def heads(sizes: dict) -> dict:
     B-/I- pairs), which the label-aware tag head needs for its span score."""
     if not sizes.get("label_head_dim"):
         return {}
-    tags = ["O"] + [f"{bio}-type{i // 2}" for i, bio in
-                    zip(range(sizes["num_tags"] - 1), itertools.cycle("BI"))]
+    tags = ["O"] + [f"{'BI'[i % 2]}-type{i // 2}" for i in range(sizes["num_tags"] - 1)]
     return dict(tag_labels=tags, label_embedding_dim=sizes["label_head_dim"],
                 label_correction=True)
 
