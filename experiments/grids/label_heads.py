@@ -216,54 +216,67 @@ def bert_from_public(corpus: str, source: str, suffix: str = "") -> list:
                  f"init_from=runs/experiments/label_heads/{source}_bert_sgd")]
 
 
+def snips_bert_levers() -> list:
+    """SNIPS BERT under the levers measured on ATIS BERT alone, two runs each, so that each
+    lever has its two runs per corpus: weight averaging on the corrected heads (level on ATIS
+    BERT in its first run, ahead on ATIS CLC), then the encoder from ATIS's plain fine-tuning
+    with the corrected heads (ATIS's plain BERT run first, its source). They follow the queued
+    ATIS BERT cells: SNIPS BERT runs take about 40 minutes each."""
+    return (label_heads("snips", "bert", corrected=True, averaged=True)
+            + label_heads("snips", "bert", "_run2", corrected=True, averaged=True)
+            + bert_source("atis")
+            + bert_from_public("snips", "atis") + bert_from_public("snips", "atis", "_run2"))
+
+
 def get_config():
     # the cells ran before the CLC configs' heads and weight averaging changed
     return with_heads_before(_grid())
 
 
+# Why the cells run in the order _grid lists them:
+# SNIPS CLC's first run lost to the recipe (BIO 0.234 against 0.200-0.206): as many wrong
+# types (209 against 204-208 substitutions) but more missed slots (166 deletions against
+# 113-120): the corrected heads add back a free column per label (what the names cannot
+# tell apart) and run before any second run.
+# ATIS CLC's corrected heads then beat the recipe (BIO 0.146 against 0.160-0.163) and
+# SNIPS's were level (0.203 against 0.200-0.206): their second runs come first, ATIS's
+# before SNIPS's. BERT runs the corrected heads only (the names alone lost on both corpora
+# with CLC); the names-alone second runs come last.
+# Public in-domain data with the heads (the issue's item 2): each corpus's private CLC run
+# starts from the other's plain run, its backbone and the heads' shared projection (which
+# serves any label set: the names are GloVe's whole 50 d on both), before ATIS BERT's (begun
+# before they were added; it resumes from its checkpoint). SNIPS's first run led (BIO 0.186
+# against 0.203-0.206), ATIS's did not: their second runs come next, SNIPS's first.
+# Name words (a dimension per word of the labels' names) then run before ATIS BERT resumes:
+# ATIS's rare types are compositions of words its frequent types carry, which the names'
+# mean GloVe vector blurs. Their first runs: ATIS BIO 0.137 (rare types F1 0.282), SNIPS
+# 0.212 (behind on types with 100-499 spans): both kinds of name next, then the public
+# corpus's start with name words. ATIS's second run (0.145) kept the lead but not the rare
+# types' (F1 0.066 against 0.282): name words without the per-label column come before the
+# public start. Then BERT, name words beside the MiniLM checkpoint's reading of the names
+# (ATIS's first). Both kinds of name together led on SNIPS (0.188) and trailed name words on
+# ATIS (0.155 against 0.137 and 0.145): their second runs come before the public start.
+# With name words the public start repeated the vector names' pattern in its first runs
+# (SNIPS 0.194 against 0.212 and 0.194 from scratch, ATIS 0.153 against 0.137 and 0.145):
+# their second runs follow ATIS BERT's first (begun before; it resumes from its checkpoint).
+# ATIS BERT's corrected heads then gave BIO 0.114 (the recipe 0.134; the goal 2.4x plain is
+# 0.1126): their second run comes next, then weight averaging on the name-word heads (CLC,
+# both corpora, two runs each), then SNIPS BERT's corrected heads (the issue's fourth cell
+# of item 1, and a goal) before ATIS BERT with name words (a variant of a cell already run).
+# Frozen lower layers (item 4: fewer trainable dimensions) run on ATIS BERT's corrected
+# heads after SNIPS BERT's first run.
+# Weight averaging's first SNIPS CLC run (BIO 0.177, 2.1x plain) was the lowest SNIPS CLC
+# row, and the public start from ATIS gave SNIPS CLC about 5% in four runs: the two together
+# (two runs) come after averaging's second run, being a few minutes each. Then the two
+# levers that each beat the recipe on ATIS BERT together (the corrected heads, 2.42x plain
+# twice against the goal's 2.4x; the encoder from SNIPS's plain fine-tuning): SNIPS's plain
+# BERT run first (its source), then two runs, before SNIPS BERT. Weight averaging on ATIS
+# BERT's corrected heads (from the checkpoint) follows SNIPS BERT's first run.
+# A sitting whose run directories are gone cannot resume a 2.3-hour SNIPS BERT run nor
+# reuse SNIPS's plain BERT source: weight averaging on ATIS BERT's corrected heads (about
+# 70 minutes a run, no source) then runs its two runs first (`--cells`), the one lever
+# that needs nothing else and beat its heads alone on ATIS CLC in the mean.
 def _grid():
-    # SNIPS CLC's first run lost to the recipe (BIO 0.234 against 0.200-0.206): as many wrong
-    # types (209 against 204-208 substitutions) but more missed slots (166 deletions against
-    # 113-120): the corrected heads add back a free column per label (what the names cannot
-    # tell apart) and run before any second run.
-    # ATIS CLC's corrected heads then beat the recipe (BIO 0.146 against 0.160-0.163) and
-    # SNIPS's were level (0.203 against 0.200-0.206): their second runs come first, ATIS's
-    # before SNIPS's. BERT runs the corrected heads only (the names alone lost on both corpora
-    # with CLC); the names-alone second runs come last.
-    # Public in-domain data with the heads (the issue's item 2): each corpus's private CLC run
-    # starts from the other's plain run, its backbone and the heads' shared projection (which
-    # serves any label set: the names are GloVe's whole 50 d on both), before ATIS BERT's (begun
-    # before they were added; it resumes from its checkpoint). SNIPS's first run led (BIO 0.186
-    # against 0.203-0.206), ATIS's did not: their second runs come next, SNIPS's first.
-    # Name words (a dimension per word of the labels' names) then run before ATIS BERT resumes:
-    # ATIS's rare types are compositions of words its frequent types carry, which the names'
-    # mean GloVe vector blurs. Their first runs: ATIS BIO 0.137 (rare types F1 0.282), SNIPS
-    # 0.212 (behind on types with 100-499 spans): both kinds of name next, then the public
-    # corpus's start with name words. ATIS's second run (0.145) kept the lead but not the rare
-    # types' (F1 0.066 against 0.282): name words without the per-label column come before the
-    # public start. Then BERT, name words beside the MiniLM checkpoint's reading of the names
-    # (ATIS's first). Both kinds of name together led on SNIPS (0.188) and trailed name words on
-    # ATIS (0.155 against 0.137 and 0.145): their second runs come before the public start.
-    # With name words the public start repeated the vector names' pattern in its first runs
-    # (SNIPS 0.194 against 0.212 and 0.194 from scratch, ATIS 0.153 against 0.137 and 0.145):
-    # their second runs follow ATIS BERT's first (begun before; it resumes from its checkpoint).
-    # ATIS BERT's corrected heads then gave BIO 0.114 (the recipe 0.134; the goal 2.4x plain is
-    # 0.1126): their second run comes next, then weight averaging on the name-word heads (CLC,
-    # both corpora, two runs each), then SNIPS BERT's corrected heads (the issue's fourth cell
-    # of item 1, and a goal) before ATIS BERT with name words (a variant of a cell already run).
-    # Frozen lower layers (item 4: fewer trainable dimensions) run on ATIS BERT's corrected
-    # heads after SNIPS BERT's first run.
-    # Weight averaging's first SNIPS CLC run (BIO 0.177, 2.1x plain) was the lowest SNIPS CLC
-    # row, and the public start from ATIS gave SNIPS CLC about 5% in four runs: the two together
-    # (two runs) come after averaging's second run, being a few minutes each. Then the two
-    # levers that each beat the recipe on ATIS BERT together (the corrected heads, 2.42x plain
-    # twice against the goal's 2.4x; the encoder from SNIPS's plain fine-tuning): SNIPS's plain
-    # BERT run first (its source), then two runs, before SNIPS BERT. Weight averaging on ATIS
-    # BERT's corrected heads (from the checkpoint) follows SNIPS BERT's first run.
-    # A sitting whose run directories are gone cannot resume a 2.3-hour SNIPS BERT run nor
-    # reuse SNIPS's plain BERT source: weight averaging on ATIS BERT's corrected heads (about
-    # 70 minutes a run, no source) then runs its two runs first (`--cells`), the one lever
-    # that needs nothing else and beat its heads alone on ATIS CLC in the mean.
     cells = (label_heads("snips", "clc") + label_heads("atis", "clc")
              + label_heads("snips", "clc", corrected=True)
              + label_heads("atis", "clc", corrected=True)
@@ -297,7 +310,8 @@ def _grid():
              + plain_bert_heads("snips") + plain_bert_heads("atis")
              + name_words("atis", model="bert")
              + name_words("atis", "_run2", model="bert")
-             + label_heads("snips", "clc", "_run2") + label_heads("atis", "clc", "_run2"))
+             + label_heads("snips", "clc", "_run2") + label_heads("atis", "clc", "_run2")
+             + snips_bert_levers())
     return grid("label_heads", cells, notes=(
         "Label-aware heads (experiments/grids/label_heads.py) against the recipes' rows in "
         "results/snips and results/atis."))
