@@ -10,6 +10,7 @@ from edp_nlu.models.clc.clc_joint import CLCJoint
 from edp_nlu.models.clc.clc_preprocessor import CLCPreprocessor
 from edp_nlu.models.clc.word_vectors import WordVectors
 from edp_nlu.models.label_aware_head import LabelAwareHead, head_width, name_heads
+from edp_tf import microbatch
 from edp_tf.testing import assert_fast_norms_exact
 
 
@@ -190,3 +191,31 @@ def test_a_bert_model_takes_name_words_without_reading_the_names():
                                label_names.unit_rows(counts), rtol=1e-6)
     x, _, _ = pre.encode(testing.TOKENS, testing.TAGS, testing.INTENTS)
     assert model(x)["tag_potentials"].shape[-1] == len(labels)
+
+
+def test_the_heads_kernels_share_one_input_gram():
+    """The projection, span and correction kernels read the same input: the ghost pass keeps one
+    row tensor (and so one Gram over the positions) for the three, not one per kernel, which on a
+    tag head over every word would triple the head's largest Gram."""
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((6,), dtype="int32")
+    head = LabelAwareHead(2, 3, spans=[1, 2], correction=True)
+    logits = head(keras.layers.Embedding(10, 4)(inp))
+    model = keras.Model(inp, keras.layers.GlobalAveragePooling1D()(logits))
+    variables = model.trainable_variables
+    paths = [v.path for v in variables]
+    layout = {}
+
+    @tf.function
+    def run():
+        p = microbatch.ghost_pass(model, keras.losses.MeanSquaredError(), variables,
+                                  np.ones((4, 6), "int32"), np.ones((4, 2), "float32"),
+                                  tf.ones([4]), 1, 1.0)
+        layout.update({paths[w.index]: ia for w, (ia, _) in zip(p.plan.ghost, p.plan.layout)})
+        return 0
+
+    run()
+    kernels = [f"label_aware_head/{name}/kernel"
+               for name in ("projection", "span_logits", "correction")]
+    assert all(k in layout for k in kernels), layout  # all three ghost-normed
+    assert len({layout[k] for k in kernels}) == 1, layout
