@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch
+from edp_tf import DPConfig, PrivateModel, make_strategy, microbatch, per_example_loss
 from edp_tf.testing import loop_clipped_sum, loop_gradients, mse
 
 
@@ -182,7 +182,7 @@ def test_a_loss_per_output_with_weights_and_sample_weights_is_clipped_exactly(me
     y = {"cls": rng.integers(0, 3, size=(12,)), "reg": rng.normal(size=(12, 1)).astype("float32")}
     w = rng.uniform(0.2, 1.0, size=12).astype("float32")
     w[3] = 0.0
-    loss = microbatch.as_per_example_loss(
+    loss = per_example_loss.as_per_example_loss(
         {"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"},
         {"cls": 1.0, "reg": 0.25})
     variables = model.trainable_variables

@@ -14,191 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-import weakref
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
-import keras
 import tensorflow as tf
 
 from edp_tf import clipping, ghost, local_training, onednn_guard, padding
 from edp_tf import selection as row_selection
 from edp_tf.config import PER_EXAMPLE_METHODS
+from edp_tf.per_example_loss import masks_attached, with_masks
+from edp_tf.preprocessing_split import after_preprocessing
 
 _log = logging.getLogger(__name__)
-
-
-PerExampleLoss = Callable[[object, object], tf.Tensor]
-
-
-def as_per_example_loss(loss, loss_weights=None, output_names=None) -> PerExampleLoss:
-    """Turns what `keras.Model.compile` accepts as a loss into `(y_true, y_pred) -> [batch]`.
-
-    One loss (a `keras.losses.Loss`, its name, or a callable), or one per output as Keras takes
-    them: a dict keyed by output name or a list in output order (None: that output has no
-    loss), with `loss_weights` as a dict or list beside it. The per-example loss is
-    sum_k weight_k L_k(example): Keras' own objective, per example (its mean over the batch is
-    what `keras.Model.fit` minimises), so clipping acts on the example's whole contribution.
-    A `keras.losses.Loss` is called through `.call`: no reduction and, importantly, none of the
-    division by the replica count that Keras applies to reduced losses under a strategy.
-    An output that carries a Keras mask (`Embedding(mask_zero=True)`, `Masking`) weights each
-    position's loss by it, as Keras does: L_i = sum_t m_it l_it / T over the padded length T,
-    so padding contributes nothing (`_masked`).
-    `output_names`: a callable giving the model's output names (dict losses, list outputs).
-    """
-    if loss is None:
-        raise ValueError("PrivateModel.compile needs a `loss` (per-example losses are clipped).")
-    if not isinstance(loss, (list, tuple, dict)):
-        if loss_weights is not None and not isinstance(loss_weights, (int, float)):
-            raise ValueError("loss_weights for a single loss must be one number, "
-                             f"got {loss_weights!r}")
-        single = _per_example(loss)
-        weight = 1.0 if loss_weights is None else float(loss_weights)
-        return single if weight == 1.0 else (lambda y, p: weight * single(y, p))
-    keys = list(loss) if isinstance(loss, dict) else list(range(len(loss)))
-    losses = {k: _per_example(loss[k]) for k in keys if loss[k] is not None}
-    if not losses:
-        raise ValueError("PrivateModel.compile: every output's loss is None: nothing to train")
-    weights = _loss_weights(loss_weights, keys, isinstance(loss, dict))
-
-    def per_example(y_true, y_pred):
-        total = 0.0
-        for key, fn in losses.items():
-            total += weights[key] * fn(_output(y_true, key, output_names, "y"),
-                                       _output(y_pred, key, output_names, "the model's output"))
-        return total
-
-    return per_example
-
-
-def _loss_weights(loss_weights, keys: list, by_name: bool) -> dict:
-    if loss_weights is None:
-        return {k: 1.0 for k in keys}
-    if isinstance(loss_weights, dict):
-        unknown = set(loss_weights) - set(keys)
-        if unknown:
-            raise ValueError(f"loss_weights name outputs without a loss: {sorted(unknown)}")
-        return {k: float(loss_weights.get(k, 1.0)) for k in keys}
-    if isinstance(loss_weights, (list, tuple)) and len(loss_weights) == len(keys) and not by_name:
-        return {k: float(w) for k, w in zip(keys, loss_weights)}
-    raise ValueError(f"loss_weights must match the losses: a dict by output name or a list of "
-                     f"{len(keys)} numbers, got {loss_weights!r}")
-
-
-def _output(structure, key, output_names, what: str):
-    """Output `key` (a name or an index) of y_true / y_pred, whether Keras hands them over as a
-    dict by name, a list in output order, or (one output) a tensor."""
-    if isinstance(structure, dict):
-        if key in structure:
-            return structure[key]
-        names = output_names() if output_names else None
-        if isinstance(key, int) and names and names[key] in structure:
-            return structure[names[key]]
-        raise ValueError(f"{what} has no output {key!r} (it has {sorted(structure)})")
-    if isinstance(structure, (list, tuple)):
-        if isinstance(key, int):
-            return structure[key]
-        names = list(output_names() or []) if output_names else []
-        if key not in names:
-            raise ValueError(f"loss for output {key!r}, but the model's outputs are {names}")
-        return structure[names.index(key)]
-    return structure  # one output
-
-
-def _per_example(loss) -> PerExampleLoss:
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    fn = loss.call if isinstance(loss, keras.losses.Loss) else loss
-    if not callable(fn):
-        raise ValueError(f"PrivateModel.compile: loss {loss!r} is not callable")
-
-    def per_example(y_true, y_pred):
-        # read before anything converts y_pred: only the model's own output tensor carries it
-        mask = keras_mask(y_pred)
-        values = fn(y_true, y_pred)
-        mask = _both(mask, keras_mask(values))  # e.g. ignore_class masks the loss itself
-        values = tf.convert_to_tensor(values)
-        if values.shape.rank == 0:
-            raise ValueError(
-                "The loss returned a scalar; PrivateModel needs per-example values "
-                "(shape [batch]): pass a keras.losses.Loss or a function without reduction."
-            )
-        if mask is not None:
-            values = _masked(values, mask)
-        if values.shape.rank > 1:
-            values = tf.reduce_mean(values, axis=list(range(1, values.shape.rank)))
-        return tf.cast(values, tf.float32)
-
-    return per_example
-
-
-def keras_mask(t) -> Optional[tf.Tensor]:
-    """The mask Keras attached to a layer's output (`Embedding(mask_zero=True)`, `Masking`, and
-    the layers that propagate it), or None."""
-    if not tf.is_tensor(t):
-        return None  # a dict or list of outputs: each output's loss reads its own
-    try:
-        from keras.src.backend import get_keras_mask
-    except ImportError:  # a Keras without the helper keeps the mask as an attribute
-        return getattr(t, "_keras_mask", None)
-    return get_keras_mask(t)
-
-
-def _with_masks(y_pred) -> tuple:
-    """(y_pred, {flat index: that output's Keras mask}): the masks as values of their own.
-
-    Why: the attribute lives on the output tensor only, and what builds the batch's predictions
-    anew (tf.vectorized_map's stacking, a loop's TensorArray, the merge of micro-batches) drops
-    it; the compiled metrics read it, as Keras' do (`_masks_attached` puts it back)."""
-    masks = {}
-    for i, t in enumerate(tf.nest.flatten(y_pred)):
-        mask = keras_mask(t)
-        if mask is not None:
-            masks[i] = tf.convert_to_tensor(mask)
-    return y_pred, masks
-
-
-def _masks_attached(carried: tuple):
-    """y_pred of `_with_masks`, each output with its mask attached again."""
-    y_pred, masks = carried
-    flat = tf.nest.flatten(y_pred)
-    for i, mask in masks.items():
-        try:
-            from keras.src.backend import set_keras_mask
-        except ImportError:
-            flat[i]._keras_mask = mask
-        else:
-            set_keras_mask(flat[i], mask)
-    return y_pred
-
-
-def _both(a, b):
-    if a is None or b is None:
-        return a if b is None else b
-    return tf.logical_and(tf.cast(a, tf.bool), tf.cast(b, tf.bool))
-
-
-def _masked(values: tf.Tensor, mask) -> tf.Tensor:
-    """values * mask, the mask's axes aligned with the leading axes of the values.
-
-    Why: Keras weights each position's loss by the output mask (`keras.losses.Loss.__call__`),
-    so padding positions contribute nothing. Keras then divides by the batch's count of valid
-    positions, a data-dependent normaliser that per-example clipping cannot use; the mean over
-    the padded length T that follows keeps L_i = sum_t m_it l_it / T, whose sum over the batch
-    has exactly the gradient direction of Keras' masked objective (docs/design.md, section 2).
-    A loss that already returned fewer axes than the mask has reduced the positions itself:
-    its values are used as they are (Keras cannot broadcast that mask either)."""
-    mask = tf.cast(mask, values.dtype)
-    if mask.shape.rank == values.shape.rank + 1 and mask.shape[-1] == 1:
-        mask = tf.squeeze(mask, -1)
-    if mask.shape.rank > values.shape.rank:
-        _log.warning("the loss returned values of shape %s for an output masked with shape %s: "
-                     "used as they are (return one value per position for the mask to apply)",
-                     values.shape, mask.shape)
-        return values
-    mask = tf.reshape(mask, tf.concat(
-        [tf.shape(mask), tf.ones([values.shape.rank - mask.shape.rank], tf.int32)], 0))
-    return values * mask
 
 
 def _weighted_loss(model, loss_fn, x, y, w, k_e):
@@ -255,111 +81,6 @@ def _merge(t: tf.Tensor) -> tf.Tensor:
     return tf.reshape(t, tf.concat([[shape[0] * shape[1]], shape[2:]], 0))
 
 
-# Keras' preprocessing layers whose output row is a function of the input row alone (with no
-# trainable weight): computing them on a batch gives each row what computing it on that row
-# alone gives. Exact types only: a subclass may override `call`.
-_ROW_WISE = tuple(getattr(keras.layers, name) for name in (
-    "TextVectorization", "StringLookup", "IntegerLookup", "Hashing", "Normalization",
-    "Discretization", "CategoryEncoding", "Rescaling") if hasattr(keras.layers, name))
-_SPLITS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_SPLITS_LOCK = threading.Lock()  # a MirroredStrategy traces its replicas on several threads
-
-
-class PreprocessingSplit(NamedTuple):
-    """A model cut after its leading row-wise preprocessing (`preprocessing_split`)."""
-
-    layers: tuple  # the preprocessing layers, in the order the model applies them
-    rest: object  # a keras.Model from their output to the model's outputs (the same layers)
-
-
-def _row_wise(layer) -> bool:
-    if type(layer) not in _ROW_WISE or layer.trainable_weights:
-        return False
-    config = layer.get_config()
-    if config.get("ragged") or config.get("sparse"):
-        return False  # no dense rows to split into micro-batches
-    if not isinstance(layer, keras.layers.TextVectorization):
-        return True
-    # a user's own standardize or split callable may read the whole batch
-    if not all(isinstance(config.get(key), (str, type(None))) for key in ("standardize", "split")):
-        return False
-    # output_mode="int" without output_sequence_length pads each batch to its longest row: a
-    # row's output would depend on the other rows
-    return not (config.get("output_mode") == "int"
-                and config.get("output_sequence_length") is None)
-
-
-def preprocessing_split(model) -> Optional[PreprocessingSplit]:
-    """The model's leading chain of row-wise preprocessing layers (TextVectorization with a
-    fixed output length, lookups, Hashing, Normalization, ...) and the model after it, or None.
-
-    Why: `tf.vectorized_map` cannot vectorise the ops of string preprocessing (StringSplit's
-    output shape depends on the data), and the layers have no trainable weight: run once on the
-    replica's rows, each row's output is what that example alone gives, so the per-example
-    machinery (ghost, vectorized) runs on the rest of the model, whose gradients they are.
-    A model with one input whose first layers are such a chain (Sequential or functional);
-    cached per model, built once outside any trace.
-    """
-    graph = _graph_of(model)
-    if graph is None:
-        return None
-    with _SPLITS_LOCK:  # by graph: a Sequential builds a new one when its layers change
-        if graph not in _SPLITS:
-            _SPLITS[graph] = _split_after_preprocessing(graph)
-        return _SPLITS[graph]
-
-
-def _graph_of(model):
-    """The functional graph that `model.call` runs, or None (a subclass with a `call` of its
-    own runs something else)."""
-    try:
-        from keras.src.models.functional import Functional
-    except ImportError:
-        return None
-    graph = model
-    if isinstance(model, keras.Sequential):
-        if type(model).call is not keras.Sequential.call:
-            return None
-        graph = getattr(model, "_functional", None)
-    if not isinstance(graph, Functional) or type(graph).call is not Functional.call:
-        return None
-    return graph
-
-
-def _split_after_preprocessing(graph) -> Optional[PreprocessingSplit]:
-    split = None
-    if len(graph.inputs) == 1:
-        consumers: dict = {}
-        for nodes in graph._nodes_by_depth.values():
-            for node in nodes:
-                for t in node.input_tensors:
-                    consumers.setdefault(id(t), []).append(node)
-        outputs = {id(t) for t in graph.outputs}
-        chain, t = [], graph.inputs[0]
-        while id(t) not in outputs and len(consumers.get(id(t), ())) == 1:
-            node = consumers[id(t)][0]
-            if (not _row_wise(node.operation) or len(node.input_tensors) != 1
-                    or len(node.output_tensors) != 1):
-                break
-            chain.append(node.operation)
-            t = node.output_tensors[0]
-        if chain:
-            with tf.init_scope():  # Keras' symbolic graph, never a trace's tensors
-                split = PreprocessingSplit(tuple(chain), keras.Model(t, graph.output))
-    return split
-
-
-def _after_preprocessing(model, x):
-    """(the model to vectorise, its inputs): the rest of the model and the preprocessing's
-    output on the replica's rows when the model begins with row-wise preprocessing."""
-    split = preprocessing_split(model) if tf.is_tensor(x) else None
-    if split is None:
-        return model, x
-    for layer in split.layers:
-        x = layer(x)
-    return split.rest, x
-
-
 def stacked_microbatch_gradients(
     model, loss_fn, variables, x, y, w, k: int, k_e: float
 ) -> Tuple[list, tf.Tensor, object]:
@@ -368,7 +89,7 @@ def stacked_microbatch_gradients(
     `tf.vectorized_map` runs the forward and backward pass of all micro-batches as one batched
     computation (1.7x a plain step for BERT on CPU, vs 2.9x for a while_loop: docs/benchmarks.md).
     """
-    model, x = _after_preprocessing(model, x)
+    model, x = after_preprocessing(model, x)
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
 
     def one(args):
@@ -378,10 +99,10 @@ def stacked_microbatch_gradients(
         grads = tape.gradient(
             loss, variables, unconnected_gradients=tf.UnconnectedGradients.ZERO
         )
-        return _dense(grads, variables), loss, _with_masks(y_pred)
+        return _dense(grads, variables), loss, with_masks(y_pred)
 
     grads, losses, y_pred = _vectorized_map(one, (xs, ys, ws))
-    return grads, losses, _masks_attached(tf.nest.map_structure(_merge, y_pred))
+    return grads, losses, masks_attached(tf.nest.map_structure(_merge, y_pred))
 
 
 def _vectorized_map(fn, elems):
@@ -410,7 +131,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
     Per micro-batch it keeps the inputs A and output gradients dZ of covered weights (never their
     gradients) and the exact gradients of all other variables (edp_tf/ghost/).
     """
-    model, x = _after_preprocessing(model, x)
+    model, x = after_preprocessing(model, x)
     xs, ys, ws = tf.nest.map_structure(lambda t: _split(t, k), (x, y, w))
     traced = {}
 
@@ -421,7 +142,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
                 loss, y_pred = _weighted_loss(model, loss_fn, xj, yj, wj, k_e)
         traced["plan"] = plan = ghost.plan(cap, len(variables))
         rows, fallback = ghost.differentiate(tape, loss, plan, variables)
-        return rows, fallback, loss, _with_masks(y_pred)
+        return rows, fallback, loss, with_masks(y_pred)
 
     rows, fallback, losses, y_pred = _vectorized_map(one, (xs, ys, ws))
     plan = traced["plan"]
@@ -430,7 +151,7 @@ def ghost_pass(model, loss_fn, variables, x, y, w, k: int, k_e: float) -> GhostP
                   f"; {getattr(variables[i], 'path', variables[i].name)}: {reason}"
                   for i, reason in plan.reasons.items()))
     return GhostPass(plan, list(rows), list(fallback), losses,
-                     _masks_attached(tf.nest.map_structure(_merge, y_pred)))
+                     masks_attached(tf.nest.map_structure(_merge, y_pred)))
 
 
 def per_variable_squared_norms(
@@ -711,7 +432,7 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
         g = SingleGradient(*update, plan.scales)
         if plan.expected_examples is None:  # a user's (an example's) weight, after clipping
             g.weights = user_weights(wj, plan.microbatch_size)
-        carried = _with_masks(g.y_pred)
+        carried = with_masks(g.y_pred)
         return (g.clip(plan.l2_norm_clip, per_layer=plan.per_layer), g.losses[0],
                 tf.nest.flatten(carried), carried)
 
@@ -728,7 +449,7 @@ def _looped(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItWe
                 losses.write(j, loss), [ta.write(j, p) for ta, p in zip(preds, flat)])
 
     _, sums, norms, finite, losses, preds = tf.while_loop(lambda j, *_: j < m, body, state)
-    y_pred = _masks_attached(tf.nest.pack_sequence_as(structure, [
+    y_pred = masks_attached(tf.nest.pack_sequence_as(structure, [
         tf.ensure_shape(ta.concat(), [None] + p.shape[1:]) for ta, p in zip(preds, preds0)]))
     return ClippedAsItWent(clipping.ClipResult(sums, norms.stack(), finite.stack()),
                            plan.l2_norm_clip, losses.stack(), y_pred)
@@ -773,7 +494,7 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
             a[start:start + size], [size] + a.shape[1:]), t) for t in (x, y, w))
         part = unchunked_gradients(model, loss_fn, variables, padding.cut(model, xc), yc, wc,
                                    plan)
-        carried = _with_masks(part.y_pred)
+        carried = with_masks(part.y_pred)
         if eager:  # summed before the one clip
             return (list(part.scaled), None, None, [], part.losses,
                     tf.nest.flatten(carried)), carried
@@ -803,7 +524,7 @@ def _chunked(model, loss_fn, variables, x, y, w, plan: ClipPlan) -> ClippedAsItW
         stacked = ([stacked[0] if eager else tf.gather(stacked[0], back)]
                    + [tf.gather(t, back) for t in stacked[1:]])
     losses, preds = stacked[0], [p[:rows] for p in stacked[1:1 + len(preds0)]]
-    y_pred = _masks_attached(tf.nest.pack_sequence_as(structure, [
+    y_pred = masks_attached(tf.nest.pack_sequence_as(structure, [
         tf.ensure_shape(p, [rows] + p0.shape[1:]) for p, p0 in zip(preds, preds0)]))
     if eager:  # one micro-batch: its loss is the chunks' summed loss, [1]
         whole = SingleGradient(sums, tf.reduce_sum(losses, keepdims=True), y_pred,

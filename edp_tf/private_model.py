@@ -37,6 +37,7 @@ from edp_tf import (
     noise_stage,
     one_object,
     padding,
+    per_example_loss,
     privacy_facts,
     projection,
     step_count,
@@ -178,7 +179,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
                 **kwargs):
         """As `keras.Model.compile`: one loss, or one per output (dict by name or list) with
         `loss_weights`; each example's loss is their weighted sum, clipped as a whole."""
-        self._per_example_loss = microbatch.as_per_example_loss(
+        self._per_example_loss = per_example_loss.as_per_example_loss(
             loss, loss_weights, lambda: getattr(self.wrapped_model, "output_names", None))
         optimizer = keras.optimizers.get(optimizer)
         step_method.check_optimizer(self.wrapped_model, optimizer)

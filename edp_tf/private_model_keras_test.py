@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import DPConfig, PrivateModel, microbatch
+from edp_tf import DPConfig, PrivateModel, microbatch, per_example_loss, preprocessing_split
 
 T, VOCAB, TAGS, ROWS = 6, 9, 3, 16
 SCE = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -146,7 +146,7 @@ def test_every_method_clips_the_masked_per_example_gradient(method, chunk):
     want = [sum(grads[k] * min(1.0, C / n) for grads, n in zip(reference, norms))
             for k in range(len(variables))]
     result, _, _ = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, microbatch.as_per_example_loss(SCE), variables, x, y, tf.ones([ROWS]), 1, 1.0,
+        model, per_example_loss.as_per_example_loss(SCE), variables, x, y, tf.ones([ROWS]), 1, 1.0,
         (1.0,) * len(variables), C, method, chunk))()
     # float32 against float64 sums of 16 examples: 1e-4 relative leaves margin
     np.testing.assert_allclose(result.norms.numpy(), norms, rtol=1e-4)
@@ -203,7 +203,7 @@ def test_row_wise_preprocessing_is_split_off_and_its_rows_are_each_examples_own(
     whole batch: no split."""
     texts = tf.constant(PRIVATE_TEXT)
     model = _text_classifier()
-    split = microbatch.preprocessing_split(model)
+    split = preprocessing_split.preprocessing_split(model)
     assert [layer.name for layer in split.layers] == ["tv"]
     assert [v.path for v in split.rest.trainable_variables] == [
         v.path for v in model.trainable_variables]
@@ -211,10 +211,10 @@ def test_row_wise_preprocessing_is_split_off_and_its_rows_are_each_examples_own(
     alone = np.concatenate([split.layers[0](texts[i:i + 1]).numpy() for i in range(len(texts))])
     np.testing.assert_array_equal(batch, alone)
     np.testing.assert_array_equal(split.rest(batch).numpy(), model(texts).numpy())
-    assert microbatch.preprocessing_split(_text_classifier(length=None)) is None
+    assert preprocessing_split.preprocessing_split(_text_classifier(length=None)) is None
     custom = keras.layers.TextVectorization(output_sequence_length=5, standardize=tf.strings.lower)
     custom.adapt(PUBLIC_TEXT)
-    assert microbatch.preprocessing_split(keras.Sequential([
+    assert preprocessing_split.preprocessing_split(keras.Sequential([
         keras.Input((), dtype="string"), custom, keras.layers.Embedding(20, 4)])) is None
 
 
@@ -225,7 +225,7 @@ def test_vectorised_methods_clip_a_string_model_as_the_loop_does(method):
     model = _text_classifier()
     texts = tf.constant(PRIVATE_TEXT)
     labels = tf.constant([0, 1, 2, 0, 2, 1, 0, 2])
-    variables, loss = model.trainable_variables, microbatch.as_per_example_loss(SCE)
+    variables, loss = model.trainable_variables, per_example_loss.as_per_example_loss(SCE)
 
     def clip(method, C):
         return tf.function(lambda: microbatch.clipped_gradient_sum(

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from keras.src.backend.tensorflow import trainer as keras_tf_trainer
 
-from edp_tf import DPConfig, PrivateModel, microbatch
+from edp_tf import DPConfig, PrivateModel, microbatch, per_example_loss
 from edp_tf.testing import mse, per_example_update, small_model, small_regression
 
 
@@ -244,16 +244,16 @@ def test_per_example_loss_of_several_outputs_is_their_weighted_sum():
     rng = np.random.default_rng(4)
     y_true = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]
     y_pred = [rng.normal(size=(4, 2)).astype("float32"), rng.normal(size=(4, 1)).astype("float32")]
-    as_list = microbatch.as_per_example_loss(["mse", "mae"], [2.0, 0.5])
+    as_list = per_example_loss.as_per_example_loss(["mse", "mae"], [2.0, 0.5])
     want = (2.0 * np.mean((y_true[0] - y_pred[0]) ** 2, axis=1)
             + 0.5 * np.mean(np.abs(y_true[1] - y_pred[1]), axis=1))
     np.testing.assert_allclose(as_list(y_true, y_pred).numpy(), want, rtol=1e-6)
-    by_name = microbatch.as_per_example_loss({"b": "mae", "a": None}, {"b": 0.5},
+    by_name = per_example_loss.as_per_example_loss({"b": "mae", "a": None}, {"b": 0.5},
                                              output_names=lambda: ["a", "b"])
     np.testing.assert_allclose(by_name(y_true, y_pred).numpy(),
                                0.5 * np.mean(np.abs(y_true[1] - y_pred[1]), axis=1), rtol=1e-6)
     with pytest.raises(ValueError, match="loss_weights name outputs without a loss"):
-        microbatch.as_per_example_loss({"a": "mse"}, {"c": 1.0})
+        per_example_loss.as_per_example_loss({"a": "mse"}, {"c": 1.0})
 
 
 def test_fit_on_a_dataset_does_not_warn_about_shuffling(strategy):

@@ -13,7 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from edp_tf import microbatch
+from edp_tf import microbatch, per_example_loss
 
 # Keras turns class_weight into per-row weights multiplied into the loss before the gradient is
 # clipped: an example whose gradient norm exceeds C is clipped back to C whatever its weight, so
@@ -69,7 +69,7 @@ def metric_weights(y_pred, w):
     """The rows' weights w for the compiled metrics, per output: [B, 1] for an output with a
     Keras mask, which Keras' metrics then fold into the mask position by position (a [B] weight
     against a [B, T] mask is broadcast along T, a shape error in Keras too); [B] otherwise."""
-    masked = [microbatch.keras_mask(t) is not None for t in tf.nest.flatten(y_pred)]
+    masked = [per_example_loss.keras_mask(t) is not None for t in tf.nest.flatten(y_pred)]
     if not any(masked):
         return w
     flat = [w[:, None] if m else w for m in masked]

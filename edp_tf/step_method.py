@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import keras
 import tensorflow as tf
 
-from edp_tf import ghost, microbatch
+from edp_tf import ghost, preprocessing_split
 
 _log = logging.getLogger(__name__)
 
@@ -67,13 +67,13 @@ def unvectorisable_layers(model) -> list:
 
 def unvectorisable_strings(model, x) -> bool:
     """The inputs `x` hold strings and the model does not begin with row-wise preprocessing
-    that the per-example passes run on the whole batch (microbatch.preprocessing_split):
+    that the per-example passes run on the whole batch (preprocessing_split.preprocessing_split):
     string ops (StringSplit) would then run inside `tf.vectorized_map`, which cannot vectorise
     them."""
     takes_strings = any(tf.as_dtype(t.dtype) == tf.string
                         for t in tf.nest.flatten(x) if hasattr(t, "dtype"))
     return takes_strings and (not tf.is_tensor(x)
-                              or microbatch.preprocessing_split(model) is None)
+                              or preprocessing_split.preprocessing_split(model) is None)
 
 
 def choose(method: str, k: Optional[int], model, x, check: Callable[[str], None],
