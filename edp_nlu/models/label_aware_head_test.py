@@ -199,7 +199,7 @@ def test_the_heads_kernels_share_one_input_gram():
     tag head over every word would triple the head's largest Gram."""
     keras.utils.set_random_seed(4)
     inp = keras.Input((6,), dtype="int32")
-    head = LabelAwareHead(2, 3, spans=[1, 2], correction=True)
+    head = LabelAwareHead(2, 3, spans=[1, 2], correction=True, name="shared_input_head")
     logits = head(keras.layers.Embedding(10, 4)(inp))
     model = keras.Model(inp, keras.layers.GlobalAveragePooling1D()(logits))
     variables = model.trainable_variables
@@ -215,7 +215,7 @@ def test_the_heads_kernels_share_one_input_gram():
         return 0
 
     run()
-    kernels = [f"label_aware_head/{name}/kernel"
+    kernels = [f"shared_input_head/{name}/kernel"
                for name in ("projection", "span_logits", "correction")]
     assert all(k in layout for k in kernels), layout  # all three ghost-normed
     assert len({layout[k] for k in kernels}) == 1, layout
