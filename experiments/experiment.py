@@ -183,6 +183,8 @@ def run_cell(grid, cell, python: str, log) -> dict:
     if os.path.isfile(os.path.join(run_dir, "config.json")) and not resume:
         raise RuntimeError(f"cell {cell.name}: {run_dir} holds a run that never finished an "
                            "epoch; delete it to start the cell again")
+    if not resume:
+        _refuse_a_missing_source(grid, cell)
     os.makedirs(grid.runs_dir, exist_ok=True)
     command = cell_command(grid, cell, python, resume)
     with open(os.path.join(grid.runs_dir, f"{cell.name}.log"), "a") as out:
@@ -195,6 +197,29 @@ def run_cell(grid, cell, python: str, log) -> dict:
     result = collect(grid, cell)
     _write(cell_result_path(grid, cell.name), result)
     return result
+
+
+def _refuse_a_missing_source(grid, cell) -> None:
+    """RuntimeError before anything starts when the run the cell's `init_from` names is not here.
+
+    Why here: the trainer refuses it too (no such run directory), but cannot say which cell of
+    the grid makes that run, nor that the cell's recorded result makes the runner skip it (run
+    directories go, results stay): the message says how to make the source again."""
+    for override in cell.overrides:
+        field, _, source = override.partition("=")
+        if field != "init_from" or not source or os.path.isdir(os.path.join(ROOT, source)):
+            continue
+        maker = next((c for c in grid.cells if os.path.normpath(os.path.join(
+            grid.runs_dir, c.name)) == os.path.normpath(source)), None)
+        how = ""
+        if maker is not None:
+            recorded = cell_result_path(grid, maker.name)
+            how = (f"; the grid's cell {maker.name} makes it: "
+                   + (f"its result {recorded} is recorded, so the runner skips it: move that "
+                      f"file away, then run --cells={maker.name} first" if os.path.isfile(recorded)
+                      else f"run --cells={maker.name} first"))
+        raise RuntimeError(f"cell {cell.name}: starts from {source} (init_from), which is not "
+                           f"here{how}")
 
 
 def add_dev_attack(grid, cell, python: str) -> dict:

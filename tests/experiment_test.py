@@ -192,6 +192,26 @@ def test_finished_cells_are_skipped_and_unknown_cells_refused(finished, tmp_path
         main_in_process(grid=str(grid_file), cells="nope")
 
 
+def test_a_cell_whose_source_run_is_gone_is_refused_before_it_starts(tmp_path, monkeypatch):
+    """A cell starting from another cell's run (init_from) whose directory is gone: refused
+    before any process or run directory, naming the source cell and the recorded result that
+    makes the runner skip it."""
+    g = tiny_grid(tmp_path)
+    source = os.path.join(g.runs_dir, "clc_sgd")
+    g.cells.append(cell("clc_from_sgd", "from SGD", "per-example", "edp_nlu/configs/default.py",
+                        "mechanism=dpsgd", f"init_from={source}", *TINY))
+    monkeypatch.setattr(experiment.subprocess, "call", lambda *a, **k: pytest.fail("started"))
+    with pytest.raises(RuntimeError, match=r"clc_from_sgd: starts from .*clc_sgd \(init_from\), "
+                                           r"which is not here; .* run --cells=clc_sgd first"):
+        experiment.run_cell(g, g.cells[-1], sys.executable, None)
+    os.makedirs(os.path.join(g.results_dir, "cells"))
+    with open(experiment.cell_result_path(g, "clc_sgd"), "w") as f:
+        f.write("{}")
+    with pytest.raises(RuntimeError, match=r"its result .*clc_sgd.json is recorded.*move that"):
+        experiment.run_cell(g, g.cells[-1], sys.executable, None)
+    assert not os.path.exists(os.path.join(g.runs_dir, "clc_from_sgd"))
+
+
 def test_dev_attack_is_added_to_rows_measured_without_it(finished, rescoring_in_process):
     """--dev_attack: a row stored before the dev-split attack gets it from its own finished run
     (resumed: the final metrics are recomputed, the ledger and state untouched), and a run that
