@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import edp_tf
-from edp_tf import DPConfig, PrivateModel, batch_source, ledger, sampling
+from edp_tf import DPConfig, PrivateModel, batch_source, ledger, privacy_facts, sampling
 
 N_EX, Q, REPLICAS = 64, 0.25, 2
 DELTA = 0.1 / N_EX
@@ -127,7 +127,7 @@ def test_training_statistics_shown_are_listed_as_not_covered(strategy, data, tmp
     history = model.fit(sampler.dataset(x, y), epochs=1, verbose=0, callbacks=[led])
     assert {"loss", "clipped_fraction", "preclip_norm"} <= set(history.history)
     content = _load(tmp_path)
-    assert edp_tf.private_model.TRAINING_STATISTICS_SENTENCE in content["not_covered"]
+    assert privacy_facts.TRAINING_STATISTICS_SENTENCE in content["not_covered"]
     # the library's run writes its ledger alone, and its artifact list names what fit showed
     assert os.listdir(tmp_path) == ["privacy.json"]
     assert "the ledger (privacy.json when run_dir is given)" in content["artifacts"]["covered"]

@@ -48,7 +48,6 @@ from edp_tf import (
 from edp_tf.config import DPConfig, Features, compatibility
 from edp_tf.mechanism import Mechanism
 from edp_tf.plan import PrivacyPlan
-from edp_tf.privacy_facts import TRAINING_STATISTICS_SENTENCE  # noqa: F401 (its old home)
 from edp_tf.untracked import Untracked
 
 
