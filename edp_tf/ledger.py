@@ -70,6 +70,16 @@ OUTSIDE_FIT_SENTENCE = (
     "steps_outside_fit counts those updates, which the step itself counted. Their batches were "
     "not the sampler's and they were not charged, so epsilon does not bound what they moved "
     "into the weights. The run is not private.")
+WEIGHTS_MOVED_SENTENCE = (
+    "The wrapped model's weights changed outside the private step (its own fit or optimizer, "
+    "gradients applied by hand, a callback's assign or set_weights, a layer's statistics "
+    "updated by the forward pass): weights_moved_outside_the_step counts the moves the "
+    "weights' seal found (edp_tf/weight_seal.py). Epsilon does not bound what they moved "
+    "into the weights. The run is not private.")
+NOISE_CHANGED_SENTENCE = (
+    "The step's noise multiplier differed from the schedule within an epoch (dp_noise_"
+    "multiplier assigned during fit): the epoch was charged at the schedule's value, which "
+    "its steps did not all use. The run is not private.")
 
 
 class BudgetExhaustedError(RuntimeError):
@@ -537,17 +547,23 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self._open_epoch != epoch:
             return
         record = self.record_for(epoch, self._capped_steps())
+        used = [float(z) for z in self._noise_range()]
         logged = (logs or {}).get("noise_multiplier")
-        if logged is not None and not math.isclose(float(logged), record.noise_multiplier,
-                                                   rel_tol=1e-5, abs_tol=1e-7):
+        used += [] if logged is None else [float(logged)]
+        wrong = [z for z in used if math.isfinite(z) and not math.isclose(
+            z, record.noise_multiplier, rel_tol=1e-5, abs_tol=1e-7)]
+        if wrong:
+            self._void(NOISE_CHANGED_SENTENCE)  # before the exception: its handler charges
             raise RuntimeError(
-                f"epoch {epoch}: the step logged noise_multiplier={float(logged)!r} but the "
-                f"schedule says {record.noise_multiplier!r}: refusing to write a wrong epsilon")
+                f"epoch {epoch}: the step used noise_multiplier={wrong[0]!r} but the schedule "
+                f"says {record.noise_multiplier!r}: refusing to write a wrong epsilon (the "
+                "run is stated as not private)")
         led = self.ledger
         led["epochs"] = list(led["epochs"]) + [record.to_dict()]
         led["in_progress"] = None
         self._open_epoch = None
         self._settle_epoch_count(record.steps)
+        self._declare_moved(self._weight_moves())
         self._refresh_epsilon()
         self._write()
         logging.info("privacy ledger: epoch %d (%d steps, z=%.4g, z_eff=%.4g): epsilon %.4g "
@@ -568,6 +584,7 @@ class PrivacyLedger(keras.callbacks.Callback):
             self._write()
         if count is not None:
             self._declare_outside(count.take_unaccounted() + self._updates_not_by_the_step())
+        self._declare_moved(self._weight_moves())
 
     def statement(self) -> dict:
         """The ledger as a reviewer reads it, reconciled with the step's count first, with the
@@ -633,6 +650,31 @@ class PrivacyLedger(keras.callbacks.Callback):
         ran = count.value - start
         count.take_unaccounted()
         self._declare_outside(ran - charged_steps)
+
+    def _noise_range(self) -> tuple:
+        """The lowest and highest z_t the open epoch's steps used (none before a step)."""
+        seen = getattr(self.model, "dp_noise_range", None) if self.model is not None else None
+        return () if seen is None else tuple(seen.numpy())
+
+    def _weight_moves(self) -> int:
+        seal = getattr(self.model, "weight_seal", None) if self.model is not None else None
+        return 0 if seal is None else seal.take()
+
+    def _declare_moved(self, moves: int) -> None:
+        if moves <= 0:
+            return
+        led = self.ledger
+        led["weights_moved_outside_the_step"] = (
+            int(led.get("weights_moved_outside_the_step", 0)) + int(moves))
+        self._void(WEIGHTS_MOVED_SENTENCE)
+        logging.warning("privacy ledger: the weights changed outside the private step: the "
+                        "run is not private (privacy.json weights_moved_outside_the_step)")
+
+    def _void(self, sentence: str) -> None:
+        led = self.ledger
+        led["not_covered"] = _merge_sentences(led["not_covered"], [sentence])
+        led["private"] = False
+        self._write(durable=True)
 
     def _declare_outside(self, steps: int) -> None:
         if steps <= 0:

@@ -20,10 +20,13 @@ def _layers(model: keras.layers.Layer) -> list:
     return list(model._flatten_layers(include_self=True, recursive=True))
 
 
-def _seed_states(model: keras.layers.Layer) -> set:
+def seed_states(model: keras.layers.Layer) -> list:
     """Random-number state (Dropout's seed generators): advanced by every call, data-free."""
-    return {id(g.state) for layer in _layers(model)
-            for g in getattr(layer, "_seed_generators", ())}
+    return [g.state for layer in _layers(model) for g in getattr(layer, "_seed_generators", ())]
+
+
+def _seed_states(model: keras.layers.Layer) -> set:
+    return {id(state) for state in seed_states(model)}
 
 
 def _owner(model: keras.layers.Layer, variable) -> str:

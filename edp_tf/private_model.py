@@ -44,6 +44,7 @@ from edp_tf import (
     step_inputs,
     step_method,
     step_stages,
+    weight_seal,
 )
 from edp_tf.config import DPConfig, Features, compatibility
 from edp_tf.mechanism import Mechanism
@@ -62,6 +63,7 @@ class _EpochSchedule(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         model = self._private_model
         model.dp_noise_multiplier.assign(model.mechanism.noise_multiplier_at(epoch))
+        model.dp_noise_range.assign([np.inf, -np.inf])  # the epoch's steps record theirs
         model._unfreeze_if_due(epoch)
 
 
@@ -126,6 +128,14 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # the updates the step applied, counted in the step's own graph: a ledger charges
         # what ran by it, whichever Keras path ran it (edp_tf/step_count.py)
         self.step_count = step_count.StepCount()
+        # the lowest and highest z_t the epoch's steps used: the ledger charges the schedule's
+        # z_t, which a callback assigning dp_noise_multiplier mid-epoch would make untrue
+        self.dp_noise_range = tf.Variable(
+            [np.inf, -np.inf], trainable=False, name="dp_noise_range",
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        # only the step moves the weights: any other move voids the statement, whichever path
+        # made it (edp_tf/weight_seal.py)
+        self.weight_seal = weight_seal.WeightSeal()
         # held outside Keras' and TensorFlow's tracking (edp_tf/untracked.py): the Philox state
         # would predict the next draws and recompute past ones, and the stage's BandMF history
         # would give the past clipped sums away (docs/privacy.md)
@@ -185,6 +195,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # The loss is not handed to Keras: its reduction divides by the replica count.
         super().compile(optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
         step_method.refuse_loss_scaling(self.wrapped_model, self.optimizer)  # Keras' wrapping
+        weight_seal.guard_finalize(self.optimizer, self.weight_seal)
 
     @property
     def metrics(self):
@@ -326,6 +337,8 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             (fx, fy, step_inputs.mask(fx, fw)), (self._layer_scales, self._extra_events),
             self._rng, earlier is not None and earlier.mechanism.global_batch_size != batch)
         variables = self._trained_variables()
+        self.weight_seal.watch(self.wrapped_model.variables, variables,
+                               model_state.seed_states(self.wrapped_model))
         scales = tuple(self._layer_scales[i] for i in self._trained_indices())
         self._subspace.build(self.wrapped_model, self._require_loss(), variables,
                              cfg.l2_norm_clip, self.distribute_strategy)
@@ -348,6 +361,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         stages = self._stages.value
         plan, mechanism = stages.clip, stages.mechanism
         variables = self._trained_variables()  # all trainable ones unless some are frozen
+        self.weight_seal.check(variables)  # as the previous step left them?
         # 1. this replica's micro-batch gradients (single / stacked / ghost / loop; chunked when
         #    the replica's rows exceed physical_batch_size)
         grads = microbatch.gradients(self.wrapped_model, self._require_loss(), variables, x, y, w,
@@ -370,6 +384,9 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # 6. apply (the optimizer SUMs the replicas' updates, or the shares of the release)
         self.optimizer.apply_gradients(zip(updates, variables))
         self.step_count.increment()  # the ledger's truth: no update without it
+        self.weight_seal.seal(variables)
+        seen = self.dp_noise_range
+        self.dp_noise_range.assign(tf.stack([tf.minimum(seen[0], z_t), tf.maximum(seen[1], z_t)]))
         self._statistics.track(
             z_t, selected, grads, clip, y, w, shown=self._training_statistics,
             loss_tracker=self._loss_tracker, compiled_metrics=self._compile_metrics,
