@@ -60,9 +60,10 @@ class Freeze:
         return False
 
     def build_optimizer(self, optimizer, trainable: Sequence, strategy) -> None:
-        """One optimizer throughout: built with every variable before the first step when some
-        join later (an optimizer builds its slots once)."""
-        if self.planned and not optimizer.built:
+        """One optimizer throughout, built with every trainable variable before the step is
+        traced: variables that join later need their slots (an optimizer builds them once),
+        and the weights' seal watches the slots from the first step (edp_tf/weight_seal.py)."""
+        if not optimizer.built:
             with strategy.scope():
                 optimizer.build(trainable)
 

@@ -532,6 +532,8 @@ class PrivacyLedger(keras.callbacks.Callback):
         planned = self._planned_steps()
         steps = steps if planned is None else min(steps, planned)
         record = self.record_for(self._open_epoch, steps)
+        if self._noise_not_charged(record) is not None:
+            self._void(NOISE_CHANGED_SENTENCE)
         led = self.ledger
         led["epochs"] = list(led["epochs"]) + [record.to_dict()]
         led["in_progress"] = None
@@ -547,15 +549,12 @@ class PrivacyLedger(keras.callbacks.Callback):
         if self._open_epoch != epoch:
             return
         record = self.record_for(epoch, self._capped_steps())
-        used = [float(z) for z in self._noise_range()]
         logged = (logs or {}).get("noise_multiplier")
-        used += [] if logged is None else [float(logged)]
-        wrong = [z for z in used if math.isfinite(z) and not math.isclose(
-            z, record.noise_multiplier, rel_tol=1e-5, abs_tol=1e-7)]
-        if wrong:
+        wrong = self._noise_not_charged(record, () if logged is None else (float(logged),))
+        if wrong is not None:
             self._void(NOISE_CHANGED_SENTENCE)  # before the exception: its handler charges
             raise RuntimeError(
-                f"epoch {epoch}: the step used noise_multiplier={wrong[0]!r} but the schedule "
+                f"epoch {epoch}: the step used noise_multiplier={wrong!r} but the schedule "
                 f"says {record.noise_multiplier!r}: refusing to write a wrong epsilon (the "
                 "run is stated as not private)")
         led = self.ledger
@@ -651,10 +650,13 @@ class PrivacyLedger(keras.callbacks.Callback):
         count.take_unaccounted()
         self._declare_outside(ran - charged_steps)
 
-    def _noise_range(self) -> tuple:
-        """The lowest and highest z_t the open epoch's steps used (none before a step)."""
+    def _noise_not_charged(self, record: EpochRecord, logged: tuple = ()) -> Optional[float]:
+        """A z_t the open epoch's steps used (their lowest and highest, and what fit logged)
+        other than the one `record` charges; None when they all match."""
         seen = getattr(self.model, "dp_noise_range", None) if self.model is not None else None
-        return () if seen is None else tuple(seen.numpy())
+        used = (() if seen is None else tuple(float(z) for z in seen.numpy())) + logged
+        return next((z for z in used if math.isfinite(z) and not math.isclose(
+            z, record.noise_multiplier, rel_tol=1e-5, abs_tol=1e-7)), None)
 
     def _weight_moves(self) -> int:
         seal = getattr(self.model, "weight_seal", None) if self.model is not None else None

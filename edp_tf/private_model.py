@@ -136,6 +136,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # only the step moves the weights: any other move voids the statement, whichever path
         # made it (edp_tf/weight_seal.py)
         self.weight_seal = weight_seal.WeightSeal()
+        self.add_after_save(self.weight_seal.remember)  # a file holds the last step's state
         # held outside Keras' and TensorFlow's tracking (edp_tf/untracked.py): the Philox state
         # would predict the next draws and recompute past ones, and the stage's BandMF history
         # would give the past clipped sums away (docs/privacy.md)
@@ -195,7 +196,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         # The loss is not handed to Keras: its reduction divides by the replica count.
         super().compile(optimizer=optimizer, loss=None, metrics=metrics, **kwargs)
         step_method.refuse_loss_scaling(self.wrapped_model, self.optimizer)  # Keras' wrapping
-        weight_seal.guard_finalize(self.optimizer, self.weight_seal)
+        weight_seal.guard(self.optimizer, "finalize_variable_values", self.weight_seal)
 
     @property
     def metrics(self):
@@ -303,6 +304,10 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         step_count.claim(self.wrapped_model, self.step_count)  # the model is the unit
         callbacks = ([_EpochSchedule(self)] + self._subspace.callbacks(self.optimizer)
                      + callbacks)
+        for callback in callbacks:  # Keras' swaps of the average in and out of the weights
+            if isinstance(callback, keras.callbacks.SwapEMAWeights):
+                for method in ("_swap_variables", "_finalize_ema_values"):
+                    weight_seal.guard(callback, method, self.weight_seal)
         if isinstance(x, tf.data.Dataset):
             # Keras ignores `shuffle` for a dataset (a sampler's batches are drawn already), but
             # warns on every fit that its default True is ignored
@@ -337,7 +342,7 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             (fx, fy, step_inputs.mask(fx, fw)), (self._layer_scales, self._extra_events),
             self._rng, earlier is not None and earlier.mechanism.global_batch_size != batch)
         variables = self._trained_variables()
-        self.weight_seal.watch(self.wrapped_model.variables, variables,
+        self.weight_seal.watch(self.wrapped_model.variables, variables, self.optimizer,
                                model_state.seed_states(self.wrapped_model))
         scales = tuple(self._layer_scales[i] for i in self._trained_indices())
         self._subspace.build(self.wrapped_model, self._require_loss(), variables,

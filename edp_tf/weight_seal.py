@@ -7,15 +7,20 @@ raw gradients by hand, a callback's `assign`, `set_weights` of other weights, a 
 mid-fit whose forward pass updates its statistics. Each path is different; what they share is
 that a weight changes outside the step. So the seal compares the weights themselves:
 
-* In the step (two reductions over the trained variables): before the gradients, the trained
-  weights must be those the previous step left (a move between steps counts in `moved`); after
-  `apply_gradients` the step seals what it left.
-* On the host, wherever a statement is read (the ledger's reconcile, each epoch's close, the
-  optimizer's `finalize_variable_values`): the trained weights must be a state the step left
-  (the last one, or one at an epoch's end, which `EarlyStopping(restore_best_weights=True)` and
-  a `ModelCheckpoint` reloaded may bring back), and every other variable must be as it was when
-  the step's variables were chosen (nothing trains them; a forward pass that assigns them
-  learns from the private batches unclipped).
+* In the step (two reductions over the trained variables and the optimizer's state): before
+  the gradients, both must be what the previous step left (a move between steps counts in
+  `moved`); after `apply_gradients` the step seals what it left. The optimizer's state (its
+  moments, an average) is watched as the weights are: a raw gradient applied through it and
+  the weights set back would reach the weights through the next step. Its learning rate is
+  not: a schedule or ReduceLROnPlateau sets it between steps, from no training example.
+* On the host, wherever a statement is read (the ledger's reconcile, each epoch's close, a
+  save, the optimizer's `finalize_variable_values`): the trained weights must be a state the
+  step left (the last one, or one when an epoch closed or a file was saved, which
+  `EarlyStopping(restore_best_weights=True)` and a reloaded `ModelCheckpoint` bring back), the
+  optimizer's state one it left too, and every other variable as it was when the step's
+  variables were chosen (nothing trains them; a forward pass that assigns them learns from the
+  private batches unclipped). Any mix of states the step released is a function of its
+  releases, so each part is checked on its own.
 
 The fingerprint is each variable's bit patterns summed as integers: exact, so the step's value
 and the host's agree bit for bit on any device and with or without XLA, and it costs one read of
@@ -61,10 +66,11 @@ class WeightSeal:
     step found it; `inspect` says how many moves nobody accounted for."""
 
     def __init__(self) -> None:
-        # as the step count: every replica computes the same value, the first one's stands
+        # as the step count: every replica computes the same value, the first one's stands.
+        # [trained weights, optimizer state]
         first = tf.VariableAggregation.ONLY_FIRST_REPLICA
-        self._sealed = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_weight_seal",
-                                   aggregation=first)
+        self._sealed = tf.Variable([0, 0], dtype=tf.int64, trainable=False,
+                                   name="dp_weight_seal", aggregation=first)
         self._armed = tf.Variable(False, trainable=False, name="dp_weight_seal_armed",
                                   aggregation=first)
         self._moved = tf.Variable(0, dtype=tf.int64, trainable=False, name="dp_weights_moved",
@@ -72,31 +78,46 @@ class WeightSeal:
         self._moved_taken = 0
         self._pending = 0
         self._trained: List = []
+        self._optimizer_state: List = []
         self._others: List = []
         self._others_sealed = None
-        self._known: set = set()  # trained states the step left at an epoch's end
+        self._known: tuple = (set(), set())  # each part's states the step left
+
+    @property
+    def optimizer_state(self) -> list:
+        """The optimizer's variables the seal watches (all but the learning rate)."""
+        return self._optimizer_state
+
+    def _now(self, trained: Sequence, optimizer_state: Sequence) -> tf.Tensor:
+        return tf.stack([fingerprint(trained), fingerprint(optimizer_state)])
 
     # ------------------------------------------------------------------ in the step
     def check(self, trained: Sequence):
-        """Before the step's gradients: counts a move of the trained weights since the last
-        seal (a callback's update between two steps)."""
-        moved = tf.logical_and(self._armed, tf.not_equal(fingerprint(trained), self._sealed))
+        """Before the step's gradients: counts a move of the trained weights or the
+        optimizer's state since the last seal (a callback's update between two steps)."""
+        changed = tf.reduce_any(tf.not_equal(self._now(trained, self._optimizer_state),
+                                             self._sealed))
+        moved = tf.logical_and(self._armed, changed)
         return self._moved.assign_add(tf.cast(moved, tf.int64))
 
     def seal(self, trained: Sequence):
         """After `apply_gradients`: what the step left."""
-        with tf.control_dependencies([self._sealed.assign(fingerprint(trained))]):
+        with tf.control_dependencies([self._sealed.assign(
+                self._now(trained, self._optimizer_state))]):
             return self._armed.assign(True)
 
     # ------------------------------------------------------------------ on the host
-    def watch(self, variables: Sequence, trained: Sequence, untouched: Iterable = ()) -> None:
-        """Before each trace: the step will train `trained`; every other variable of
-        `variables` (the wrapped model's), except `untouched` (state that changes without
-        data: Dropout's seed generators), must stay as it is. Moves under the previous choice
-        are inspected first; the first call accepts the weights it is given."""
+    def watch(self, variables: Sequence, trained: Sequence, optimizer,
+              untouched: Iterable = ()) -> None:
+        """Before each trace: the step will train `trained` with `optimizer`; every other
+        variable of `variables` (the wrapped model's), except `untouched` (state that changes
+        without data: Dropout's seed generators), must stay as it is. Moves under the previous
+        choice are inspected first; the first call accepts the weights it is given."""
         self.inspect()
         skip = _ids(trained) | _ids(untouched)
         self._trained = list(trained)
+        rate = getattr(optimizer, "_learning_rate", None)
+        self._optimizer_state = [v for v in optimizer.variables if v is not rate]
         self._others = [v for v in variables if id(v) not in skip]
         self._reseal()
 
@@ -110,12 +131,19 @@ class WeightSeal:
         moved = int(self._moved.numpy())
         self._pending += moved - self._moved_taken
         self._moved_taken = moved
-        if bool(self._armed.numpy()):
-            self._known.add(int(self._sealed.numpy()))
-        now = int(fingerprint(self._trained).numpy())
-        if now not in self._known or self._others_fingerprint() != self._others_sealed:
+        self.remember()
+        now = self._now(self._trained, self._optimizer_state).numpy()
+        if (any(int(part) not in known for part, known in zip(now, self._known))
+                or self._others_fingerprint() != self._others_sealed):
             self._pending += 1
         self._reseal()
+
+    def remember(self) -> None:
+        """The state the last step left joins the states a restore may bring back (when an
+        epoch closes, when a file is saved: what a checkpoint can hold)."""
+        if bool(self._armed.numpy()):
+            for part, known in zip(self._sealed.numpy(), self._known):
+                known.add(int(part))
 
     def take(self) -> int:
         """The moves recorded so far and not yet handed on, after inspecting the weights now."""
@@ -124,36 +152,37 @@ class WeightSeal:
         return found
 
     def accept(self) -> None:
-        """The weights as they are now are the step's: after the optimizer's
-        `finalize_variable_values`, which writes back a post-processing of the noisy iterates
-        (an average, a filter's state) that only the step's updates fed."""
-        self._known.add(int(fingerprint(self._trained).numpy()))
+        """The weights and the optimizer's state as they are now are the step's: after Keras'
+        own post-processing of them (`finalize_variable_values` writing an average or a
+        filter's state back, SwapEMAWeights swapping the average in and out), which only
+        reads what the step left, checked just before it ran."""
         self._reseal()
 
     def _others_fingerprint(self) -> int:
         return int(fingerprint(self._others).numpy())
 
     def _reseal(self) -> None:
-        now = int(fingerprint(self._trained).numpy())
+        now = self._now(self._trained, self._optimizer_state)
         self._sealed.assign(now)
         self._armed.assign(True)
-        self._known.add(now)
+        for part, known in zip(now.numpy(), self._known):
+            known.add(int(part))
         self._others_sealed = self._others_fingerprint()
 
 
-def guard_finalize(optimizer, seal: WeightSeal) -> None:
-    """Wraps `optimizer.finalize_variable_values` (Keras calls it when `fit` ends; an average
-    or a filter writes its state back into the weights): moves before it are recorded, and
-    what it writes is accepted as the step's. Once per optimizer."""
-    finalize = optimizer.finalize_variable_values
-    if getattr(finalize, "edp_tf_seal", None) is seal:
+def guard(owner, method: str, seal: WeightSeal) -> None:
+    """Wraps `owner.<method>`, a Keras post-processing of what the step left (the optimizer's
+    `finalize_variable_values`, SwapEMAWeights' swaps): moves before it are recorded, and
+    what it writes is accepted as the step's. Once per owner and seal."""
+    original = getattr(owner, method)
+    if getattr(original, "edp_tf_seal", None) is seal:
         return
 
-    def finalize_variable_values(var_list):
+    def guarded(*args, **kwargs):
         seal.inspect()
-        result = finalize(var_list)
+        result = original(*args, **kwargs)
         seal.accept()
         return result
 
-    finalize_variable_values.edp_tf_seal = seal
-    object.__setattr__(optimizer, "finalize_variable_values", finalize_variable_values)
+    guarded.edp_tf_seal = seal
+    object.__setattr__(owner, method, guarded)

@@ -78,19 +78,22 @@ def test_a_move_after_fit_voids_the_statement(path):
     assert _not_private(private)["weights_moved_outside_the_step"] >= 1
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_a_callback_updating_between_steps_is_counted_by_the_step(replicas):
+@pytest.mark.parametrize("replicas,where", [(1, "weights"), (2, "weights"), (2, "momentum")])
+def test_a_callback_updating_between_steps_is_counted_by_the_step(replicas, where):
     x, y = _data()
     strategy = edp_tf.make_strategy(replicas)
     model = _model(strategy=strategy)
 
     class StepsOnItsOwn(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
-            if batch == 0:  # a statistic of the private batch, assigned by hand
-                for variable in model.trainable_variables:
+            if batch == 0:  # a statistic of the private batch, assigned by hand: to the
+                # weights, or to the momentum the next step applies (the weights untouched)
+                held = (model.trainable_variables if where == "weights"
+                        else private.optimizer.momentums)
+                for variable in held:
                     variable.assign_add(tf.fill(variable.shape, float(x[:BATCH].mean())))
 
-    private = _wrap(model, strategy=strategy)
+    private = _wrap(model, keras.optimizers.SGD(0.1, momentum=0.9), strategy=strategy)
     private.fit(x, y, epochs=1, verbose=0, callbacks=[StepsOnItsOwn()])
     # the next step found the weights moved (the epoch's close would have sealed them over)
     assert _not_private(private)["weights_moved_outside_the_step"] >= 1
@@ -114,7 +117,9 @@ def test_statistics_a_layer_learns_in_the_forward_pass_void_the_statement():
     assert _not_private(private)["weights_moved_outside_the_step"] >= 1
 
 
-def test_a_noise_multiplier_assigned_mid_epoch_voids_the_statement_even_if_the_mean_holds():
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_noise_multiplier_assigned_mid_epoch_voids_the_statement_even_if_the_mean_holds(
+        interrupted):
     x, y = _data()
 
     class ZeroThenDouble(keras.callbacks.Callback):
@@ -123,11 +128,27 @@ def test_a_noise_multiplier_assigned_mid_epoch_voids_the_statement_even_if_the_m
             # the epoch's mean is still z: only the step's own range sees step 0 unnoised
             self.model.dp_noise_multiplier.assign({0: 0.0, 1: 2 * z}.get(batch, z))
 
+        def on_train_batch_end(self, batch, logs=None):
+            if interrupted and batch == 3:  # the epoch's close never runs: its handler charges
+                raise KeyboardInterrupt
+
     private = _wrap(_model())
-    with pytest.raises(RuntimeError, match="refusing to write a wrong epsilon"):
+    with pytest.raises(KeyboardInterrupt if interrupted else RuntimeError):
         private.fit(x, y, epochs=1, verbose=0, callbacks=[ZeroThenDouble()])
     statement = _not_private(private)
     assert any("noise multiplier differed" in s for s in statement["not_covered"])
+
+
+def test_a_raw_update_hidden_in_the_average_voids_the_statement():
+    x, y = _data()
+    model = _model()
+    private = _wrap(model, keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5))
+    private.fit(x, y, epochs=1, verbose=0)
+    weights = model.get_weights()
+    _raw_update(model, x, y, private.optimizer)  # moves the weights and their average
+    model.set_weights(weights)  # the weights put back: the average still holds the update
+    private.optimizer.finalize_variable_values(model.trainable_variables)
+    assert _not_private(private)["weights_moved_outside_the_step"] >= 1
 
 
 def test_an_average_written_back_when_fit_ends_stays_private():
@@ -144,6 +165,28 @@ def test_an_average_written_back_when_fit_ends_stays_private():
     averages = private.optimizer._model_variables_moving_average
     # the weights are the average (finalize_variable_values wrote it back), not the last step's
     assert all(np.allclose(w, a.numpy()) for w, a in zip(last["weights"], averages))
+    assert private.privacy_statement()["private"] is True
+
+
+def test_the_average_swapped_in_and_out_by_keras_stays_private():
+    x, y = _data()
+    private = _wrap(_model(), keras.optimizers.SGD(0.1, use_ema=True, ema_momentum=0.5))
+    # Keras' swap adds and subtracts: swapped back, the weights differ in their last bits
+    swap = keras.callbacks.SwapEMAWeights(swap_on_epoch=True)
+    private.fit(x, y, epochs=2, verbose=0, callbacks=[swap], validation_data=(x[:10], y[:10]))
+    assert private.privacy_statement()["private"] is True
+
+
+def test_a_checkpoint_saved_inside_an_epoch_and_reloaded_stays_private(tmp_path):
+    x, y = _data()
+    model = _model()
+    private = _wrap(model)
+    saved = str(tmp_path / "step.weights.h5")
+    checkpoint = keras.callbacks.ModelCheckpoint(saved, save_weights_only=True, save_freq=3)
+    private.fit(x, y, epochs=1, verbose=0, callbacks=[checkpoint])
+    last = model.get_weights()
+    private.load_weights(saved)  # the weights after step 3 of 4
+    assert not all(np.array_equal(a, b) for a, b in zip(model.get_weights(), last))
     assert private.privacy_statement()["private"] is True
 
 
