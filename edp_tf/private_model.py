@@ -298,8 +298,6 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
         self._first_batch_seen = first
         self._freeze.start(kwargs.get("initial_epoch") or 0)
         self._ensure_built(first[0])
-        self._freeze.build_optimizer(self.optimizer, self.wrapped_model.trainable_variables,
-                                     self.distribute_strategy)
         self._prepare(first)
         step_count.claim(self.wrapped_model, self.step_count)  # the model is the unit
         callbacks = ([_EpochSchedule(self)] + self._subspace.callbacks(self.optimizer)
@@ -342,6 +340,8 @@ class PrivateModel(one_object.OneObject, guarded_steps.GuardedSteps, keras.Model
             (fx, fy, step_inputs.mask(fx, fw)), (self._layer_scales, self._extra_events),
             self._rng, earlier is not None and earlier.mechanism.global_batch_size != batch)
         variables = self._trained_variables()
+        self._freeze.build_optimizer(self.optimizer, self.wrapped_model.trainable_variables,
+                                     self.distribute_strategy)  # its slots exist to be watched
         self.weight_seal.watch(self.wrapped_model.variables, variables, self.optimizer,
                                model_state.seed_states(self.wrapped_model))
         scales = tuple(self._layer_scales[i] for i in self._trained_indices())
