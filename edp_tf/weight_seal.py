@@ -13,9 +13,10 @@ that a weight changes outside the step. So the seal compares the weights themsel
   moments, an average) is watched as the weights are: a raw gradient applied through it and
   the weights set back would reach the weights through the next step. Its learning rate is
   not: a schedule or ReduceLROnPlateau sets it between steps, from no training example.
-* On the host, wherever a statement is read (the ledger's reconcile, each epoch's close, a
-  save, the optimizer's `finalize_variable_values`): the trained weights must be a state the
-  step left (the last one, or one when an epoch closed or a file was saved, which
+* On the host, wherever a statement is read (the ledger's reconcile, a save between epochs
+  among them; each epoch's close; the optimizer's `finalize_variable_values`): the trained
+  weights must be a state the step left (the last one, or one when an epoch closed or a file
+  was saved, which
   `EarlyStopping(restore_best_weights=True)` and a reloaded `ModelCheckpoint` bring back), the
   optimizer's state one it left too, and every other variable as it was when the step's
   variables were chosen (nothing trains them; a forward pass that assigns them learns from the
