@@ -118,7 +118,8 @@ def test_clipped_sum_is_exact(name, method):
     C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))  # about half clipped
     want, want_norms, _ = loop_clipped_sum(reference, alpha, C)
     result, losses, y_pred = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, mse, variables, x, y, tf.constant(w), k, float(k), alpha, C, method))()
+        model, mse, variables, x, y, tf.constant(w), k, float(k), alpha, C, method),
+        autograph=False)()
     np.testing.assert_allclose(result.norms.numpy(), want_norms, rtol=1e-4)
     for v, got, expected in zip(variables, result.clipped_sum, want):
         np.testing.assert_allclose(got.numpy(), expected, rtol=2e-4, atol=1e-6, err_msg=v.path)
@@ -191,7 +192,7 @@ def test_a_loss_per_output_with_weights_and_sample_weights_is_clipped_exactly(me
     C = float(np.median(loop_clipped_sum(reference, alpha, 1e9)[1]))
     want, want_norms, _ = loop_clipped_sum(reference, alpha, C)
     result, _, _ = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, loss, variables, x, y, tf.constant(w), 1, 1.0, alpha, C, method))()
+        model, loss, variables, x, y, tf.constant(w), 1, 1.0, alpha, C, method), autograph=False)()
     np.testing.assert_allclose(result.norms.numpy(), want_norms, rtol=1e-4)
     assert 0 < int(np.sum(want_norms > C)) < len(x)  # the clip acts on some, not all
     for v, got, expected in zip(variables, result.clipped_sum, want):

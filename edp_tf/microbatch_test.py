@@ -54,7 +54,7 @@ def test_clipped_sum_matches_plain_loop_with_scales_and_a_nonfinite_example(k, m
 
     plans = _spy_on_ghost_plans(monkeypatch)
     fn = tf.function(lambda: microbatch.clipped_gradient_sum(
-        model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, C))
+        model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, C), autograph=False)
     result, losses, _ = fn()
     assert len(plans) == 1
     np.testing.assert_array_equal(result.finite.numpy(), want_finite)
@@ -129,7 +129,7 @@ def test_per_layer_clipping_matches_a_loop_and_keeps_each_contribution_within_c(
     want = _loop_per_layer_sum(reference, alpha, C)
     fn = tf.function(lambda: microbatch.clipped_gradient_sum(
         model, mse, variables, x, y, tf.constant(w), k, float(rows), alpha, C, method,
-        per_layer=True))
+        per_layer=True), autograph=False)
     result, _, _ = fn()
     for v, got, expected in zip(variables, result.clipped_sum, want):
         np.testing.assert_allclose(got.numpy(), expected, rtol=2e-4, atol=1e-6, err_msg=v.path)
@@ -176,7 +176,7 @@ def test_chunks_give_the_unchunked_clipped_sum_norms_and_predictions(k, k_e, chu
     def run(physical):
         result, losses, pred = tf.function(lambda: microbatch.clipped_gradient_sum(
             model, mse, variables, x, y, tf.constant(w), k, k_e, alpha, 0.5, method=method,
-            chunk=physical))()
+            chunk=physical), autograph=False)()
         return (result.finite.numpy(), result.norms.numpy(),
                 [t.numpy() for t in result.clipped_sum], losses.numpy(), pred.numpy())
 

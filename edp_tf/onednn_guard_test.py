@@ -36,7 +36,8 @@ def _trace(model, method):
     plan = microbatch.ClipPlan(1, 1.0, (1.0,) * len(model.trainable_variables), 1.0,
                                method=method)
     return tf.function(lambda: microbatch.gradients(
-        model, mse, model.trainable_variables, x, y, tf.ones([4]), plan).clip(1.0).clipped_sum)
+        model, mse, model.trainable_variables, x, y, tf.ones([4]), plan).clip(1.0).clipped_sum,
+        autograph=False)
 
 
 @pytest.mark.skipif(not onednn_guard.onednn_on_cpu(), reason="oneDNN CPU kernels are off")

@@ -89,12 +89,12 @@ def test_cut_step_equals_padded_step(data, k, chunk):
 def test_sorting_only_where_grouping_cannot_matter(data):
     model, x, _, _ = data
     model.cuts_padding = True
-    order = tf.function(lambda xx: padding.shortest_first(model, xx))(x).numpy()
+    order = tf.function(lambda xx: padding.shortest_first(model, xx), autograph=False)(x).numpy()
     assert list(np.sum(x["mask"], 1)[order]) == sorted(np.sum(x["mask"], 1))
     # eagerly, shapes are concrete: nothing is cut (a static input shape would refuse them)
     assert padding.cut(model, x) is x
     model.cuts_padding = False
-    assert tf.function(lambda xx: padding.shortest_first(model, xx))(x) is None
+    assert tf.function(lambda xx: padding.shortest_first(model, xx), autograph=False)(x) is None
 
 
 def test_a_model_without_the_methods_is_left_alone():

@@ -16,7 +16,7 @@ def replica_ids_summed(strategy) -> float:
         value = tf.cast(ctx.replica_id_in_sync_group, tf.float32) * tf.ones([3])
         return ctx.all_reduce(tf.distribute.ReduceOp.SUM, value)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step():
         return strategy.experimental_local_results(strategy.run(replica_fn))[0]
 

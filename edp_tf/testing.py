@@ -30,7 +30,7 @@ def loop_gradients(model, loss_fn, x, y, w, k, k_e):
     """[m][K] micro-batch gradients, one tape per micro-batch."""
     variables = model.trainable_variables
 
-    @tf.function
+    @tf.function(autograph=False)
     def one(xj, yj, wj):
         with tf.GradientTape() as tape:
             per_example = tf.cast(loss_fn(yj, model(xj, training=True)), tf.float32)
@@ -64,7 +64,7 @@ def squared_norms_by_ghost(model, loss_fn, x, y, w, k, k_e):
     variables): what the clip sees."""
     variables = model.trainable_variables
     fn = tf.function(lambda: microbatch.per_variable_squared_norms(
-        model, loss_fn, variables, x, y, tf.constant(w), k, k_e))
+        model, loss_fn, variables, x, y, tf.constant(w), k, k_e), autograph=False)
     squares, ghost_indices = fn()
     return squares.numpy(), ghost_indices
 
@@ -107,7 +107,7 @@ def assert_fast_norms_exact(model, covered, k, loss_fn=mse):
     expected, _, _ = loop_clipped_sum(reference, alpha, C)
     plans = []
 
-    @tf.function
+    @tf.function(autograph=False)
     def fast():
         g = microbatch.gradients(model, loss_fn, variables, x, y, tf.constant(w),
                                  microbatch.ClipPlan(k, float(k), alpha, C))

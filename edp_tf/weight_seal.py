@@ -35,27 +35,47 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 # Integer types of the same width as each floating type: a bitcast reads the bits as they are.
 _SAME_WIDTH = {2: tf.int16, 4: tf.int32, 8: tf.int64}
+_WRAP = 1 << 64
+
+
+def _bits(value: tf.Tensor):
+    """`value` as int64 bit patterns, or None for a type that holds no trained weight."""
+    dtype = value.dtype
+    if dtype.is_floating:
+        value = tf.bitcast(value, _SAME_WIDTH[dtype.size])
+    elif not (dtype.is_integer or dtype == tf.bool):
+        return None  # strings and resources
+    return tf.cast(value, tf.int64)
 
 
 def fingerprint(variables: Sequence) -> tf.Tensor:
     """The int64 sum of every element's bit pattern over `variables` (wrapping on overflow,
-    which integer addition makes order-independent: the same on every device)."""
-    total = tf.constant(0, tf.int64)
+    which integer addition makes order-independent: the same on every device). One sum per
+    variable and one over them: the step traces this for every variable, twice."""
+    sums = [tf.reduce_sum(bits) for bits in map(_bits, map(tf.convert_to_tensor, variables))
+            if bits is not None]
+    return tf.reduce_sum(tf.stack(sums)) if sums else tf.constant(0, tf.int64)
+
+
+def host_fingerprint(variables: Sequence) -> int:
+    """`fingerprint`'s value computed by numpy from one read of each variable: on the host,
+    eager TensorFlow operations (four per variable) cost more than the reads themselves."""
+    total = 0
     for variable in variables:
-        value = tf.convert_to_tensor(variable)
-        dtype = value.dtype
+        dtype = tf.as_dtype(variable.dtype)
+        value = np.ascontiguousarray(variable.numpy())
         if dtype.is_floating:
-            value = tf.bitcast(value, _SAME_WIDTH[dtype.size])
-        elif dtype == tf.bool:
-            value = tf.cast(value, tf.int64)
-        elif not dtype.is_integer:
-            continue  # strings and resources hold no trained weight
-        total += tf.reduce_sum(tf.cast(value, tf.int64))
-    return total
+            value = value.view(_SAME_WIDTH[dtype.size].as_numpy_dtype)
+        elif not (dtype.is_integer or dtype == tf.bool):
+            continue
+        total += int(value.astype(np.int64).sum(dtype=np.int64))  # numpy wraps as TF does
+    total %= _WRAP
+    return total - _WRAP if total >= _WRAP // 2 else total
 
 
 def _ids(variables: Iterable) -> set:
@@ -133,11 +153,11 @@ class WeightSeal:
         self._pending += moved - self._moved_taken
         self._moved_taken = moved
         self.remember()
-        now = self._now(self._trained, self._optimizer_state).numpy()
-        if (any(int(part) not in known for part, known in zip(now, self._known))
-                or self._others_fingerprint() != self._others_sealed):
+        now, others = self._host_now(), host_fingerprint(self._others)
+        if (any(part not in known for part, known in zip(now, self._known))
+                or others != self._others_sealed):
             self._pending += 1
-        self._reseal()
+        self._reseal(now, others)
 
     def remember(self) -> None:
         """The state the last step left joins the states a restore may bring back (when an
@@ -159,16 +179,16 @@ class WeightSeal:
         reads what the step left, checked just before it ran."""
         self._reseal()
 
-    def _others_fingerprint(self) -> int:
-        return int(fingerprint(self._others).numpy())
+    def _host_now(self) -> List[int]:
+        return [host_fingerprint(self._trained), host_fingerprint(self._optimizer_state)]
 
-    def _reseal(self) -> None:
-        now = self._now(self._trained, self._optimizer_state)
+    def _reseal(self, now: Sequence[int] = (), others: int | None = None) -> None:
+        now = list(now) or self._host_now()
         self._sealed.assign(now)
         self._armed.assign(True)
-        for part, known in zip(now.numpy(), self._known):
-            known.add(int(part))
-        self._others_sealed = self._others_fingerprint()
+        for part, known in zip(now, self._known):
+            known.add(part)
+        self._others_sealed = host_fingerprint(self._others) if others is None else others
 
 
 def guard(owner, method: str, seal: WeightSeal) -> None:

@@ -48,14 +48,32 @@ def _not_private(private) -> dict:
     return statement
 
 
-def test_the_fingerprint_sees_one_changed_element_and_is_the_same_under_xla():
+def test_the_fingerprint_sees_one_changed_element_and_is_the_same_under_xla_and_on_the_host():
     a = tf.Variable(np.linspace(-1, 1, 1000).astype("float32"))
     b = tf.Variable(np.arange(6, dtype="int64"))
     eager = int(weight_seal.fingerprint([a, b]))
-    compiled = int(tf.function(weight_seal.fingerprint, jit_compile=True)([a, b]))
+    compiled = int(tf.function(weight_seal.fingerprint, jit_compile=True, autograph=False)([a, b]))
     assert compiled == eager  # the step's value and the host's agree bit for bit
+    assert weight_seal.host_fingerprint([a, b]) == eager
     a[517].assign(a[517] + 1e-7)  # the smallest step float32 can take there
     assert int(weight_seal.fingerprint([a, b])) != eager
+    assert weight_seal.host_fingerprint([a, b]) == int(weight_seal.fingerprint([a, b]))
+
+
+def test_the_host_reads_every_kind_of_variable_as_the_step_does():
+    rng = np.random.default_rng(1)
+    big = rng.normal(size=5000) * 1e30  # bit patterns whose int64 sum wraps past 2**63
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        mirrored = tf.Variable(rng.normal(size=(3, 4)).astype("float32"))
+    variables = [tf.Variable(big.astype("float64")), tf.Variable(big.astype("float16")),
+                 tf.Variable(tf.constant(rng.normal(size=7), tf.bfloat16)),
+                 tf.Variable(rng.integers(-9, 9, 5).astype("int32")), tf.Variable([True, False]),
+                 tf.Variable(-3.5), keras.Variable(np.ones((2, 2), "float32")), mirrored]
+    for i in range(len(variables)):
+        assert weight_seal.host_fingerprint(variables[i:i + 1]) == int(
+            weight_seal.fingerprint(variables[i:i + 1])), variables[i].dtype
+    assert weight_seal.host_fingerprint(variables) == int(weight_seal.fingerprint(variables))
 
 
 @pytest.mark.parametrize("path", ["inner_fit_own_optimizer", "inner_fit_recompiled",

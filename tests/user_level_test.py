@@ -66,7 +66,7 @@ def clipped_sum(model, x, y, C):
     """The clipped sum of a batch as a function of its row weights, traced once for all of the
     weights a test passes (a trace costs about a second, a call milliseconds)."""
     fn = tf.function(lambda w: microbatch.clipped_gradient_sum(
-        model, mse, model.trainable_variables, x, y, w, K, None, [1.0, 1.0], C))
+        model, mse, model.trainable_variables, x, y, w, K, None, [1.0, 1.0], C), autograph=False)
     return lambda w: [g.numpy() for g in fn(tf.constant(w))[0].clipped_sum]
 
 
@@ -261,7 +261,7 @@ def test_weighted_users_scale_their_clipped_update_and_the_denominator():
     for method in ("ghost", "vectorized", "loop"):
         fn = tf.function(lambda: microbatch.clipped_gradient_sum(
             model, mse, model.trainable_variables, x, y, weighted, K, None, [1.0, 1.0], C,
-            method=method))
+            method=method), autograph=False)
         for got, expected in zip(fn()[0].clipped_sum, want):
             np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-6,
                                        err_msg=method)

@@ -125,7 +125,8 @@ def test_task_per_example_gradients_vectorise_without_fallback(family):
         return [tf.convert_to_tensor(g) for g in grads]
 
     stacked = tf.function(
-        lambda x, y: tf.vectorized_map(one, (x, y), fallback_to_while_loop=False))(x, y)
+        lambda x, y: tf.vectorized_map(one, (x, y), fallback_to_while_loop=False),
+        autograph=False)(x, y)
     for i in (0, 5):
         single = one(tf.nest.map_structure(lambda t: t[i], (x, y)))
         for got, want in zip(stacked, single):

@@ -82,7 +82,7 @@ def test_dynamic_length_scan_matches_brute_force():
         tf.TensorSpec([None, None], tf.bool),
     ]
 
-    @tf.function(input_signature=spec)
+    @tf.function(input_signature=spec, autograph=False)
     def run(p, t, m):
         ll = crf_lib.crf_log_likelihood(p, t, m, transitions, start, end)
         decoded, best = crf_lib.crf_decode(p, m, transitions, start, end)
@@ -106,7 +106,7 @@ def test_layer_gradients_inside_vectorized_map_match_per_example_loop():
             nll = -layer.log_likelihood(p[None], t[None], m[None])[0]
         return tape.gradient(nll, [p] + [layer.transitions, layer.start_scores, layer.end_scores])
 
-    @tf.function
+    @tf.function(autograph=False)
     def vectorized(p, t, m):
         return tf.vectorized_map(per_example_grads, (p, t, m), fallback_to_while_loop=False)
 
@@ -128,7 +128,7 @@ def test_runs_under_mirrored_strategy():
     with strategy.scope():
         layer = crf_lib.CRF(NUM_TAGS)
 
-    @tf.function
+    @tf.function(autograph=False)
     def replica_fn(p, t, m):
         return layer.log_likelihood(p, t, m), layer(p, mask=m)
 

@@ -206,7 +206,7 @@ def test_the_heads_kernels_share_one_input_gram():
     paths = [v.path for v in variables]
     layout = {}
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
         p = microbatch.ghost_pass(model, keras.losses.MeanSquaredError(), variables,
                                   np.ones((4, 6), "int32"), np.ones((4, 2), "float32"),

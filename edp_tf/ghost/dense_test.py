@@ -105,7 +105,7 @@ def test_lora_rule_keeps_the_forward_pass():
         x = np.random.default_rng(0).normal(size=(3,) + tuple(model.inputs[0].shape[1:]))
         x = x.astype("float32")
 
-        @tf.function
+        @tf.function(autograph=False)
         def hooked():
             with capture(model, model.trainable_variables):
                 return model(x)
@@ -126,7 +126,7 @@ def test_lora_on_a_summed_kernel_axis_falls_back_with_a_reason():
     variables = model.trainable_variables
     reasons = {}
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
         p = microbatch.ghost_pass(model, mse, variables, x, y, tf.ones([4]), 1, 1.0)
         reasons.update({variables[i].path: r for i, r in p.plan.reasons.items()})

@@ -31,7 +31,7 @@ def test_weight_read_outside_its_layer_falls_back_and_stays_exact():
     variables = model.trainable_variables
     captured = {}
 
-    @tf.function
+    @tf.function(autograph=False)
     def run():
         p = microbatch.ghost_pass(model, mse, variables, x, y, tf.constant(w), 1, 1.0)
         captured["reasons"] = {variables[i].path: r for i, r in p.plan.reasons.items()}
@@ -51,7 +51,7 @@ def test_hooks_keep_the_forward_pass_and_are_removed():
     x, _ = data_for(model)
     x = x % 13
 
-    @tf.function
+    @tf.function(autograph=False)
     def hooked():
         with ghost.capture(model, model.trainable_variables) as cap:
             out = model(x, training=False)

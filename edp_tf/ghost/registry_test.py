@@ -43,7 +43,7 @@ def model_and_data():
 def ghost_squares(model, x, y):
     variables = model.trainable_variables
     fn = tf.function(lambda: microbatch.per_variable_squared_norms(
-        model, mse, variables, x, y, tf.ones([8]), 1, 1.0))
+        model, mse, variables, x, y, tf.ones([8]), 1, 1.0), autograph=False)
     squares, ghost_indices = fn()
     return squares.numpy(), [variables[i].path for i in ghost_indices]
 

@@ -126,7 +126,7 @@ def lora_fallbacks(model, x, y) -> dict:
     variables = model.trainable_variables
     reasons = {}
 
-    @tf.function
+    @tf.function(autograph=False)
     def plan():
         p = microbatch.ghost_pass(model, model.per_example_loss, variables, x, y,
                                   tf.ones([len(testing.TOKENS)]), 1, 1.0)
