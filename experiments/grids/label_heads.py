@@ -176,6 +176,22 @@ def averaged(corpus: str, suffix: str = "") -> list:
                  DIAG, "mechanism=dpsgd", "target_epsilon=8.0", *WORDS, EMA)]
 
 
+def averaged_longer(corpus: str, fraction: float, suffix: str = "") -> list:
+    """The CLC recipe (name-word heads, averaged weights) with a longer average: a time constant
+    of `fraction` of the steps instead of a tenth. With Adam at a constant rate the iterates
+    wander by the noise around where the signal has brought them; a longer average cancels more
+    of that wander and lags further behind the signal's last steps. Still post-processing of the
+    noisy iterates: free in epsilon."""
+    run = " (second run)" if suffix else ""
+    percent = round(fraction * 100)
+    return [cell(f"{corpus}_clc_label_heads_words_ema{percent}{suffix}",
+                 f"{corpus.upper()} CLC, the recipe (name-word heads plus a column per label), "
+                 f"weights averaged with a time constant of {percent}% of the steps, eps 8{run}",
+                 "label-aware heads, name words, weight averaging", CONFIGS[(corpus, "clc")],
+                 DIAG, "mechanism=dpsgd", "target_epsilon=8.0", *WORDS,
+                 f"private_ema_fraction={fraction}")]
+
+
 def frozen_lower(corpus: str, layers: int = 3, suffix: str = "") -> list:
     """The issue's item 4 on BERT: the corrected heads with the embeddings and the lowest
     `layers` of MiniLM's 6 transformer layers frozen whole (no LoRA factors, biases or layer
@@ -279,6 +295,9 @@ def get_config():
 # Name words gave ATIS BERT its lowest row in their first run (BIO 0.0987 against 0.108-0.114
 # for every other ATIS BERT run, fewer wrong types): SNIPS BERT, the goal furthest away, takes
 # the same heads last, two runs.
+# SNIPS CLC's goal (2.0x) was then missed by 0.016 in the mean, with averaging the lever that
+# moved it most (0.203 -> 0.184): a longer average (a quarter of the steps), two runs, beside
+# SNIPS BERT's (CLC runs take a few minutes each).
 def _grid():
     cells = (label_heads("snips", "clc") + label_heads("atis", "clc")
              + label_heads("snips", "clc", corrected=True)
@@ -315,7 +334,8 @@ def _grid():
              + name_words("atis", "_run2", model="bert")
              + label_heads("snips", "clc", "_run2") + label_heads("atis", "clc", "_run2")
              + snips_bert_levers()
-             + name_words("snips", model="bert") + name_words("snips", "_run2", model="bert"))
+             + name_words("snips", model="bert") + name_words("snips", "_run2", model="bert")
+             + averaged_longer("snips", 0.25) + averaged_longer("snips", 0.25, "_run2"))
     return grid("label_heads", cells, notes=(
         "Label-aware heads (experiments/grids/label_heads.py) against the recipes' rows in "
         "results/snips and results/atis."))
