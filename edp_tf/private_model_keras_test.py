@@ -309,7 +309,7 @@ def test_replicas_draw_the_same_dropout_masks_as_in_plain_keras():
     with strategy.scope():
         model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dropout(0.5)])
     masks = strategy.run(tf.function(lambda: model(tf.ones([2, WIDTH]), training=True) != 0,
-    autograph=False))
+                                     autograph=False))
     one, two = strategy.experimental_local_results(masks)
     np.testing.assert_array_equal(one.numpy(), two.numpy())
     assert not np.array_equal(one.numpy()[0], one.numpy()[1])

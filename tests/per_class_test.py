@@ -43,7 +43,7 @@ def write_stub_run(run_dir, config, intents, tags=None):
             self.intent_table, self.tag_table = intent_table, tag_table
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="utterances")],
-        autograph=False)
+                     autograph=False)
         def serve(self, utterances):
             words = tf.strings.split(self.tag_table.lookup(utterances))
             n = tf.shape(utterances)[0]
