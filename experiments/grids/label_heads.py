@@ -61,26 +61,23 @@ def public_source(corpus: str) -> list:
                  f"label_head_dim={DIMS['clc']}", "label_head_correction=True")]
 
 
-def plain_bert_heads(corpus: str) -> list:
-    """Plain BERT fine-tuning (SGD, not private) with the corrected heads: what the heads do
-    without noise, the baseline a BERT config needs before they become its default (plain runs
-    take the config's heads too). With BERT's padding cut a SNIPS BERT private run takes about
-    40 minutes: SNIPS's corrected heads ran twice first (`--cells`), then these (minutes each)."""
+def plain_bert_heads(corpus: str, words: bool = False) -> list:
+    """Plain BERT fine-tuning (SGD, not private) with the corrected heads (`words`: the
+    name-word heads): what the heads do without noise, the baseline a BERT config needs before
+    they become its default (plain runs take the config's heads too). With BERT's padding cut a
+    SNIPS BERT private run takes about 40 minutes: SNIPS's corrected heads ran twice first
+    (`--cells`), then these (minutes each)."""
+    if words:
+        return [cell(f"{corpus}_bert_sgd_label_heads_words",
+                     f"{corpus.upper()} BERT, SGD (not private), label-aware heads from the "
+                     "names' words plus a zero-started column per label",
+                     "label-aware heads, plain", CONFIGS[(corpus, "bert")], DIAG,
+                     "mechanism=sgd", *WORDS)]
     return [cell(f"{corpus}_bert_sgd_label_heads_corrected",
                  f"{corpus.upper()} BERT, SGD (not private), label-aware heads (32-d names) plus "
                  "a zero-started column per label", "label-aware heads, plain",
                  CONFIGS[(corpus, "bert")], DIAG, "mechanism=sgd",
                  f"label_head_dim={DIMS['bert']}", "label_head_correction=True")]
-
-
-def plain_bert_words(corpus: str) -> list:
-    """Plain BERT fine-tuning (SGD, not private) with the name-word heads: plain runs take a
-    config's heads too, so these are measured before name words could become the BERT
-    configs' heads (minutes each)."""
-    return [cell(f"{corpus}_bert_sgd_label_heads_words",
-                 f"{corpus.upper()} BERT, SGD (not private), label-aware heads from the names' "
-                 "words plus a zero-started column per label", "label-aware heads, plain",
-                 CONFIGS[(corpus, "bert")], DIAG, "mechanism=sgd", *WORDS)]
 
 
 def from_public(corpus: str, source: str, suffix: str = "") -> list:
@@ -368,7 +365,7 @@ def _grid():
              + name_words("snips", model="bert") + name_words("snips", "_run2", model="bert")
              + averaged_longer("snips", 0.25) + averaged_longer("snips", 0.25, "_run2")
              + larger_batches("snips") + larger_batches("snips", "_run2")
-             + plain_bert_words("snips") + plain_bert_words("atis")
+             + plain_bert_heads("snips", words=True) + plain_bert_heads("atis", words=True)
              + frozen_lower("snips"))
     return grid("label_heads", cells, notes=(
         "Label-aware heads (experiments/grids/label_heads.py) against the recipes' rows in "
